@@ -1,0 +1,54 @@
+//! The identity service contract: tenants, users, API keys, RBAC and platform administration.
+
+#[allow(clippy::all, missing_docs)]
+mod v1 {
+    tonic::include_proto!("brainstorm.identity.v1");
+}
+
+pub use v1::*;
+use v1::identity_service_client::IdentityServiceClient;
+use v1::identity_service_server::IdentityServiceServer;
+
+crate::grpc::service_contract! {
+    service IdentityService;
+    client IdentityClient;
+    generated_client IdentityServiceClient;
+    generated_server IdentityServiceServer;
+    generated_server_trait v1::identity_service_server::IdentityService;
+    methods {
+        /// Creates a tenant on plan `sandbox` with an admin key and an owner claim token.
+        fn register(RegisterRequest) -> RegisterResponse;
+        /// Resolves a presented API key to its principal; unknown, revoked or expired keys are unauthenticated.
+        fn authenticate(AuthenticateRequest) -> Principal;
+        /// Reads a tenant's profile.
+        fn get_tenant(TenantRef) -> Tenant;
+        /// Renames a tenant.
+        fn update_tenant(UpdateTenantRequest) -> Tenant;
+        /// Lists a tenant's users.
+        fn list_users(TenantRef) -> UserList;
+        /// Invites a user by mail with a claim link.
+        fn invite_user(InviteUserRequest) -> Invitation;
+        /// Removes a user from a tenant and returns it.
+        fn delete_user(DeleteUserRequest) -> User;
+        /// Mints a multi-use `brct_` claim token for a tenant.
+        fn create_claim_link(CreateClaimLinkRequest) -> ClaimToken;
+        /// Creates an API key; the plaintext is returned this once.
+        fn create_api_key(CreateApiKeyRequest) -> CreatedApiKey;
+        /// Lists a tenant's API keys, revoked ones included.
+        fn list_api_keys(TenantRef) -> ApiKeyList;
+        /// Revokes an API key; it authenticates no more.
+        fn revoke_api_key(RevokeApiKeyRequest) -> ApiKey;
+        /// Lists every tenant, optionally of one status (platform administration).
+        fn list_tenants(ListTenantsRequest) -> TenantList;
+        /// Sets a tenant's status (`active` on approval, `rejected` on rejection).
+        fn set_tenant_status(SetTenantStatusRequest) -> Tenant;
+        /// Creates a registration invite code.
+        fn create_invite_code(CreateInviteCodeRequest) -> InviteCode;
+        /// Lists invite codes with their usage counts.
+        fn list_invite_codes(ListInviteCodesRequest) -> InviteCodeList;
+        /// Deletes an invite code.
+        fn delete_invite_code(DeleteInviteCodeRequest) -> DeleteInviteCodeResponse;
+        /// Summarises the platform for its administrators.
+        fn digest(DigestRequest) -> PlatformDigest;
+    }
+}

@@ -1,0 +1,11 @@
+//! Protobuf contracts of every Brainstorm service, with one trait, one client and gRPC adapters each.
+//!
+//! Callers hold a client (`IdentityClient`, ...) and never know whether the service runs in this process
+//! (`local`) or behind a tonic channel (`grpc`). Errors keep their kind and reason across the hop.
+
+mod error;
+mod grpc;
+pub mod events;
+pub mod identity;
+
+pub use error::{ErrorKind, ServiceError, ServiceResult};

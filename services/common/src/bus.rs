@@ -1,0 +1,248 @@
+//! The event bus seam: publish keyed messages to topics; consume them per consumer group with acks.
+//!
+//! `InProcessBus` is the embedded implementation. It keeps Kafka's delivery semantics that matter to
+//! consumers, so delivery bugs show locally: every consumer group receives every message published after
+//! it subscribed; consumers of one group share the work; a message handed out and dropped without an
+//! ack is delivered again (at-least-once), ahead of newer messages.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use tokio::sync::Notify;
+
+/// Why the bus failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BusError {
+    #[error("event bus is closed")]
+    Closed,
+    #[error("event bus backend error: {0}")]
+    Backend(String),
+}
+
+/// One message on a topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BusMessage {
+    pub topic: String,
+    /// Ordering and partitioning key (a tenant id, usually).
+    pub key: String,
+    pub payload: Bytes,
+}
+
+/// The event bus: cloned freely as `Arc<dyn EventBus>`.
+#[async_trait]
+pub trait EventBus: Send + Sync + 'static {
+    /// Appends a message to a topic.
+    async fn publish(&self, topic: &str, key: &str, payload: Bytes) -> Result<(), BusError>;
+    /// Joins consumer group `group` on `topic`.
+    async fn subscribe(&self, topic: &str, group: &str) -> Result<Box<dyn Subscription>, BusError>;
+}
+
+/// A consumer's stream of deliveries.
+#[async_trait]
+pub trait Subscription: Send {
+    /// Waits for the next delivery.
+    async fn next(&mut self) -> Result<Delivery, BusError>;
+}
+
+/// A delivered message: call `ack` once it is handled, or it will be delivered again.
+pub struct Delivery {
+    message: BusMessage,
+    acknowledger: Option<Box<dyn Acknowledger>>,
+}
+
+/// What settles a delivery for its backend.
+pub trait Acknowledger: Send {
+    /// The message was handled.
+    fn ack(self: Box<Self>, message: &BusMessage);
+    /// The message was not handled; deliver it again.
+    fn redeliver(self: Box<Self>, message: BusMessage);
+}
+
+impl Delivery {
+    /// A delivery settled by `acknowledger`.
+    pub fn new(message: BusMessage, acknowledger: Box<dyn Acknowledger>) -> Self {
+        Delivery { message, acknowledger: Some(acknowledger) }
+    }
+
+    /// The message.
+    pub fn message(&self) -> &BusMessage {
+        &self.message
+    }
+
+    /// Marks the message handled.
+    pub fn ack(mut self) {
+        if let Some(acknowledger) = self.acknowledger.take() {
+            acknowledger.ack(&self.message);
+        }
+    }
+}
+
+impl Drop for Delivery {
+    fn drop(&mut self) {
+        if let Some(acknowledger) = self.acknowledger.take() {
+            acknowledger.redeliver(self.message.clone());
+        }
+    }
+}
+
+/// The in-process bus used by `brainstorm up` and by tests.
+#[derive(Clone, Default)]
+pub struct InProcessBus {
+    topics: Arc<Mutex<HashMap<String, HashMap<String, Arc<GroupQueue>>>>>,
+}
+
+#[derive(Default)]
+struct GroupQueue {
+    pending: Mutex<VecDeque<BusMessage>>,
+    notify: Notify,
+}
+
+impl GroupQueue {
+    fn pending(&self) -> MutexGuard<'_, VecDeque<BusMessage>> {
+        // A poisoned queue still holds valid messages: keep delivering them.
+        self.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl InProcessBus {
+    /// An empty bus.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn topics(&self) -> MutexGuard<'_, HashMap<String, HashMap<String, Arc<GroupQueue>>>> {
+        self.topics.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+#[async_trait]
+impl EventBus for InProcessBus {
+    async fn publish(&self, topic: &str, key: &str, payload: Bytes) -> Result<(), BusError> {
+        let groups: Vec<Arc<GroupQueue>> = self.topics().get(topic).map(|groups| groups.values().cloned().collect()).unwrap_or_default();
+        for group in groups {
+            let message = BusMessage { topic: topic.to_string(), key: key.to_string(), payload: payload.clone() };
+            group.pending().push_back(message);
+            group.notify.notify_one();
+        }
+        Ok(())
+    }
+
+    async fn subscribe(&self, topic: &str, group: &str) -> Result<Box<dyn Subscription>, BusError> {
+        let queue = self.topics().entry(topic.to_string()).or_default().entry(group.to_string()).or_default().clone();
+        Ok(Box::new(InProcessSubscription { queue }))
+    }
+}
+
+struct InProcessSubscription {
+    queue: Arc<GroupQueue>,
+}
+
+#[async_trait]
+impl Subscription for InProcessSubscription {
+    async fn next(&mut self) -> Result<Delivery, BusError> {
+        loop {
+            // Register interest before looking, so a publish between the look and the wait is not missed.
+            let notified = self.queue.notify.notified();
+            if let Some(message) = self.queue.pending().pop_front() {
+                let acknowledger = InProcessAcknowledger { queue: self.queue.clone() };
+                return Ok(Delivery::new(message, Box::new(acknowledger)));
+            }
+            notified.await;
+        }
+    }
+}
+
+struct InProcessAcknowledger {
+    queue: Arc<GroupQueue>,
+}
+
+impl Acknowledger for InProcessAcknowledger {
+    fn ack(self: Box<Self>, _message: &BusMessage) {}
+
+    fn redeliver(self: Box<Self>, message: BusMessage) {
+        self.queue.pending().push_front(message);
+        self.queue.notify.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    async fn next_payload(subscription: &mut Box<dyn Subscription>) -> Result<(String, Delivery), BusError> {
+        let delivery = tokio::time::timeout(Duration::from_secs(2), subscription.next())
+            .await
+            .map_err(|_| BusError::Backend("timed out waiting for a delivery".to_string()))??;
+        let text = String::from_utf8_lossy(&delivery.message().payload).to_string();
+        Ok((text, delivery))
+    }
+
+    #[tokio::test]
+    async fn every_group_gets_every_message_in_order() -> Result<(), BusError> {
+        let bus = InProcessBus::new();
+        let mut audit = bus.subscribe("events", "audit").await?;
+        let mut edge = bus.subscribe("events", "edge").await?;
+        for index in 0..3 {
+            bus.publish("events", "tenant-1", Bytes::from(format!("m{index}"))).await?;
+        }
+        for subscription in [&mut audit, &mut edge] {
+            for index in 0..3 {
+                let (text, delivery) = next_payload(subscription).await?;
+                assert_eq!(text, format!("m{index}"));
+                delivery.ack();
+            }
+        }
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn an_unacked_message_is_delivered_again_first() -> Result<(), BusError> {
+        let bus = InProcessBus::new();
+        let mut consumer = bus.subscribe("events", "group").await?;
+        bus.publish("events", "k", Bytes::from_static(b"first")).await?;
+        bus.publish("events", "k", Bytes::from_static(b"second")).await?;
+        let (text, delivery) = next_payload(&mut consumer).await?;
+        assert_eq!(text, "first");
+        drop(delivery);
+        let (text, delivery) = next_payload(&mut consumer).await?;
+        assert_eq!(text, "first", "a dropped delivery comes back before newer messages");
+        delivery.ack();
+        let (text, delivery) = next_payload(&mut consumer).await?;
+        assert_eq!(text, "second");
+        delivery.ack();
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn consumers_of_one_group_share_the_work() -> Result<(), BusError> {
+        let bus = InProcessBus::new();
+        let mut first = bus.subscribe("events", "workers").await?;
+        let mut second = bus.subscribe("events", "workers").await?;
+        bus.publish("events", "k", Bytes::from_static(b"a")).await?;
+        bus.publish("events", "k", Bytes::from_static(b"b")).await?;
+        let (a, delivery_a) = next_payload(&mut first).await?;
+        let (b, delivery_b) = next_payload(&mut second).await?;
+        delivery_a.ack();
+        delivery_b.ack();
+        assert_eq!((a.as_str(), b.as_str()), ("a", "b"));
+        assert!(tokio::time::timeout(Duration::from_millis(50), first.next()).await.is_err(), "nothing is delivered twice");
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_consumer_waiting_before_the_publish_is_woken() -> Result<(), BusError> {
+        let bus = InProcessBus::new();
+        let mut consumer = bus.subscribe("events", "group").await?;
+        let publisher = bus.clone();
+        let waiter = tokio::spawn(async move { next_payload(&mut consumer).await.map(|(text, delivery)| { delivery.ack(); text }) });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        publisher.publish("events", "k", Bytes::from_static(b"late")).await?;
+        let text = waiter.await.map_err(|error| BusError::Backend(error.to_string()))??;
+        assert_eq!(text, "late");
+        Ok(())
+    }
+}

@@ -1,0 +1,436 @@
+//! Typed configuration, read once at start: defaults < TOML file < environment < command-line flags.
+//!
+//! Each source becomes a `ConfigLayer` of optional values; layers merge, then `Settings::resolve`
+//! validates the result and names the bad setting in its error. The environment is passed in as a map,
+//! so tests never touch the process environment.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use serde::Deserialize;
+
+use crate::telemetry::LogFormat;
+
+/// A configuration problem, naming the setting at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid setting `{setting}`: {message}")]
+pub struct ConfigError {
+    pub setting: String,
+    pub message: String,
+}
+
+impl ConfigError {
+    /// An error about `setting`.
+    pub fn new(setting: impl Into<String>, message: impl Into<String>) -> Self {
+        ConfigError { setting: setting.into(), message: message.into() }
+    }
+}
+
+/// A secret value: its `Debug` and `Display` never show it.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a secret.
+    pub fn new(value: impl Into<String>) -> Self {
+        Secret(value.into())
+    }
+
+    /// The secret itself, for the one place that needs it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str("Secret(***)")
+    }
+}
+
+/// The services of the suite, by their role names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ServiceName {
+    EdgeRouter,
+    Identity,
+    BudgetLedger,
+    PolicyFirewall,
+    AuditLineage,
+    CatalogHealthSentinel,
+    McpGateway,
+    ObservabilityFanout,
+    PromptsEval,
+}
+
+impl ServiceName {
+    /// Every service.
+    pub const ALL: [ServiceName; 9] = [
+        ServiceName::EdgeRouter,
+        ServiceName::Identity,
+        ServiceName::BudgetLedger,
+        ServiceName::PolicyFirewall,
+        ServiceName::AuditLineage,
+        ServiceName::CatalogHealthSentinel,
+        ServiceName::McpGateway,
+        ServiceName::ObservabilityFanout,
+        ServiceName::PromptsEval,
+    ];
+
+    /// The role name, as in `brainstorm serve identity`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServiceName::EdgeRouter => "edge-router",
+            ServiceName::Identity => "identity",
+            ServiceName::BudgetLedger => "budget-ledger",
+            ServiceName::PolicyFirewall => "policy-firewall",
+            ServiceName::AuditLineage => "audit-lineage",
+            ServiceName::CatalogHealthSentinel => "catalog-health-sentinel",
+            ServiceName::McpGateway => "mcp-gateway",
+            ServiceName::ObservabilityFanout => "observability-fanout",
+            ServiceName::PromptsEval => "prompts-eval",
+        }
+    }
+
+    /// The environment variable holding the service's gRPC address, e.g. `BR_IDENTITY_URL`.
+    pub fn url_variable(self) -> String {
+        format!("BR_{}_URL", self.as_str().to_uppercase().replace('-', "_"))
+    }
+}
+
+impl fmt::Display for ServiceName {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str(self.as_str())
+    }
+}
+
+impl FromStr for ServiceName {
+    type Err = ConfigError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        ServiceName::ALL.into_iter().find(|service| service.as_str() == text).ok_or_else(|| {
+            let known: Vec<&str> = ServiceName::ALL.iter().map(|service| service.as_str()).collect();
+            ConfigError::new("service", format!("unknown service `{text}`; known services: {}", known.join(", ")))
+        })
+    }
+}
+
+/// Who may register a tenant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RegistrationMode {
+    /// Anyone; tenants are active at once.
+    Open,
+    /// Only with a valid invite code.
+    Invite,
+    /// Anyone, but tenants without an invite code wait for a platform admin's approval.
+    Approval,
+}
+
+impl FromStr for RegistrationMode {
+    type Err = ConfigError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "open" => Ok(RegistrationMode::Open),
+            "invite" => Ok(RegistrationMode::Invite),
+            "approval" => Ok(RegistrationMode::Approval),
+            other => Err(ConfigError::new("registration_mode", format!("`{other}` is not one of open, invite, approval"))),
+        }
+    }
+}
+
+/// One source of configuration: every value optional.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigLayer {
+    pub listen: Option<String>,
+    pub grpc_listen: Option<String>,
+    pub data_dir: Option<PathBuf>,
+    pub database_url: Option<Secret>,
+    pub redis_url: Option<Secret>,
+    pub kafka_brokers: Option<String>,
+    pub platform_admin_key: Option<Secret>,
+    pub master_key: Option<Secret>,
+    pub mail_outbox: Option<PathBuf>,
+    pub require_agent_owner: Option<bool>,
+    pub xdr_bidirectional: Option<bool>,
+    pub otel_exporter_otlp_endpoint: Option<String>,
+    pub public_url: Option<String>,
+    pub dashboard_url: Option<String>,
+    pub registration_mode: Option<String>,
+    pub log_format: Option<String>,
+    /// gRPC addresses of services not in this process, by role name.
+    #[serde(default)]
+    pub services: BTreeMap<String, String>,
+    /// Upstream base URL overrides, by provider id.
+    #[serde(default)]
+    pub provider_base_urls: BTreeMap<String, String>,
+}
+
+macro_rules! take_upper {
+    ($upper:expr, $lower:expr, $($field:ident),* $(,)?) => {
+        ConfigLayer {
+            $( $field: $upper.$field.or($lower.$field), )*
+            services: { let mut merged = $lower.services; merged.extend($upper.services); merged },
+            provider_base_urls: { let mut merged = $lower.provider_base_urls; merged.extend($upper.provider_base_urls); merged },
+        }
+    };
+}
+
+impl ConfigLayer {
+    /// Reads a TOML configuration file's text.
+    pub fn from_toml(text: &str, origin: &Path) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|error| ConfigError::new(format!("config file {}", origin.display()), error.message().to_string()))
+    }
+
+    /// Reads the `BR_*` (and `OTEL_EXPORTER_OTLP_ENDPOINT`) variables of an environment map.
+    pub fn from_env(env: &HashMap<String, String>) -> Result<Self, ConfigError> {
+        let text = |name: &str| env.get(name).filter(|value| !value.is_empty()).cloned();
+        let flag = |name: &str| -> Result<Option<bool>, ConfigError> { text(name).map(|value| parse_bool(name, &value)).transpose() };
+        let mut layer = ConfigLayer {
+            listen: text("BR_LISTEN"),
+            grpc_listen: text("BR_GRPC_LISTEN"),
+            data_dir: text("BR_DATA_DIR").map(PathBuf::from),
+            database_url: text("BR_DATABASE_URL").map(Secret),
+            redis_url: text("BR_REDIS_URL").map(Secret),
+            kafka_brokers: text("BR_KAFKA_BROKERS"),
+            platform_admin_key: text("BR_PLATFORM_ADMIN_KEY").map(Secret),
+            master_key: text("BR_MASTER_KEY").map(Secret),
+            mail_outbox: text("BR_MAIL_OUTBOX").map(PathBuf::from),
+            require_agent_owner: flag("BR_REQUIRE_AGENT_OWNER")?,
+            xdr_bidirectional: flag("BR_XDR_BIDIRECTIONAL")?,
+            otel_exporter_otlp_endpoint: text("OTEL_EXPORTER_OTLP_ENDPOINT"),
+            public_url: text("BR_PUBLIC_URL"),
+            dashboard_url: text("BR_DASHBOARD_URL"),
+            registration_mode: text("BR_REGISTRATION_MODE"),
+            log_format: text("BR_LOG_FORMAT"),
+            services: BTreeMap::new(),
+            provider_base_urls: BTreeMap::new(),
+        };
+        for service in ServiceName::ALL {
+            if let Some(url) = text(&service.url_variable()) {
+                layer.services.insert(service.as_str().to_string(), url);
+            }
+        }
+        for (name, value) in env {
+            let provider = name.strip_prefix("BR_PROVIDER_").and_then(|rest| rest.strip_suffix("_BASE_URL"));
+            if let Some(provider) = provider.filter(|provider| !provider.is_empty() && !value.is_empty()) {
+                layer.provider_base_urls.insert(provider.to_lowercase().replace('_', "-"), value.clone());
+            }
+        }
+        Ok(layer)
+    }
+
+    /// This layer over `lower`: values set here win.
+    pub fn over(self, lower: ConfigLayer) -> ConfigLayer {
+        take_upper!(
+            self, lower, listen, grpc_listen, data_dir, database_url, redis_url, kafka_brokers, platform_admin_key, master_key,
+            mail_outbox, require_agent_owner, xdr_bidirectional, otel_exporter_otlp_endpoint, public_url, dashboard_url,
+            registration_mode, log_format,
+        )
+    }
+}
+
+/// Validated settings, shared read-only by every service of the process.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub listen: SocketAddr,
+    pub grpc_listen: SocketAddr,
+    pub data_dir: PathBuf,
+    pub database_url: Option<Secret>,
+    pub redis_url: Option<Secret>,
+    pub kafka_brokers: Option<String>,
+    pub platform_admin_key: Option<Secret>,
+    pub master_key: Option<Secret>,
+    pub mail_outbox: PathBuf,
+    pub require_agent_owner: bool,
+    pub xdr_bidirectional: bool,
+    pub otel_exporter_otlp_endpoint: Option<String>,
+    /// The gateway's public base URL (`{base_url}` of the spec).
+    pub public_url: String,
+    /// Where claim and invitation links point (`{dashboard_url}` of the spec).
+    pub dashboard_url: String,
+    pub registration_mode: RegistrationMode,
+    pub log_format: LogFormat,
+    pub service_urls: BTreeMap<ServiceName, String>,
+    pub provider_base_urls: BTreeMap<String, String>,
+}
+
+impl Settings {
+    /// Validates a merged layer (defaults are applied here).
+    pub fn resolve(layer: ConfigLayer) -> Result<Settings, ConfigError> {
+        let listen = parse_address("listen (BR_LISTEN, --listen)", layer.listen.as_deref().unwrap_or("127.0.0.1:8080"))?;
+        let grpc_listen = parse_address("grpc_listen (BR_GRPC_LISTEN, --grpc-listen)", layer.grpc_listen.as_deref().unwrap_or("127.0.0.1:50051"))?;
+        let data_dir = layer.data_dir.unwrap_or_else(|| PathBuf::from("brainstorm-data"));
+        if let Some(url) = &layer.database_url {
+            let url = url.expose();
+            let known = ["sqlite:", "postgres://", "postgresql://"].iter().any(|scheme| url.starts_with(scheme));
+            if !known {
+                return Err(ConfigError::new("database_url (BR_DATABASE_URL)", "expected a sqlite: or postgres:// url"));
+            }
+        }
+        if let Some(url) = &layer.redis_url {
+            if !(url.expose().starts_with("redis://") || url.expose().starts_with("rediss://")) {
+                return Err(ConfigError::new("redis_url (BR_REDIS_URL)", "expected a redis:// or rediss:// url"));
+            }
+        }
+        if let Some(key) = &layer.platform_admin_key {
+            let key = key.expose();
+            if !key.starts_with("br_live_") || key.len() < 24 {
+                return Err(ConfigError::new("platform_admin_key (BR_PLATFORM_ADMIN_KEY)", "expected a br_live_ key of at least 24 characters"));
+            }
+        }
+        if let Some(key) = &layer.master_key {
+            let key = key.expose();
+            if key.len() != 64 || !key.bytes().all(|byte| byte.is_ascii_hexdigit()) {
+                return Err(ConfigError::new("master_key (BR_MASTER_KEY)", "expected 64 hexadecimal characters (a 32-byte key)"));
+            }
+        }
+        let public_url = match layer.public_url {
+            Some(url) => parse_http_url("public_url (BR_PUBLIC_URL)", &url)?,
+            None => format!("http://{listen}"),
+        };
+        let dashboard_url = match layer.dashboard_url {
+            Some(url) => parse_http_url("dashboard_url (BR_DASHBOARD_URL)", &url)?,
+            None => public_url.clone(),
+        };
+        let registration_mode = match layer.registration_mode {
+            Some(mode) => mode.parse().map_err(|error: ConfigError| ConfigError::new("registration_mode (BR_REGISTRATION_MODE)", error.message))?,
+            None => RegistrationMode::Open,
+        };
+        let log_format = match layer.log_format.as_deref() {
+            None | Some("text") => LogFormat::Text,
+            Some("json") => LogFormat::Json,
+            Some(other) => return Err(ConfigError::new("log_format (BR_LOG_FORMAT)", format!("`{other}` is not one of text, json"))),
+        };
+        let mut service_urls = BTreeMap::new();
+        for (name, url) in layer.services {
+            let service: ServiceName = name.parse()?;
+            let url = parse_http_url(&service.url_variable(), &url)?;
+            service_urls.insert(service, url);
+        }
+        let mut provider_base_urls = BTreeMap::new();
+        for (provider, url) in layer.provider_base_urls {
+            let setting = format!("BR_PROVIDER_{}_BASE_URL", provider.to_uppercase().replace('-', "_"));
+            provider_base_urls.insert(provider, parse_http_url(&setting, &url)?);
+        }
+        Ok(Settings {
+            listen,
+            grpc_listen,
+            mail_outbox: layer.mail_outbox.unwrap_or_else(|| data_dir.join("outbox")),
+            data_dir,
+            database_url: layer.database_url,
+            redis_url: layer.redis_url,
+            kafka_brokers: layer.kafka_brokers,
+            platform_admin_key: layer.platform_admin_key,
+            master_key: layer.master_key,
+            require_agent_owner: layer.require_agent_owner.unwrap_or(false),
+            xdr_bidirectional: layer.xdr_bidirectional.unwrap_or(false),
+            otel_exporter_otlp_endpoint: layer.otel_exporter_otlp_endpoint,
+            public_url,
+            dashboard_url,
+            registration_mode,
+            log_format,
+            service_urls,
+            provider_base_urls,
+        })
+    }
+}
+
+fn parse_bool(setting: &str, value: &str) -> Result<bool, ConfigError> {
+    match value.to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" => Ok(true),
+        "false" | "0" | "no" | "off" => Ok(false),
+        _ => Err(ConfigError::new(setting, format!("`{value}` is not a boolean (true or false)"))),
+    }
+}
+
+fn parse_address(setting: &str, value: &str) -> Result<SocketAddr, ConfigError> {
+    value.parse().map_err(|_| ConfigError::new(setting, format!("`{value}` is not a socket address such as 127.0.0.1:8080")))
+}
+
+fn parse_http_url(setting: &str, value: &str) -> Result<String, ConfigError> {
+    let valid = (value.starts_with("http://") || value.starts_with("https://")) && value.len() > "https://".len();
+    if valid {
+        Ok(value.trim_end_matches('/').to_string())
+    } else {
+        Err(ConfigError::new(setting, format!("`{value}` is not an http:// or https:// url")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs.iter().map(|(name, value)| (name.to_string(), value.to_string())).collect()
+    }
+
+    #[test]
+    fn defaults_apply_when_nothing_is_set() -> Result<(), ConfigError> {
+        let settings = Settings::resolve(ConfigLayer::default())?;
+        assert_eq!(settings.listen.to_string(), "127.0.0.1:8080");
+        assert_eq!(settings.public_url, "http://127.0.0.1:8080");
+        assert_eq!(settings.mail_outbox, PathBuf::from("brainstorm-data/outbox"));
+        assert_eq!(settings.registration_mode, RegistrationMode::Open);
+        assert!(!settings.require_agent_owner);
+        Ok(())
+    }
+
+    #[test]
+    fn flags_beat_environment_beat_file() -> Result<(), ConfigError> {
+        let file = ConfigLayer::from_toml("listen = \"127.0.0.1:1000\"\ngrpc_listen = \"127.0.0.1:1001\"\ndata_dir = \"/file\"\n", Path::new("x.toml"))?;
+        let environment = ConfigLayer::from_env(&env(&[("BR_LISTEN", "127.0.0.1:2000"), ("BR_DATA_DIR", "/env")]))?;
+        let flags = ConfigLayer { listen: Some("127.0.0.1:3000".to_string()), ..ConfigLayer::default() };
+        let settings = Settings::resolve(flags.over(environment.over(file)))?;
+        assert_eq!(settings.listen.port(), 3000);
+        assert_eq!(settings.data_dir, PathBuf::from("/env"));
+        assert_eq!(settings.grpc_listen.port(), 1001);
+        Ok(())
+    }
+
+    #[test]
+    fn service_and_provider_urls_come_from_the_environment() -> Result<(), ConfigError> {
+        let layer = ConfigLayer::from_env(&env(&[
+            ("BR_IDENTITY_URL", "http://127.0.0.1:50051/"),
+            ("BR_BUDGET_LEDGER_URL", "http://10.0.0.2:50051"),
+            ("BR_PROVIDER_AZURE_OPENAI_BASE_URL", "http://127.0.0.1:9100/v1"),
+        ]))?;
+        let settings = Settings::resolve(layer)?;
+        assert_eq!(settings.service_urls.get(&ServiceName::Identity).map(String::as_str), Some("http://127.0.0.1:50051"));
+        assert_eq!(settings.service_urls.get(&ServiceName::BudgetLedger).map(String::as_str), Some("http://10.0.0.2:50051"));
+        assert_eq!(settings.provider_base_urls.get("azure-openai").map(String::as_str), Some("http://127.0.0.1:9100/v1"));
+        Ok(())
+    }
+
+    #[test]
+    fn a_bad_value_names_its_setting() {
+        let cases: [(&str, &str, &str); 6] = [
+            ("BR_LISTEN", "nonsense", "listen"),
+            ("BR_REQUIRE_AGENT_OWNER", "maybe", "BR_REQUIRE_AGENT_OWNER"),
+            ("BR_DATABASE_URL", "mysql://x", "database_url"),
+            ("BR_MASTER_KEY", "short", "master_key"),
+            ("BR_IDENTITY_URL", "127.0.0.1:50051", "BR_IDENTITY_URL"),
+            ("BR_REGISTRATION_MODE", "closed", "registration_mode"),
+        ];
+        for (variable, value, expected_setting) in cases {
+            let result = ConfigLayer::from_env(&env(&[(variable, value)])).and_then(Settings::resolve);
+            match result {
+                Err(error) => assert!(error.setting.contains(expected_setting), "{variable}: {error}"),
+                Ok(_) => unreachable!("{variable}={value} must be rejected"),
+            }
+        }
+    }
+
+    #[test]
+    fn unknown_file_keys_are_rejected_and_secrets_never_print() {
+        let error = ConfigLayer::from_toml("lisen = \"x\"", Path::new("brainstorm.toml")).err();
+        assert!(error.is_some_and(|error| error.to_string().contains("brainstorm.toml")));
+        let secret = Secret::new("br_live_supersecret");
+        assert!(!format!("{secret:?}").contains("supersecret"));
+    }
+}

@@ -1,0 +1,13 @@
+//! Shared plumbing of every Brainstorm service: the error envelope, configuration, store, event bus,
+//! mail outbox, money and time helpers, and telemetry.
+
+pub mod bus;
+pub mod config;
+pub mod error;
+pub mod money;
+pub mod outbox;
+pub mod store;
+pub mod telemetry;
+pub mod time;
+
+pub use error::{ApiError, Recovery};

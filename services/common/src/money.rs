@@ -1,0 +1,138 @@
+//! Exact money: US dollars held as an integer count of billionths (nano-dollars), never as floats.
+
+use std::fmt;
+
+const NANOS_PER_USD: i64 = 1_000_000_000;
+
+/// An exact amount of US dollars.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Usd {
+    nanos: i64,
+}
+
+/// Why a decimal could not be read as dollars.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UsdParseError {
+    #[error("`{0}` is not a decimal amount of dollars")]
+    NotDecimal(String),
+    #[error("`{0}` has more than 9 decimal places")]
+    TooPrecise(String),
+    #[error("`{0}` is out of range")]
+    OutOfRange(String),
+}
+
+impl Usd {
+    /// Zero dollars.
+    pub const ZERO: Usd = Usd { nanos: 0 };
+
+    /// From a count of nano-dollars.
+    pub const fn from_nanos(nanos: i64) -> Self {
+        Usd { nanos }
+    }
+
+    /// The count of nano-dollars.
+    pub const fn nanos(self) -> i64 {
+        self.nanos
+    }
+
+    /// Reads a decimal such as `12`, `0.5` or `-3.000000001` exactly (the text of a JSON number).
+    pub fn parse_decimal(text: &str) -> Result<Self, UsdParseError> {
+        let not_decimal = || UsdParseError::NotDecimal(text.to_string());
+        let out_of_range = || UsdParseError::OutOfRange(text.to_string());
+        let (negative, unsigned) = match text.strip_prefix('-') {
+            Some(rest) => (true, rest),
+            None => (false, text),
+        };
+        let (whole, fraction) = unsigned.split_once('.').unwrap_or((unsigned, ""));
+        let all_digits = |part: &str| part.bytes().all(|byte| byte.is_ascii_digit());
+        if whole.is_empty() || !all_digits(whole) || !all_digits(fraction) || (unsigned.contains('.') && fraction.is_empty()) {
+            return Err(not_decimal());
+        }
+        if fraction.len() > 9 {
+            return Err(UsdParseError::TooPrecise(text.to_string()));
+        }
+        let whole: i64 = whole.parse().map_err(|_| out_of_range())?;
+        let fraction_nanos: i64 = if fraction.is_empty() {
+            0
+        } else {
+            let padded = format!("{fraction:0<9}");
+            padded.parse().map_err(|_| not_decimal())?
+        };
+        let nanos = whole.checked_mul(NANOS_PER_USD).and_then(|nanos| nanos.checked_add(fraction_nanos)).ok_or_else(out_of_range)?;
+        Ok(Usd { nanos: if negative { -nanos } else { nanos } })
+    }
+
+    /// Reads a JSON number exactly, through its decimal text (no float arithmetic).
+    pub fn from_json_number(number: &serde_json::Number) -> Result<Self, UsdParseError> {
+        let text = number.to_string();
+        if text.contains(['e', 'E']) {
+            return Err(UsdParseError::NotDecimal(text));
+        }
+        Self::parse_decimal(&text)
+    }
+
+    /// As a JSON number (for display only; arithmetic stays on nanos).
+    pub fn to_json(self) -> serde_json::Value {
+        let text = self.to_string();
+        match text.parse::<serde_json::Number>() {
+            Ok(number) => serde_json::Value::Number(number),
+            Err(_) => serde_json::Value::String(text),
+        }
+    }
+
+    /// Formats with exactly `decimals` places (truncating extra precision toward zero).
+    pub fn format_fixed(self, decimals: u32) -> String {
+        let decimals = decimals.min(9);
+        let sign = if self.nanos < 0 { "-" } else { "" };
+        let magnitude = self.nanos.unsigned_abs();
+        let whole = magnitude / NANOS_PER_USD as u64;
+        let fraction = magnitude % NANOS_PER_USD as u64;
+        if decimals == 0 {
+            return format!("{sign}{whole}");
+        }
+        let fraction = fraction / 10u64.pow(9 - decimals);
+        format!("{sign}{whole}.{fraction:0width$}", width = decimals as usize)
+    }
+}
+
+impl fmt::Display for Usd {
+    /// Shortest exact decimal: `12`, `0.5`, `0.000000001`.
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let fixed = self.format_fixed(9);
+        let trimmed = fixed.trim_end_matches('0').trim_end_matches('.');
+        formatter.write_str(trimmed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decimals_are_read_exactly() {
+        assert_eq!(Usd::parse_decimal("12"), Ok(Usd::from_nanos(12_000_000_000)));
+        assert_eq!(Usd::parse_decimal("0.1"), Ok(Usd::from_nanos(100_000_000)));
+        assert_eq!(Usd::parse_decimal("-3.000000001"), Ok(Usd::from_nanos(-3_000_000_001)));
+        assert!(matches!(Usd::parse_decimal("0.0000000001"), Err(UsdParseError::TooPrecise(_))));
+        for bad in ["", ".5", "5.", "1e3", "abc", "1.2.3", "--1"] {
+            assert!(Usd::parse_decimal(bad).is_err(), "{bad} should not parse");
+        }
+        assert!(matches!(Usd::parse_decimal("99999999999999"), Err(UsdParseError::OutOfRange(_))));
+    }
+
+    #[test]
+    fn ten_cents_ten_times_is_exactly_a_dollar() {
+        let ten_cents = Usd::parse_decimal("0.1").unwrap_or_default();
+        let total = (0..10).fold(0i64, |sum, _| sum + ten_cents.nanos());
+        assert_eq!(Usd::from_nanos(total).to_string(), "1");
+    }
+
+    #[test]
+    fn formatting_is_exact() {
+        assert_eq!(Usd::from_nanos(1_234_567).format_fixed(6), "0.001234");
+        assert_eq!(Usd::from_nanos(-1_500_000_000).format_fixed(2), "-1.50");
+        assert_eq!(Usd::from_nanos(2_500_000_000).to_string(), "2.5");
+        assert_eq!(Usd::ZERO.to_string(), "0");
+        assert_eq!(Usd::from_nanos(2_500_000_000).to_json(), serde_json::json!(2.5));
+    }
+}

@@ -1,0 +1,217 @@
+//! The relational store: one sqlx pool over SQLite or PostgreSQL, chosen from the URL scheme, with the
+//! versioned migrations of `migrations/sqlite` and `migrations/postgres`.
+//!
+//! Queries are written once with `$1`-style bound parameters, which both engines accept, and use only
+//! types both engines share (TEXT, BIGINT), so every service store runs unchanged on either engine.
+
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
+use sqlx::migrate::Migrator;
+use sqlx::AnyPool;
+
+static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("../../migrations/sqlite");
+static POSTGRES_MIGRATIONS: Migrator = sqlx::migrate!("../../migrations/postgres");
+
+/// The database engine behind a pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    Sqlite,
+    Postgres,
+}
+
+/// Why the store could not be opened, migrated or queried.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("unsupported database url `{0}`: expected sqlite:// or postgres://")]
+    UnsupportedUrl(String),
+    #[error("could not connect to the database: {0}")]
+    Connect(#[source] sqlx::Error),
+    #[error("could not apply migrations: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("database schema is behind (pending migrations: {0}); run `brainstorm migrate`")]
+    SchemaBehind(String),
+    #[error("database error: {0}")]
+    Query(#[from] sqlx::Error),
+    #[error("could not create the data directory: {0}")]
+    DataDir(#[from] std::io::Error),
+}
+
+/// A connection pool and the engine it talks to.
+#[derive(Debug, Clone)]
+pub struct Database {
+    pool: AnyPool,
+    engine: Engine,
+}
+
+impl Database {
+    /// Connects to `sqlite://...` (the file is created if missing) or `postgres://...`.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        sqlx::any::install_default_drivers();
+        let engine = engine_of(url)?;
+        let url = match engine {
+            Engine::Sqlite if !url.contains("mode=") => {
+                let separator = if url.contains('?') { '&' } else { '?' };
+                format!("{url}{separator}mode=rwc")
+            }
+            Engine::Sqlite | Engine::Postgres => url.to_string(),
+        };
+        let options = AnyConnectOptions::from_str(&url).map_err(StoreError::Connect)?;
+        let pool_options = match engine {
+            // One writer at a time is SQLite's model; a few connections let reads proceed.
+            Engine::Sqlite => AnyPoolOptions::new().max_connections(4),
+            Engine::Postgres => AnyPoolOptions::new().max_connections(16),
+        };
+        let pool = pool_options
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options)
+            .await
+            .map_err(StoreError::Connect)?;
+        if engine == Engine::Sqlite {
+            // WAL lets readers proceed while one writer commits; it persists in the file.
+            sqlx::query("PRAGMA journal_mode=WAL").execute(&pool).await?;
+        }
+        Ok(Database { pool, engine })
+    }
+
+    /// Opens (creating if needed) the embedded SQLite database inside `data_dir`.
+    pub async fn open_embedded(data_dir: &Path) -> Result<Self, StoreError> {
+        tokio::fs::create_dir_all(data_dir).await?;
+        let path = data_dir.join("brainstorm.db");
+        Self::connect(&format!("sqlite://{}", path.display())).await
+    }
+
+    /// Applies every pending migration (idempotent; PostgreSQL takes an advisory lock).
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        self.migrator().run(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Fails unless every migration this binary knows has been applied.
+    pub async fn ensure_migrated(&self) -> Result<(), StoreError> {
+        let applied: Vec<i64> = match sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success = $1")
+            .bind(true)
+            .fetch_all(&self.pool)
+            .await
+        {
+            Ok(versions) => versions,
+            // No bookkeeping table yet: nothing was ever applied.
+            Err(_) => Vec::new(),
+        };
+        let pending: Vec<String> = self
+            .migrator()
+            .iter()
+            .filter(|migration| !applied.contains(&migration.version))
+            .map(|migration| migration.version.to_string())
+            .collect();
+        if pending.is_empty() { Ok(()) } else { Err(StoreError::SchemaBehind(pending.join(", "))) }
+    }
+
+    /// The pool, for service stores.
+    pub fn pool(&self) -> &AnyPool {
+        &self.pool
+    }
+
+    /// Which engine this is.
+    pub fn engine(&self) -> Engine {
+        self.engine
+    }
+
+    /// Closes every connection (at shutdown, after in-flight work finished).
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    fn migrator(&self) -> &'static Migrator {
+        match self.engine {
+            Engine::Sqlite => &SQLITE_MIGRATIONS,
+            Engine::Postgres => &POSTGRES_MIGRATIONS,
+        }
+    }
+}
+
+/// Whether a SQL error is a unique-constraint violation (on either engine).
+pub fn is_unique_violation(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Database(database_error) => database_error.is_unique_violation(),
+        _ => false,
+    }
+}
+
+fn engine_of(url: &str) -> Result<Engine, StoreError> {
+    if url.starts_with("sqlite:") {
+        Ok(Engine::Sqlite)
+    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Ok(Engine::Postgres)
+    } else {
+        Err(StoreError::UnsupportedUrl(url.split('@').next_back().unwrap_or_default().to_string()))
+    }
+}
+
+/// Test support: fresh, isolated databases on both engines.
+pub mod testing {
+    use super::*;
+
+    /// Where store tests find PostgreSQL; `BR_TEST_POSTGRES_URL` overrides.
+    pub fn postgres_admin_url() -> String {
+        std::env::var("BR_TEST_POSTGRES_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_string())
+    }
+
+    /// A new SQLite database in a fresh temporary directory, migrated.
+    pub async fn fresh_sqlite() -> Result<Database, StoreError> {
+        let directory = std::env::temp_dir().join(format!("brainstorm-test-{}", uuid::Uuid::new_v4().simple()));
+        let database = Database::open_embedded(&directory).await?;
+        database.migrate().await?;
+        Ok(database)
+    }
+
+    /// A new PostgreSQL database (`brainstorm_test_<random>`) on the test server, migrated.
+    pub async fn fresh_postgres() -> Result<Database, StoreError> {
+        let admin_url = postgres_admin_url();
+        let admin = Database::connect(&admin_url).await?;
+        let name = format!("brainstorm_test_{}", uuid::Uuid::new_v4().simple());
+        // The name is generated above from hex digits only, so it is safe to splice into DDL.
+        sqlx::query(&format!("CREATE DATABASE {name}")).execute(admin.pool()).await?;
+        admin.close().await;
+        let (base, _) = admin_url.rsplit_once('/').unwrap_or((admin_url.as_str(), ""));
+        let database = Database::connect(&format!("{base}/{name}")).await?;
+        database.migrate().await?;
+        Ok(database)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn engine_follows_the_url_scheme() {
+        assert_eq!(engine_of("sqlite:///tmp/x.db").ok(), Some(Engine::Sqlite));
+        assert_eq!(engine_of("postgres://u@h/db").ok(), Some(Engine::Postgres));
+        assert_eq!(engine_of("postgresql://u@h/db").ok(), Some(Engine::Postgres));
+        let error = engine_of("mysql://user:secret@host/db").err().map(|error| error.to_string()).unwrap_or_default();
+        assert!(error.contains("unsupported"));
+        assert!(!error.contains("secret"), "the password must not appear in {error}");
+    }
+
+    #[tokio::test]
+    async fn a_fresh_sqlite_store_is_migrated_and_a_new_one_is_behind() -> Result<(), StoreError> {
+        let database = testing::fresh_sqlite().await?;
+        database.ensure_migrated().await?;
+        let directory = std::env::temp_dir().join(format!("brainstorm-test-{}", uuid::Uuid::new_v4().simple()));
+        let unmigrated = Database::open_embedded(&directory).await?;
+        assert!(matches!(unmigrated.ensure_migrated().await, Err(StoreError::SchemaBehind(_))));
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_fresh_postgres_store_is_migrated() -> Result<(), StoreError> {
+        let database = testing::fresh_postgres().await?;
+        database.ensure_migrated().await?;
+        // Applying again is a no-op.
+        database.migrate().await?;
+        Ok(())
+    }
+}

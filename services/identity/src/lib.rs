@@ -1,0 +1,11 @@
+//! The identity service: tenants, users, API keys, RBAC, invitations and platform administration.
+//!
+//! `IdentityServiceImpl` implements the `IdentityService` contract of `brainstorm-proto` over a
+//! `Database`; callers reach it through an `IdentityClient`, in process or over gRPC.
+
+pub mod rbac;
+mod secrets;
+mod service;
+mod store;
+
+pub use service::{IdentityOptions, IdentityServiceImpl};

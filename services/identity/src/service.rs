@@ -1,0 +1,568 @@
+//! Identity's rules: registration, authentication, users, keys and administration, over its store.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use brainstorm_common::bus::EventBus;
+use brainstorm_common::config::RegistrationMode;
+use brainstorm_common::outbox::{Mail, MailOutbox};
+use brainstorm_common::store::{Database, is_unique_violation};
+use brainstorm_common::time::{format_timestamp, now_timestamp, parse_timestamp};
+use brainstorm_proto::events::{self, IdentityEvent, identity_event};
+use brainstorm_proto::identity::*;
+use brainstorm_proto::{ServiceError, ServiceResult};
+use chrono::{Duration, Utc};
+use prost::Message;
+
+use crate::rbac::{self, ROLES};
+use crate::secrets::{self, CLAIM_TOKEN_PREFIX, LIVE_KEY_PREFIX};
+use crate::store::{ApiKeyRecord, ClaimTokenRecord, IdentityStore, TenantGrouping, tier_of_plan};
+
+const REGISTRATION_CLAIM_DAYS: i64 = 7;
+const INVITATION_DAYS: i64 = 7;
+const MAX_NAME_CHARS: usize = 128;
+const TENANT_STATUSES: [&str; 3] = ["active", "pending", "rejected"];
+const CLAIM_ROLES: [&str; 3] = ["owner", "admin", "member"];
+
+/// What identity needs besides its store.
+#[derive(Debug, Clone)]
+pub struct IdentityOptions {
+    /// Base of claim and invitation links (`{dashboard_url}`).
+    pub dashboard_url: String,
+    pub registration_mode: RegistrationMode,
+    pub outbox: MailOutbox,
+}
+
+/// The identity service.
+#[derive(Clone)]
+pub struct IdentityServiceImpl {
+    store: IdentityStore,
+    bus: Arc<dyn EventBus>,
+    options: Arc<IdentityOptions>,
+}
+
+impl IdentityServiceImpl {
+    /// Identity over a migrated database, publishing its changes on `bus`.
+    pub fn new(database: Database, bus: Arc<dyn EventBus>, options: IdentityOptions) -> Self {
+        IdentityServiceImpl { store: IdentityStore::new(database), bus, options: Arc::new(options) }
+    }
+
+    fn claim_url(&self, token: &str) -> String {
+        format!("{}/claim?token={token}", self.options.dashboard_url)
+    }
+
+    async fn tenant_or_not_found(&self, tenant_id: &str) -> ServiceResult<Tenant> {
+        self.store.tenant(tenant_id).await.map_err(store_failure)?.ok_or_else(|| ServiceError::not_found("tenant_not_found", format!("tenant `{tenant_id}` does not exist")))
+    }
+
+    /// Publishes a change for every edge's cache; a lost event only delays invalidation until the
+    /// cache entry's TTL, so it is logged rather than failing the change that already committed.
+    async fn publish(&self, tenant_id: &str, kind: identity_event::Kind) {
+        let event = IdentityEvent { tenant_id: tenant_id.to_string(), occurred_at: now_timestamp(), kind: Some(kind) };
+        let result = self.bus.publish(events::IDENTITY_EVENTS_TOPIC, tenant_id, event.encode_to_vec().into()).await;
+        if let Err(error) = result {
+            tracing::warn!(%error, tenant_id, "could not publish identity event");
+        }
+    }
+}
+
+#[async_trait]
+impl IdentityService for IdentityServiceImpl {
+    async fn register(&self, request: RegisterRequest) -> ServiceResult<RegisterResponse> {
+        let name = validated_name("tenant_name", &request.tenant_name)?;
+        let invite_code = request.invite_code.as_deref().map(str::trim).filter(|code| !code.is_empty());
+        if invite_code.is_none() && self.options.registration_mode == RegistrationMode::Invite {
+            return Err(ServiceError::invalid("invite_code_required", "registration requires an invite code (field `invite_code`)"));
+        }
+        let status = match (invite_code, self.options.registration_mode) {
+            (None, RegistrationMode::Approval) => "pending",
+            _ => "active",
+        };
+        let now = Utc::now();
+        let created_at = format_timestamp(now);
+        let tenant = Tenant {
+            id: uuid::Uuid::new_v4().to_string(),
+            slug: slug_of(&name),
+            name,
+            plan: "sandbox".to_string(),
+            tier: tier_of_plan("sandbox").to_string(),
+            status: status.to_string(),
+            user_count: 0,
+            created_at: created_at.clone(),
+            updated_at: created_at.clone(),
+        };
+        let plaintext_key = secrets::mint(LIVE_KEY_PREFIX);
+        let key = ApiKey {
+            id: uuid::Uuid::new_v4().to_string(),
+            tenant_id: tenant.id.clone(),
+            name: "registration".to_string(),
+            prefix: secrets::display_prefix(&plaintext_key),
+            role: "admin".to_string(),
+            scopes: vec!["admin".to_string()],
+            created_at: created_at.clone(),
+            ..ApiKey::default()
+        };
+        let claim_token = secrets::mint(CLAIM_TOKEN_PREFIX);
+        let claim = ClaimTokenRecord {
+            id: uuid::Uuid::new_v4().to_string(),
+            tenant_id: tenant.id.clone(),
+            token_hash: secrets::digest(&claim_token),
+            role: "owner".to_string(),
+            max_uses: 1,
+            purpose: "registration".to_string(),
+            email: None,
+            expires_at: format_timestamp(now + Duration::days(REGISTRATION_CLAIM_DAYS)),
+            created_at: created_at.clone(),
+            created_by: None,
+        };
+
+        let mut transaction = self.store.begin().await.map_err(store_failure)?;
+        if let Some(code) = invite_code {
+            let consumed = IdentityStore::consume_invite_code(&mut transaction, code, &created_at).await.map_err(store_failure)?;
+            if !consumed {
+                return Err(ServiceError::invalid("invalid_invite_code", "the invite code is unknown, expired or used up"));
+            }
+        }
+        IdentityStore::insert_tenant(&mut transaction, &tenant).await.map_err(store_failure)?;
+        let key_hash = secrets::digest(&plaintext_key);
+        IdentityStore::insert_api_key(&mut transaction, ApiKeyRecord { key: &key, key_hash: &key_hash }).await.map_err(store_failure)?;
+        IdentityStore::insert_claim_token(&mut transaction, &claim).await.map_err(store_failure)?;
+        transaction.commit().await.map_err(store_failure)?;
+        tracing::info!(tenant_id = %tenant.id, slug = %tenant.slug, status, "tenant registered");
+
+        Ok(RegisterResponse {
+            claim: Some(ClaimToken {
+                url: self.claim_url(&claim_token),
+                token: claim_token,
+                expires_at: claim.expires_at,
+                role: claim.role,
+                max_uses: 1,
+            }),
+            tenant: Some(tenant),
+            api_key: Some(CreatedApiKey { key: Some(key), plaintext: plaintext_key }),
+        })
+    }
+
+    async fn authenticate(&self, request: AuthenticateRequest) -> ServiceResult<Principal> {
+        if !secrets::looks_like_api_key(&request.api_key) {
+            return Err(ServiceError::unauthenticated("malformed_api_key", "the API key is malformed: expected br_live_... or br_test_..."));
+        }
+        let key = self.store.api_key_by_hash(&secrets::digest(&request.api_key)).await.map_err(store_failure)?;
+        let Some(key) = key else {
+            return Err(ServiceError::unauthenticated("invalid_api_key", "the API key is not recognised"));
+        };
+        if key.revoked_at.is_some() {
+            return Err(ServiceError::unauthenticated("revoked_api_key", "the API key has been revoked"));
+        }
+        let expired = key.expires_at.as_deref().and_then(parse_timestamp).is_some_and(|expires_at| expires_at <= Utc::now());
+        if expired {
+            return Err(ServiceError::unauthenticated("expired_api_key", "the API key has expired"));
+        }
+        let tenant = self.tenant_or_not_found(&key.tenant_id).await?;
+        match tenant.status.as_str() {
+            "rejected" => return Err(ServiceError::permission_denied("tenant_rejected", "this tenant's registration was rejected")),
+            "pending" => return Err(ServiceError::permission_denied("tenant_pending_approval", "this tenant awaits approval by a platform administrator")),
+            _ => {}
+        }
+        let permissions = rbac::resolve_permissions(&key.scopes).map_err(|error| ServiceError::internal(format!("stored key has invalid scopes: {error}")))?;
+        Ok(Principal { tenant: Some(tenant), key: Some(key), permissions: permissions.into_iter().collect() })
+    }
+
+    async fn get_tenant(&self, request: TenantRef) -> ServiceResult<Tenant> {
+        self.tenant_or_not_found(&request.tenant_id).await
+    }
+
+    async fn update_tenant(&self, request: UpdateTenantRequest) -> ServiceResult<Tenant> {
+        if let Some(name) = request.name.as_deref() {
+            let name = validated_name("name", name)?;
+            let renamed = self.store.rename_tenant(&request.tenant_id, &name, &now_timestamp()).await.map_err(store_failure)?;
+            if !renamed {
+                return Err(ServiceError::not_found("tenant_not_found", "tenant does not exist"));
+            }
+            self.publish(&request.tenant_id, identity_event::Kind::TenantChanged(events::TenantChanged::default())).await;
+        }
+        self.tenant_or_not_found(&request.tenant_id).await
+    }
+
+    async fn list_users(&self, request: TenantRef) -> ServiceResult<UserList> {
+        let users = self.store.users(&request.tenant_id).await.map_err(store_failure)?;
+        Ok(UserList { users })
+    }
+
+    async fn invite_user(&self, request: InviteUserRequest) -> ServiceResult<Invitation> {
+        let email = validated_email(&request.email)?;
+        let claim_role = if request.role.is_empty() { "member" } else { request.role.as_str() };
+        let user_role = user_role_of_claim_role(claim_role)?;
+        let tenant = self.tenant_or_not_found(&request.tenant_id).await?;
+        let now = Utc::now();
+        let user = User {
+            id: uuid::Uuid::new_v4().to_string(),
+            tenant_id: tenant.id.clone(),
+            email: email.clone(),
+            role: user_role.to_string(),
+            status: "invited".to_string(),
+            created_at: format_timestamp(now),
+        };
+        let token = secrets::mint(CLAIM_TOKEN_PREFIX);
+        let claim = ClaimTokenRecord {
+            id: uuid::Uuid::new_v4().to_string(),
+            tenant_id: tenant.id.clone(),
+            token_hash: secrets::digest(&token),
+            role: claim_role.to_string(),
+            max_uses: 1,
+            purpose: "invitation".to_string(),
+            email: Some(email.clone()),
+            expires_at: format_timestamp(now + Duration::days(INVITATION_DAYS)),
+            created_at: user.created_at.clone(),
+            created_by: Some(request.invited_by.clone()).filter(|by| !by.is_empty()),
+        };
+        let mut transaction = self.store.begin().await.map_err(store_failure)?;
+        if let Err(error) = IdentityStore::insert_user(&mut transaction, &user).await {
+            return Err(if is_unique_violation(&error) {
+                ServiceError::conflict("user_exists", format!("{email} is already a user of this tenant"))
+            } else {
+                store_failure(error)
+            });
+        }
+        IdentityStore::insert_claim_token(&mut transaction, &claim).await.map_err(store_failure)?;
+        transaction.commit().await.map_err(store_failure)?;
+
+        let claim_url = self.claim_url(&token);
+        let mail = Mail {
+            to: email.clone(),
+            subject: format!("You are invited to {} on Brainstorm", tenant.name),
+            body: format!(
+                "You have been invited to join the tenant \"{}\" on Brainstorm as {claim_role}.\n\nAccept the invitation: {claim_url}\n\nThe link expires at {}.\n",
+                tenant.name, claim.expires_at
+            ),
+        };
+        // The invitation stands even if the mail cannot be written: its link is in the response.
+        if let Err(error) = self.options.outbox.deliver(&mail).await {
+            tracing::error!(%error, tenant_id = %tenant.id, "invitation mail not written");
+        }
+        Ok(Invitation { email, role: claim_role.to_string(), claim_url, expires_at: claim.expires_at, user_id: user.id })
+    }
+
+    async fn delete_user(&self, request: DeleteUserRequest) -> ServiceResult<User> {
+        let not_found = || ServiceError::not_found("user_not_found", format!("user `{}` does not exist in this tenant", request.user_id));
+        let user = self.store.user(&request.tenant_id, &request.user_id).await.map_err(store_failure)?.ok_or_else(not_found)?;
+        if !self.store.delete_user(&user).await.map_err(store_failure)? {
+            return Err(not_found());
+        }
+        Ok(user)
+    }
+
+    async fn create_claim_link(&self, request: CreateClaimLinkRequest) -> ServiceResult<ClaimToken> {
+        let role = if request.role.is_empty() { "member" } else { request.role.as_str() };
+        user_role_of_claim_role(role)?;
+        let max_uses = if request.max_uses == 0 { 1 } else { request.max_uses };
+        if max_uses > 1000 {
+            return Err(ServiceError::invalid("invalid_max_uses", "max_uses must be between 1 and 1000"));
+        }
+        let days = if request.expires_in_days == 0 { 7 } else { request.expires_in_days };
+        if days > 90 {
+            return Err(ServiceError::invalid("invalid_expires_in_days", "expires_in_days must be between 1 and 90"));
+        }
+        self.tenant_or_not_found(&request.tenant_id).await?;
+        let now = Utc::now();
+        let token = secrets::mint(CLAIM_TOKEN_PREFIX);
+        let claim = ClaimTokenRecord {
+            id: uuid::Uuid::new_v4().to_string(),
+            tenant_id: request.tenant_id.clone(),
+            token_hash: secrets::digest(&token),
+            role: role.to_string(),
+            max_uses: i64::from(max_uses),
+            purpose: "claim_link".to_string(),
+            email: None,
+            expires_at: format_timestamp(now + Duration::days(i64::from(days))),
+            created_at: format_timestamp(now),
+            created_by: Some(request.created_by.clone()).filter(|by| !by.is_empty()),
+        };
+        let mut transaction = self.store.begin().await.map_err(store_failure)?;
+        IdentityStore::insert_claim_token(&mut transaction, &claim).await.map_err(store_failure)?;
+        transaction.commit().await.map_err(store_failure)?;
+        Ok(ClaimToken { url: self.claim_url(&token), token, expires_at: claim.expires_at, role: claim.role, max_uses })
+    }
+
+    async fn create_api_key(&self, request: CreateApiKeyRequest) -> ServiceResult<CreatedApiKey> {
+        let name = if request.name.trim().is_empty() { "api key".to_string() } else { validated_name("name", &request.name)? };
+        let role = if request.role.is_empty() { "developer".to_string() } else { request.role.clone() };
+        if !ROLES.contains(&role.as_str()) {
+            return Err(ServiceError::invalid("invalid_role", format!("role must be one of {}", ROLES.join(", "))));
+        }
+        let scopes = if request.scopes.is_empty() { vec![role.clone()] } else { request.scopes.clone() };
+        let granted = rbac::resolve_permissions(&scopes).map_err(|error| ServiceError::invalid("invalid_scope", error.to_string()))?;
+        let beyond_creator: Vec<&String> = granted.iter().filter(|permission| !request.creator_permissions.contains(permission)).collect();
+        if !beyond_creator.is_empty() {
+            let listed: Vec<&str> = beyond_creator.iter().map(|permission| permission.as_str()).collect();
+            return Err(ServiceError::permission_denied("privilege_escalation", format!("a key cannot grant permissions its creator lacks: {}", listed.join(", "))));
+        }
+        if request.budget_limit_nanos.is_some_and(|nanos| nanos < 0) {
+            return Err(ServiceError::invalid("invalid_budget_limit", "budget_limit_usd must not be negative"));
+        }
+        let budget_period = match request.budget_period.as_deref() {
+            None if request.budget_limit_nanos.is_some() => Some("monthly".to_string()),
+            None => None,
+            Some(period @ ("daily" | "monthly")) => Some(period.to_string()),
+            Some(_) => return Err(ServiceError::invalid("invalid_budget_period", "budget_period must be daily or monthly")),
+        };
+        if request.rate_limit_rpm == Some(0) {
+            return Err(ServiceError::invalid("invalid_rate_limit", "rate_limit_rpm must be at least 1"));
+        }
+        let now = Utc::now();
+        let expires_at = match request.expires_at.as_deref() {
+            None => None,
+            Some(text) => {
+                let instant = parse_timestamp(text).ok_or_else(|| ServiceError::invalid("invalid_expires_at", "expires_at must be an ISO 8601 date-time"))?;
+                if instant <= now {
+                    return Err(ServiceError::invalid("invalid_expires_at", "expires_at must be in the future"));
+                }
+                Some(format_timestamp(instant))
+            }
+        };
+        if request.allowed_models.iter().any(|model| model.trim().is_empty()) {
+            return Err(ServiceError::invalid("invalid_allowed_models", "allowed model ids must not be empty"));
+        }
+        self.tenant_or_not_found(&request.tenant_id).await?;
+        let plaintext = secrets::mint(LIVE_KEY_PREFIX);
+        let key = ApiKey {
+            id: uuid::Uuid::new_v4().to_string(),
+            tenant_id: request.tenant_id.clone(),
+            name,
+            prefix: secrets::display_prefix(&plaintext),
+            role,
+            scopes,
+            budget_limit_nanos: request.budget_limit_nanos,
+            budget_period,
+            rate_limit_rpm: request.rate_limit_rpm,
+            expires_at,
+            allowed_models: request.allowed_models.iter().map(|model| model.trim().to_string()).collect(),
+            created_at: format_timestamp(now),
+            revoked_at: None,
+            created_by: Some(request.created_by.clone()).filter(|by| !by.is_empty()),
+        };
+        let key_hash = secrets::digest(&plaintext);
+        let mut transaction = self.store.begin().await.map_err(store_failure)?;
+        IdentityStore::insert_api_key(&mut transaction, ApiKeyRecord { key: &key, key_hash: &key_hash }).await.map_err(store_failure)?;
+        transaction.commit().await.map_err(store_failure)?;
+        tracing::info!(tenant_id = %key.tenant_id, key_id = %key.id, role = %key.role, "api key created");
+        Ok(CreatedApiKey { key: Some(key), plaintext })
+    }
+
+    async fn list_api_keys(&self, request: TenantRef) -> ServiceResult<ApiKeyList> {
+        let keys = self.store.api_keys(&request.tenant_id).await.map_err(store_failure)?;
+        Ok(ApiKeyList { keys })
+    }
+
+    async fn revoke_api_key(&self, request: RevokeApiKeyRequest) -> ServiceResult<ApiKey> {
+        let revoked_now = self.store.revoke_api_key(&request.tenant_id, &request.key_id, &now_timestamp()).await.map_err(store_failure)?;
+        let key = self
+            .store
+            .api_key(&request.tenant_id, &request.key_id)
+            .await
+            .map_err(store_failure)?
+            .ok_or_else(|| ServiceError::not_found("api_key_not_found", format!("API key `{}` does not exist in this tenant", request.key_id)))?;
+        if revoked_now {
+            tracing::info!(tenant_id = %key.tenant_id, key_id = %key.id, "api key revoked");
+            let revoked = events::ApiKeyRevoked { key_id: key.id.clone() };
+            self.publish(&key.tenant_id, identity_event::Kind::ApiKeyRevoked(revoked)).await;
+        }
+        Ok(key)
+    }
+
+    async fn list_tenants(&self, request: ListTenantsRequest) -> ServiceResult<TenantList> {
+        let status = request.status.as_deref().filter(|status| !status.is_empty());
+        if let Some(status) = status {
+            validated_status(status)?;
+        }
+        let tenants = self.store.tenants(status).await.map_err(store_failure)?;
+        Ok(TenantList { tenants })
+    }
+
+    async fn set_tenant_status(&self, request: SetTenantStatusRequest) -> ServiceResult<Tenant> {
+        validated_status(&request.status)?;
+        let updated = self.store.set_tenant_status(&request.tenant_id, &request.status, &now_timestamp()).await.map_err(store_failure)?;
+        if !updated {
+            return Err(ServiceError::not_found("tenant_not_found", format!("tenant `{}` does not exist", request.tenant_id)));
+        }
+        tracing::info!(tenant_id = %request.tenant_id, status = %request.status, "tenant status changed");
+        let changed = events::TenantChanged { status: request.status.clone() };
+        self.publish(&request.tenant_id, identity_event::Kind::TenantChanged(changed)).await;
+        self.tenant_or_not_found(&request.tenant_id).await
+    }
+
+    async fn create_invite_code(&self, request: CreateInviteCodeRequest) -> ServiceResult<InviteCode> {
+        let code = request.code.trim();
+        if code.is_empty() || code.chars().count() > MAX_NAME_CHARS {
+            return Err(ServiceError::invalid("invalid_code", "code must be 1 to 128 characters"));
+        }
+        if request.max_uses == Some(0) {
+            return Err(ServiceError::invalid("invalid_max_uses", "max_uses must be greater than 0 or null"));
+        }
+        let expires_at = match request.expires_at.as_deref() {
+            None => None,
+            Some(text) => {
+                let instant = parse_timestamp(text).filter(|_| text.ends_with('Z'));
+                let instant = instant.ok_or_else(|| ServiceError::invalid("invalid_expires_at", "expires_at must be a UTC date-time ending in Z, or null"))?;
+                Some(format_timestamp(instant))
+            }
+        };
+        let invite_code = InviteCode {
+            id: uuid::Uuid::new_v4().to_string(),
+            code: code.to_string(),
+            max_uses: request.max_uses,
+            uses: 0,
+            expires_at,
+            created_at: now_timestamp(),
+        };
+        if let Err(error) = self.store.insert_invite_code(&invite_code).await {
+            return Err(if is_unique_violation(&error) {
+                ServiceError::conflict("invite_code_exists", "an invite code with this code already exists")
+            } else {
+                store_failure(error)
+            });
+        }
+        Ok(invite_code)
+    }
+
+    async fn list_invite_codes(&self, _request: ListInviteCodesRequest) -> ServiceResult<InviteCodeList> {
+        let invite_codes = self.store.invite_codes().await.map_err(store_failure)?;
+        Ok(InviteCodeList { invite_codes })
+    }
+
+    async fn delete_invite_code(&self, request: DeleteInviteCodeRequest) -> ServiceResult<DeleteInviteCodeResponse> {
+        if !self.store.delete_invite_code(&request.id).await.map_err(store_failure)? {
+            return Err(ServiceError::not_found("invite_code_not_found", format!("invite code `{}` does not exist", request.id)));
+        }
+        Ok(DeleteInviteCodeResponse { deleted: true })
+    }
+
+    async fn digest(&self, _request: DigestRequest) -> ServiceResult<PlatformDigest> {
+        let now = Utc::now();
+        let day_ago = format_timestamp(now - Duration::hours(24));
+        let now_text = format_timestamp(now);
+        let store = &self.store;
+        let count = |sql: &'static str, parameters: Vec<String>| async move {
+            let parameters: Vec<&str> = parameters.iter().map(String::as_str).collect();
+            store.count(sql, &parameters).await.map_err(store_failure)
+        };
+        Ok(PlatformDigest {
+            tenants_total: count("SELECT COUNT(*) FROM tenants", vec![]).await?,
+            tenants_by_status: store.tenant_counts_by(TenantGrouping::Status).await.map_err(store_failure)?.into_iter().collect(),
+            tenants_by_plan: store.tenant_counts_by(TenantGrouping::Plan).await.map_err(store_failure)?.into_iter().collect(),
+            registrations_last_24h: count("SELECT COUNT(*) FROM tenants WHERE created_at >= $1", vec![day_ago]).await?,
+            users_total: count("SELECT COUNT(*) FROM users", vec![]).await?,
+            api_keys_active: count(
+                "SELECT COUNT(*) FROM api_keys WHERE revoked_at IS NULL AND (expires_at IS NULL OR expires_at > $1)",
+                vec![now_text.clone()],
+            )
+            .await?,
+            invite_codes_active: count(
+                "SELECT COUNT(*) FROM invite_codes WHERE (max_uses IS NULL OR uses < max_uses) AND (expires_at IS NULL OR expires_at > $1)",
+                vec![now_text.clone()],
+            )
+            .await?,
+            generated_at: now_text,
+        })
+    }
+}
+
+/// Maps a database failure: unreachable databases are retryable, anything else is a bug to log.
+fn store_failure(error: sqlx::Error) -> ServiceError {
+    match error {
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => {
+            tracing::warn!(%error, "identity store unavailable");
+            ServiceError::unavailable("database_unavailable", "the identity store is unavailable; retry shortly")
+        }
+        other => {
+            tracing::error!(error = %other, "identity store error");
+            ServiceError::internal("identity store error")
+        }
+    }
+}
+
+fn validated_name(field: &str, name: &str) -> ServiceResult<String> {
+    let trimmed = name.trim();
+    if trimmed.is_empty() {
+        return Err(ServiceError::invalid("invalid_name", format!("{field} must not be empty")));
+    }
+    if trimmed.chars().count() > MAX_NAME_CHARS || trimmed.chars().any(char::is_control) {
+        return Err(ServiceError::invalid("invalid_name", format!("{field} must be at most {MAX_NAME_CHARS} printable characters")));
+    }
+    Ok(trimmed.to_string())
+}
+
+fn validated_email(email: &str) -> ServiceResult<String> {
+    let email = email.trim().to_lowercase();
+    let invalid = || ServiceError::invalid("invalid_email", "email must be an address such as ada@example.com");
+    let (local, domain) = email.split_once('@').ok_or_else(invalid)?;
+    let well_formed = !local.is_empty()
+        && domain.contains('.')
+        && !domain.starts_with('.')
+        && !domain.ends_with('.')
+        && !domain.contains('@')
+        && email.len() <= 254
+        && !email.chars().any(|character| character.is_whitespace() || character.is_control());
+    if well_formed { Ok(email) } else { Err(invalid()) }
+}
+
+fn validated_status(status: &str) -> ServiceResult<()> {
+    if TENANT_STATUSES.contains(&status) {
+        Ok(())
+    } else {
+        Err(ServiceError::invalid("invalid_status", format!("status must be one of {}", TENANT_STATUSES.join(", "))))
+    }
+}
+
+/// Claim role to user role: `owner` and `admin` become `admin`, `member` becomes `developer`.
+fn user_role_of_claim_role(claim_role: &str) -> ServiceResult<&'static str> {
+    match claim_role {
+        "owner" | "admin" => Ok("admin"),
+        "member" => Ok("developer"),
+        _ => Err(ServiceError::invalid("invalid_role", format!("role must be one of {}", CLAIM_ROLES.join(", ")))),
+    }
+}
+
+/// A URL-safe slug: the name's letters and digits, hyphenated, plus a random suffix for uniqueness.
+fn slug_of(name: &str) -> String {
+    let mut base = String::new();
+    for character in name.chars().flat_map(char::to_lowercase) {
+        if character.is_ascii_alphanumeric() {
+            base.push(character);
+        } else if !base.is_empty() && !base.ends_with('-') {
+            base.push('-');
+        }
+    }
+    let base: String = base.trim_end_matches('-').chars().take(40).collect();
+    let base = base.trim_end_matches('-');
+    let suffix = &uuid::Uuid::new_v4().simple().to_string()[..6];
+    if base.is_empty() { format!("tenant-{suffix}") } else { format!("{base}-{suffix}") }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slugs_are_url_safe_and_unique() {
+        let slug = slug_of("Acme Rockets, Inc.");
+        assert!(slug.starts_with("acme-rockets-inc-"), "{slug}");
+        assert_ne!(slug_of("Acme"), slug_of("Acme"));
+        assert!(slug_of("日本").starts_with("tenant-"));
+    }
+
+    #[test]
+    fn emails_are_checked_and_normalised() {
+        assert_eq!(validated_email(" Ada@Example.com ").ok().as_deref(), Some("ada@example.com"));
+        for bad in ["", "ada", "ada@", "@example.com", "ada@example", "a da@example.com", "ada@@example.com"] {
+            assert!(validated_email(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn claim_roles_map_to_user_roles() {
+        assert_eq!(user_role_of_claim_role("owner").ok(), Some("admin"));
+        assert_eq!(user_role_of_claim_role("member").ok(), Some("developer"));
+        assert!(user_role_of_claim_role("root").is_err());
+    }
+}

@@ -1,0 +1,360 @@
+//! Identity's tables, read and written with bound parameters on SQLite or PostgreSQL.
+
+use brainstorm_common::store::Database;
+use brainstorm_proto::identity::{ApiKey, InviteCode, Tenant, User};
+use sqlx::any::AnyRow;
+use sqlx::{Any, Row, Transaction};
+
+/// Result of a store operation.
+pub type StoreResult<T> = Result<T, sqlx::Error>;
+
+/// A stored claim token.
+#[derive(Debug, Clone)]
+pub struct ClaimTokenRecord {
+    pub id: String,
+    pub tenant_id: String,
+    pub token_hash: String,
+    pub role: String,
+    pub max_uses: i64,
+    pub purpose: String,
+    pub email: Option<String>,
+    pub expires_at: String,
+    pub created_at: String,
+    pub created_by: Option<String>,
+}
+
+/// A stored API key with its hash.
+pub struct ApiKeyRecord<'a> {
+    pub key: &'a ApiKey,
+    pub key_hash: &'a str,
+}
+
+/// Identity's store.
+#[derive(Debug, Clone)]
+pub struct IdentityStore {
+    database: Database,
+}
+
+const TENANT_COLUMNS: &str = "t.id, t.slug, t.name, t.plan, t.status, t.created_at, t.updated_at, \
+     (SELECT COUNT(*) FROM users u WHERE u.tenant_id = t.id) AS user_count";
+const API_KEY_COLUMNS: &str = "id, tenant_id, name, prefix, role, scopes, budget_limit_nanos, budget_period, \
+     rate_limit_rpm, expires_at, allowed_models, created_at, revoked_at, created_by";
+
+impl IdentityStore {
+    pub fn new(database: Database) -> Self {
+        IdentityStore { database }
+    }
+
+    pub async fn begin(&self) -> StoreResult<Transaction<'static, Any>> {
+        self.database.pool().begin().await
+    }
+
+    pub async fn insert_tenant(transaction: &mut Transaction<'static, Any>, tenant: &Tenant) -> StoreResult<()> {
+        sqlx::query("INSERT INTO tenants (id, slug, name, plan, status, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7)")
+            .bind(&tenant.id)
+            .bind(&tenant.slug)
+            .bind(&tenant.name)
+            .bind(&tenant.plan)
+            .bind(&tenant.status)
+            .bind(&tenant.created_at)
+            .bind(&tenant.updated_at)
+            .execute(&mut **transaction)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn insert_api_key(transaction: &mut Transaction<'static, Any>, record: ApiKeyRecord<'_>) -> StoreResult<()> {
+        let key = record.key;
+        sqlx::query(
+            "INSERT INTO api_keys (id, tenant_id, name, key_hash, prefix, role, scopes, budget_limit_nanos, budget_period, \
+             rate_limit_rpm, expires_at, allowed_models, created_at, revoked_at, created_by) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
+        )
+        .bind(&key.id)
+        .bind(&key.tenant_id)
+        .bind(&key.name)
+        .bind(record.key_hash)
+        .bind(&key.prefix)
+        .bind(&key.role)
+        .bind(json_list(&key.scopes))
+        .bind(key.budget_limit_nanos)
+        .bind(key.budget_period.clone())
+        .bind(key.rate_limit_rpm.map(i64::from))
+        .bind(key.expires_at.clone())
+        .bind(json_list(&key.allowed_models))
+        .bind(&key.created_at)
+        .bind(key.revoked_at.clone())
+        .bind(key.created_by.clone())
+        .execute(&mut **transaction)
+        .await?;
+        Ok(())
+    }
+
+    pub async fn insert_claim_token(transaction: &mut Transaction<'static, Any>, token: &ClaimTokenRecord) -> StoreResult<()> {
+        sqlx::query(
+            "INSERT INTO claim_tokens (id, tenant_id, token_hash, role, max_uses, uses, purpose, email, expires_at, created_at, created_by) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+        )
+        .bind(&token.id)
+        .bind(&token.tenant_id)
+        .bind(&token.token_hash)
+        .bind(&token.role)
+        .bind(token.max_uses)
+        .bind(0_i64)
+        .bind(&token.purpose)
+        .bind(token.email.clone())
+        .bind(&token.expires_at)
+        .bind(&token.created_at)
+        .bind(token.created_by.clone())
+        .execute(&mut **transaction)
+        .await?;
+        Ok(())
+    }
+
+    pub async fn insert_user(transaction: &mut Transaction<'static, Any>, user: &User) -> StoreResult<()> {
+        sqlx::query("INSERT INTO users (id, tenant_id, email, role, status, created_at) VALUES ($1, $2, $3, $4, $5, $6)")
+            .bind(&user.id)
+            .bind(&user.tenant_id)
+            .bind(&user.email)
+            .bind(&user.role)
+            .bind(&user.status)
+            .bind(&user.created_at)
+            .execute(&mut **transaction)
+            .await?;
+        Ok(())
+    }
+
+    /// Counts one use of an invite code if it is still usable at `now`; false when it is not.
+    pub async fn consume_invite_code(transaction: &mut Transaction<'static, Any>, code: &str, now: &str) -> StoreResult<bool> {
+        let result = sqlx::query(
+            "UPDATE invite_codes SET uses = uses + 1 WHERE code = $1 \
+             AND (max_uses IS NULL OR uses < max_uses) AND (expires_at IS NULL OR expires_at > $2)",
+        )
+        .bind(code)
+        .bind(now)
+        .execute(&mut **transaction)
+        .await?;
+        Ok(result.rows_affected() == 1)
+    }
+
+    pub async fn tenant(&self, tenant_id: &str) -> StoreResult<Option<Tenant>> {
+        let sql = format!("SELECT {TENANT_COLUMNS} FROM tenants t WHERE t.id = $1");
+        let row = sqlx::query(&sql).bind(tenant_id).fetch_optional(self.database.pool()).await?;
+        row.as_ref().map(tenant_from_row).transpose()
+    }
+
+    pub async fn tenants(&self, status: Option<&str>) -> StoreResult<Vec<Tenant>> {
+        let sql = format!("SELECT {TENANT_COLUMNS} FROM tenants t WHERE ($1 IS NULL OR t.status = $1) ORDER BY t.created_at, t.id");
+        let rows = sqlx::query(&sql).bind(status.map(str::to_string)).fetch_all(self.database.pool()).await?;
+        rows.iter().map(tenant_from_row).collect()
+    }
+
+    pub async fn rename_tenant(&self, tenant_id: &str, name: &str, now: &str) -> StoreResult<bool> {
+        let result = sqlx::query("UPDATE tenants SET name = $1, updated_at = $2 WHERE id = $3")
+            .bind(name)
+            .bind(now)
+            .bind(tenant_id)
+            .execute(self.database.pool())
+            .await?;
+        Ok(result.rows_affected() == 1)
+    }
+
+    pub async fn set_tenant_status(&self, tenant_id: &str, status: &str, now: &str) -> StoreResult<bool> {
+        let result = sqlx::query("UPDATE tenants SET status = $1, updated_at = $2 WHERE id = $3")
+            .bind(status)
+            .bind(now)
+            .bind(tenant_id)
+            .execute(self.database.pool())
+            .await?;
+        Ok(result.rows_affected() == 1)
+    }
+
+    /// The key with this hash and its tenant, revoked or not.
+    pub async fn api_key_by_hash(&self, key_hash: &str) -> StoreResult<Option<ApiKey>> {
+        let sql = format!("SELECT {API_KEY_COLUMNS} FROM api_keys WHERE key_hash = $1");
+        let row = sqlx::query(&sql).bind(key_hash).fetch_optional(self.database.pool()).await?;
+        row.as_ref().map(api_key_from_row).transpose()
+    }
+
+    pub async fn api_key(&self, tenant_id: &str, key_id: &str) -> StoreResult<Option<ApiKey>> {
+        let sql = format!("SELECT {API_KEY_COLUMNS} FROM api_keys WHERE tenant_id = $1 AND id = $2");
+        let row = sqlx::query(&sql).bind(tenant_id).bind(key_id).fetch_optional(self.database.pool()).await?;
+        row.as_ref().map(api_key_from_row).transpose()
+    }
+
+    pub async fn api_keys(&self, tenant_id: &str) -> StoreResult<Vec<ApiKey>> {
+        let sql = format!("SELECT {API_KEY_COLUMNS} FROM api_keys WHERE tenant_id = $1 ORDER BY created_at, id");
+        let rows = sqlx::query(&sql).bind(tenant_id).fetch_all(self.database.pool()).await?;
+        rows.iter().map(api_key_from_row).collect()
+    }
+
+    /// Marks a key revoked unless it already is; true when this call revoked it.
+    pub async fn revoke_api_key(&self, tenant_id: &str, key_id: &str, now: &str) -> StoreResult<bool> {
+        let result = sqlx::query("UPDATE api_keys SET revoked_at = $1 WHERE tenant_id = $2 AND id = $3 AND revoked_at IS NULL")
+            .bind(now)
+            .bind(tenant_id)
+            .bind(key_id)
+            .execute(self.database.pool())
+            .await?;
+        Ok(result.rows_affected() == 1)
+    }
+
+    pub async fn users(&self, tenant_id: &str) -> StoreResult<Vec<User>> {
+        let rows = sqlx::query("SELECT id, tenant_id, email, role, status, created_at FROM users WHERE tenant_id = $1 ORDER BY created_at, id")
+            .bind(tenant_id)
+            .fetch_all(self.database.pool())
+            .await?;
+        rows.iter().map(user_from_row).collect()
+    }
+
+    pub async fn user(&self, tenant_id: &str, user_id: &str) -> StoreResult<Option<User>> {
+        let row = sqlx::query("SELECT id, tenant_id, email, role, status, created_at FROM users WHERE tenant_id = $1 AND id = $2")
+            .bind(tenant_id)
+            .bind(user_id)
+            .fetch_optional(self.database.pool())
+            .await?;
+        row.as_ref().map(user_from_row).transpose()
+    }
+
+    /// Deletes a user and the invitations sent to it; true when the user existed.
+    pub async fn delete_user(&self, user: &User) -> StoreResult<bool> {
+        let mut transaction = self.begin().await?;
+        sqlx::query("DELETE FROM claim_tokens WHERE tenant_id = $1 AND purpose = $2 AND email = $3")
+            .bind(&user.tenant_id)
+            .bind("invitation")
+            .bind(&user.email)
+            .execute(&mut *transaction)
+            .await?;
+        let result = sqlx::query("DELETE FROM users WHERE tenant_id = $1 AND id = $2")
+            .bind(&user.tenant_id)
+            .bind(&user.id)
+            .execute(&mut *transaction)
+            .await?;
+        transaction.commit().await?;
+        Ok(result.rows_affected() == 1)
+    }
+
+    pub async fn insert_invite_code(&self, invite_code: &InviteCode) -> StoreResult<()> {
+        sqlx::query("INSERT INTO invite_codes (id, code, max_uses, uses, expires_at, created_at) VALUES ($1, $2, $3, $4, $5, $6)")
+            .bind(&invite_code.id)
+            .bind(&invite_code.code)
+            .bind(invite_code.max_uses.map(i64::from))
+            .bind(i64::from(invite_code.uses))
+            .bind(invite_code.expires_at.clone())
+            .bind(&invite_code.created_at)
+            .execute(self.database.pool())
+            .await?;
+        Ok(())
+    }
+
+    pub async fn invite_codes(&self) -> StoreResult<Vec<InviteCode>> {
+        let rows = sqlx::query("SELECT id, code, max_uses, uses, expires_at, created_at FROM invite_codes ORDER BY created_at, id")
+            .fetch_all(self.database.pool())
+            .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(InviteCode {
+                    id: row.try_get("id")?,
+                    code: row.try_get("code")?,
+                    max_uses: row.try_get::<Option<i64>, _>("max_uses")?.map(clamp_u32),
+                    uses: clamp_u32(row.try_get("uses")?),
+                    expires_at: row.try_get("expires_at")?,
+                    created_at: row.try_get("created_at")?,
+                })
+            })
+            .collect()
+    }
+
+    pub async fn delete_invite_code(&self, id: &str) -> StoreResult<bool> {
+        let result = sqlx::query("DELETE FROM invite_codes WHERE id = $1").bind(id).execute(self.database.pool()).await?;
+        Ok(result.rows_affected() == 1)
+    }
+
+    /// `SELECT COUNT(*) ...` with text parameters.
+    pub async fn count(&self, sql: &str, parameters: &[&str]) -> StoreResult<u64> {
+        let mut query = sqlx::query_scalar::<_, i64>(sql);
+        for parameter in parameters {
+            query = query.bind(parameter.to_string());
+        }
+        Ok(u64::try_from(query.fetch_one(self.database.pool()).await?).unwrap_or(0))
+    }
+
+    /// `SELECT <column>, COUNT(*) FROM tenants GROUP BY <column>` for a fixed column name.
+    pub async fn tenant_counts_by(&self, column: TenantGrouping) -> StoreResult<Vec<(String, u64)>> {
+        let sql = match column {
+            TenantGrouping::Status => "SELECT status, COUNT(*) FROM tenants GROUP BY status",
+            TenantGrouping::Plan => "SELECT plan, COUNT(*) FROM tenants GROUP BY plan",
+        };
+        let rows = sqlx::query(sql).fetch_all(self.database.pool()).await?;
+        rows.iter().map(|row| Ok((row.try_get::<String, _>(0)?, u64::try_from(row.try_get::<i64, _>(1)?).unwrap_or(0)))).collect()
+    }
+}
+
+/// Columns the digest groups tenants by.
+#[derive(Debug, Clone, Copy)]
+pub enum TenantGrouping {
+    Status,
+    Plan,
+}
+
+fn tenant_from_row(row: &AnyRow) -> StoreResult<Tenant> {
+    let plan: String = row.try_get("plan")?;
+    Ok(Tenant {
+        id: row.try_get("id")?,
+        slug: row.try_get("slug")?,
+        name: row.try_get("name")?,
+        tier: tier_of_plan(&plan).to_string(),
+        plan,
+        status: row.try_get("status")?,
+        user_count: u64::try_from(row.try_get::<i64, _>("user_count")?).unwrap_or(0),
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+    })
+}
+
+/// The tier a plan is reported as: plan `sandbox` is tier `community`.
+pub fn tier_of_plan(plan: &str) -> &str {
+    if plan == "sandbox" { "community" } else { plan }
+}
+
+fn api_key_from_row(row: &AnyRow) -> StoreResult<ApiKey> {
+    Ok(ApiKey {
+        id: row.try_get("id")?,
+        tenant_id: row.try_get("tenant_id")?,
+        name: row.try_get("name")?,
+        prefix: row.try_get("prefix")?,
+        role: row.try_get("role")?,
+        scopes: parse_json_list(&row.try_get::<String, _>("scopes")?),
+        budget_limit_nanos: row.try_get("budget_limit_nanos")?,
+        budget_period: row.try_get("budget_period")?,
+        rate_limit_rpm: row.try_get::<Option<i64>, _>("rate_limit_rpm")?.map(clamp_u32),
+        expires_at: row.try_get("expires_at")?,
+        allowed_models: parse_json_list(&row.try_get::<String, _>("allowed_models")?),
+        created_at: row.try_get("created_at")?,
+        revoked_at: row.try_get("revoked_at")?,
+        created_by: row.try_get("created_by")?,
+    })
+}
+
+fn user_from_row(row: &AnyRow) -> StoreResult<User> {
+    Ok(User {
+        id: row.try_get("id")?,
+        tenant_id: row.try_get("tenant_id")?,
+        email: row.try_get("email")?,
+        role: row.try_get("role")?,
+        status: row.try_get("status")?,
+        created_at: row.try_get("created_at")?,
+    })
+}
+
+fn json_list(items: &[String]) -> String {
+    serde_json::to_string(items).unwrap_or_else(|_| "[]".to_string())
+}
+
+fn parse_json_list(text: &str) -> Vec<String> {
+    serde_json::from_str(text).unwrap_or_default()
+}
+
+fn clamp_u32(value: i64) -> u32 {
+    u32::try_from(value.max(0)).unwrap_or(u32::MAX)
+}
