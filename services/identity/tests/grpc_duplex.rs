@@ -1,0 +1,55 @@
+//! The identity contract over real tonic gRPC, on an in-memory duplex transport (no ports opened).
+
+use std::sync::Arc;
+
+use brainstorm_common::bus::InProcessBus;
+use brainstorm_common::config::RegistrationMode;
+use brainstorm_common::outbox::MailOutbox;
+use brainstorm_common::store::testing;
+use brainstorm_identity::{IdentityOptions, IdentityServiceImpl};
+use brainstorm_proto::ErrorKind;
+use brainstorm_proto::identity::*;
+use hyper_util::rt::TokioIo;
+use tonic::transport::{Endpoint, Server};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+async fn remote_identity() -> Result<IdentityClient, Box<dyn std::error::Error>> {
+    let database = testing::fresh_sqlite().await?;
+    let outbox = MailOutbox::new(std::env::temp_dir().join(format!("brainstorm-outbox-{}", uuid::Uuid::new_v4().simple())));
+    let options = IdentityOptions { dashboard_url: "https://dash.example".to_string(), registration_mode: RegistrationMode::Open, outbox };
+    let local = IdentityClient::local(IdentityServiceImpl::new(database, Arc::new(InProcessBus::new()), options));
+
+    let (client_io, server_io) = tokio::io::duplex(64 * 1024);
+    let service = local.as_grpc_service();
+    tokio::spawn(async move {
+        let incoming = tokio_stream::once(Ok::<_, std::io::Error>(server_io));
+        let _served = Server::builder().add_service(service).serve_with_incoming(incoming).await;
+    });
+    let mut client_io = Some(client_io);
+    let channel = Endpoint::try_from("http://duplex.invalid")?
+        .connect_with_connector(tower::service_fn(move |_| {
+            let io = client_io.take();
+            async move { io.map(TokioIo::new).ok_or_else(|| std::io::Error::other("the duplex transport connects once")) }
+        }))
+        .await?;
+    Ok(IdentityClient::grpc(channel))
+}
+
+#[tokio::test]
+async fn calls_and_errors_cross_the_grpc_hop_intact() -> TestResult {
+    let identity = remote_identity().await?;
+    let registered = identity.register(RegisterRequest { tenant_name: "Over the wire".to_string(), invite_code: None }).await?;
+    let plaintext = registered.api_key.as_ref().map(|key| key.plaintext.clone()).unwrap_or_default();
+    let principal = identity.authenticate(AuthenticateRequest { api_key: plaintext }).await?;
+    assert_eq!(principal.tenant.as_ref().map(|tenant| tenant.name.as_str()), Some("Over the wire"));
+    assert!(principal.permissions.contains(&"router.write".to_string()));
+
+    let unknown = identity.authenticate(AuthenticateRequest { api_key: "br_live_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAA".to_string() }).await.err().ok_or("unknown key accepted")?;
+    assert_eq!((unknown.kind, unknown.reason.as_str()), (ErrorKind::Unauthenticated, "invalid_api_key"));
+    let missing = identity.get_tenant(TenantRef { tenant_id: "missing".to_string() }).await.err().ok_or("missing tenant found")?;
+    assert_eq!((missing.kind, missing.reason.as_str()), (ErrorKind::NotFound, "tenant_not_found"));
+    let invalid = identity.register(RegisterRequest { tenant_name: String::new(), invite_code: None }).await.err().ok_or("empty name accepted")?;
+    assert_eq!((invalid.kind, invalid.reason.as_str()), (ErrorKind::InvalidArgument, "invalid_name"));
+    Ok(())
+}
