@@ -1,0 +1,245 @@
+//! Who is calling: API keys resolved through identity and cached in memory, so the hot path makes no
+//! call per request; revocations and tenant changes arriving on the bus evict cached entries at once.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use axum::extract::FromRequestParts;
+use axum::http::HeaderMap;
+use axum::http::request::Parts;
+use brainstorm_common::ApiError;
+use brainstorm_common::bus::EventBus;
+use brainstorm_common::config::Secret;
+use brainstorm_common::time::parse_timestamp;
+use brainstorm_proto::events::{IDENTITY_EVENTS_TOPIC, IdentityEvent, identity_event};
+use brainstorm_proto::identity::{AuthenticateRequest, IdentityClient, Principal};
+use chrono::{DateTime, Utc};
+use prost::Message;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::EdgeState;
+
+/// Permissions held by the platform administrator key.
+const PLATFORM_ADMIN_PERMISSIONS: [&str; 3] = ["admin.read", "admin.write", "platform.admin"];
+
+/// An authenticated caller: a tenant key or the platform administrator.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub identity: Arc<CallerIdentity>,
+}
+
+/// What the edge knows about a caller, resolved once and cached.
+#[derive(Debug)]
+pub struct CallerIdentity {
+    /// None for the platform administrator.
+    pub tenant_id: Option<String>,
+    pub key_id: String,
+    pub role: String,
+    pub scopes: Vec<String>,
+    pub permissions: BTreeSet<String>,
+    pub allowed_models: Vec<String>,
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
+impl Caller {
+    /// Fails with 403 `forbidden` unless the caller holds `permission`.
+    pub fn require(&self, permission: &str) -> Result<(), ApiError> {
+        if self.identity.permissions.contains(permission) { Ok(()) } else { Err(ApiError::missing_permission(permission)) }
+    }
+
+    /// The caller's tenant; the platform administrator has none.
+    pub fn tenant_id(&self) -> Result<&str, ApiError> {
+        self.identity
+            .tenant_id
+            .as_deref()
+            .ok_or_else(|| ApiError::forbidden("tenant_key_required", "the platform administrator key belongs to no tenant: use a tenant API key"))
+    }
+
+    /// Whether the key carries the tenant `admin` role or scope.
+    pub fn is_tenant_admin(&self) -> bool {
+        self.identity.tenant_id.is_some() && (self.identity.role == "admin" || self.identity.scopes.iter().any(|scope| scope == "admin"))
+    }
+
+    /// Whether the key may use `model` (no allowlist means every model).
+    pub fn may_use_model(&self, model: &str) -> bool {
+        let allowed = &self.identity.allowed_models;
+        allowed.is_empty() || allowed.iter().any(|entry| entry == model || entry.split_once('/').is_some_and(|(_, bare)| bare == model))
+    }
+}
+
+struct CacheEntry {
+    identity: Arc<CallerIdentity>,
+    fetched_at: Instant,
+}
+
+/// Resolves presented keys to callers, with an in-memory cache in front of identity.
+pub struct Authenticator {
+    identity: IdentityClient,
+    platform_admin_digest: Option<[u8; 32]>,
+    ttl: Duration,
+    cache: RwLock<HashMap<[u8; 32], CacheEntry>>,
+}
+
+impl Authenticator {
+    /// An authenticator asking `identity` on cache misses; entries live at most `ttl`.
+    pub fn new(identity: IdentityClient, platform_admin_key: Option<&Secret>, ttl: Duration) -> Self {
+        Authenticator {
+            identity,
+            platform_admin_digest: platform_admin_key.map(|key| digest(key.expose())),
+            ttl,
+            cache: RwLock::new(HashMap::new()),
+        }
+    }
+
+    /// Authenticates a request's headers.
+    pub async fn authenticate(&self, headers: &HeaderMap) -> Result<Caller, ApiError> {
+        let presented = presented_key(headers)?;
+        let presented_digest = digest(presented);
+        if let Some(admin_digest) = &self.platform_admin_digest {
+            if bool::from(admin_digest.ct_eq(&presented_digest)) {
+                return Ok(Caller { identity: Arc::new(platform_admin()) });
+            }
+        }
+        if let Some(identity) = self.cached(&presented_digest) {
+            return Ok(Caller { identity });
+        }
+        let principal = self.identity.authenticate(AuthenticateRequest { api_key: presented.to_string() }).await.map_err(ApiError::from)?;
+        let identity = Arc::new(caller_identity(principal)?);
+        if let Ok(mut cache) = self.cache.write() {
+            cache.insert(presented_digest, CacheEntry { identity: identity.clone(), fetched_at: Instant::now() });
+        }
+        Ok(Caller { identity })
+    }
+
+    fn cached(&self, presented_digest: &[u8; 32]) -> Option<Arc<CallerIdentity>> {
+        let cache = self.cache.read().ok()?;
+        let entry = cache.get(presented_digest)?;
+        let fresh = entry.fetched_at.elapsed() < self.ttl;
+        let unexpired = entry.identity.expires_at.is_none_or(|expires_at| expires_at > Utc::now());
+        (fresh && unexpired).then(|| entry.identity.clone())
+    }
+
+    /// Forgets a revoked key.
+    pub fn evict_key(&self, key_id: &str) {
+        if let Ok(mut cache) = self.cache.write() {
+            cache.retain(|_, entry| entry.identity.key_id != key_id);
+        }
+    }
+
+    /// Forgets every key of a tenant whose status, plan or name changed.
+    pub fn evict_tenant(&self, tenant_id: &str) {
+        if let Ok(mut cache) = self.cache.write() {
+            cache.retain(|_, entry| entry.identity.tenant_id.as_deref() != Some(tenant_id));
+        }
+    }
+
+    /// Applies identity events from the bus until the bus closes.
+    pub async fn follow_identity_events(self: Arc<Self>, bus: Arc<dyn EventBus>, group: String) {
+        let mut subscription = match bus.subscribe(IDENTITY_EVENTS_TOPIC, &group).await {
+            Ok(subscription) => subscription,
+            Err(error) => {
+                tracing::error!(%error, "cannot follow identity events: cached keys expire by TTL only");
+                return;
+            }
+        };
+        loop {
+            let delivery = match subscription.next().await {
+                Ok(delivery) => delivery,
+                Err(error) => {
+                    tracing::warn!(%error, "identity event stream ended");
+                    return;
+                }
+            };
+            match IdentityEvent::decode(delivery.message().payload.clone()) {
+                Ok(event) => match event.kind {
+                    Some(identity_event::Kind::ApiKeyRevoked(revoked)) => self.evict_key(&revoked.key_id),
+                    Some(identity_event::Kind::TenantChanged(_)) => self.evict_tenant(&event.tenant_id),
+                    None => {}
+                },
+                Err(error) => tracing::warn!(%error, "skipping undecodable identity event"),
+            }
+            delivery.ack();
+        }
+    }
+}
+
+impl FromRequestParts<EdgeState> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &EdgeState) -> Result<Self, Self::Rejection> {
+        state.authenticator.authenticate(&parts.headers).await
+    }
+}
+
+/// The key from `Authorization: Bearer` or, as Anthropic clients send it, `x-api-key`.
+fn presented_key(headers: &HeaderMap) -> Result<&str, ApiError> {
+    if let Some(value) = headers.get(axum::http::header::AUTHORIZATION) {
+        let value = value.to_str().map_err(|_| ApiError::unauthenticated("malformed_authorization", "the Authorization header is not valid text"))?;
+        let (scheme, key) = value.trim().split_once(' ').unwrap_or((value, ""));
+        if !scheme.eq_ignore_ascii_case("bearer") || key.trim().is_empty() {
+            return Err(ApiError::unauthenticated("malformed_authorization", "expected `Authorization: Bearer <API key>`"));
+        }
+        return Ok(key.trim());
+    }
+    if let Some(value) = headers.get("x-api-key") {
+        return value.to_str().map(str::trim).map_err(|_| ApiError::unauthenticated("malformed_api_key", "the x-api-key header is not valid text"));
+    }
+    Err(ApiError::unauthenticated("missing_api_key", "no API key: send `Authorization: Bearer <API key>`"))
+}
+
+fn digest(key: &str) -> [u8; 32] {
+    Sha256::digest(key.as_bytes()).into()
+}
+
+fn platform_admin() -> CallerIdentity {
+    CallerIdentity {
+        tenant_id: None,
+        key_id: "platform-admin".to_string(),
+        role: "platform-admin".to_string(),
+        scopes: vec!["platform.admin".to_string()],
+        permissions: PLATFORM_ADMIN_PERMISSIONS.iter().map(|permission| permission.to_string()).collect(),
+        allowed_models: Vec::new(),
+        expires_at: None,
+    }
+}
+
+fn caller_identity(principal: Principal) -> Result<CallerIdentity, ApiError> {
+    let (Some(tenant), Some(key)) = (principal.tenant, principal.key) else {
+        tracing::error!("identity returned a principal without tenant or key");
+        return Err(ApiError::internal());
+    };
+    Ok(CallerIdentity {
+        tenant_id: Some(tenant.id),
+        key_id: key.id,
+        role: key.role,
+        scopes: key.scopes,
+        permissions: principal.permissions.into_iter().collect(),
+        allowed_models: key.allowed_models,
+        expires_at: key.expires_at.as_deref().and_then(parse_timestamp),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn headers(name: &'static str, value: &'static str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(name, HeaderValue::from_static(value));
+        headers
+    }
+
+    #[test]
+    fn keys_are_read_from_bearer_or_x_api_key() {
+        assert_eq!(presented_key(&headers("authorization", "Bearer br_live_x")).ok(), Some("br_live_x"));
+        assert_eq!(presented_key(&headers("authorization", "bearer  br_live_x ")).ok(), Some("br_live_x"));
+        assert_eq!(presented_key(&headers("x-api-key", "br_live_y")).ok(), Some("br_live_y"));
+        let code = |headers: HeaderMap| presented_key(&headers).err().and_then(|error| error.code);
+        assert_eq!(code(HeaderMap::new()).as_deref(), Some("missing_api_key"));
+        assert_eq!(code(headers("authorization", "Basic abc")).as_deref(), Some("malformed_authorization"));
+        assert_eq!(code(headers("authorization", "Bearer")).as_deref(), Some("malformed_authorization"));
+    }
+}

@@ -1,0 +1,13 @@
+//! The edge's handlers, by area.
+
+pub mod admin;
+pub mod completions;
+pub mod identity;
+
+use axum::Json;
+use serde_json::{Value, json};
+
+/// `GET /health`: 200 once the process serves.
+pub async fn health() -> Json<Value> {
+    Json(json!({"status": "ok"}))
+}
