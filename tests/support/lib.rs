@@ -1,1 +1,288 @@
-//! placeholder
+//! Test support: start the real `brainstorm` binary in either shape and talk to it over HTTP.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use serde_json::Value;
+use sqlx::Connection;
+
+/// The two shapes of the gateway.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// `brainstorm up`: one process, SQLite, in-process bus.
+    Embedded,
+    /// `brainstorm serve identity` + `brainstorm serve edge-router`: two processes over gRPC, PostgreSQL.
+    Distributed,
+}
+
+/// The platform administrator key every test gateway is started with.
+pub const PLATFORM_ADMIN_KEY: &str = "br_live_platform_admin_key_for_tests_0001";
+
+/// A running gateway; its processes are killed when it is dropped.
+pub struct Gateway {
+    pub base_url: String,
+    pub outbox: PathBuf,
+    pub work_dir: PathBuf,
+    pub client: reqwest::Client,
+    processes: Vec<(String, Child)>,
+}
+
+/// The `brainstorm` binary next to the test executable (built by `cargo build -p brainstorm`), or
+/// `BR_BINARY`.
+pub fn binary() -> anyhow::Result<PathBuf> {
+    if let Ok(path) = std::env::var("BR_BINARY") {
+        return Ok(PathBuf::from(path));
+    }
+    let test_executable = std::env::current_exe()?;
+    let profile_dir = test_executable.parent().and_then(Path::parent).context("unexpected test executable location")?;
+    let path = profile_dir.join("brainstorm");
+    if !path.exists() {
+        bail!("{} is missing: run `cargo build -p brainstorm` first (make test does)", path.display());
+    }
+    Ok(path)
+}
+
+/// A port free at the time of asking.
+pub fn free_port() -> anyhow::Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// A fresh temporary directory.
+pub fn temp_dir(label: &str) -> anyhow::Result<PathBuf> {
+    let path = std::env::temp_dir().join(format!("brainstorm-e2e-{label}-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&path)?;
+    Ok(path)
+}
+
+/// Where the end-to-end tests find PostgreSQL; `BR_TEST_POSTGRES_URL` overrides.
+pub fn postgres_admin_url() -> String {
+    std::env::var("BR_TEST_POSTGRES_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_string())
+}
+
+/// Creates an empty database `brainstorm_e2e_<random>` and returns its URL.
+pub async fn fresh_postgres_database() -> anyhow::Result<String> {
+    let admin_url = postgres_admin_url();
+    let mut connection = sqlx::PgConnection::connect(&admin_url).await.with_context(|| format!("cannot reach PostgreSQL at {admin_url}"))?;
+    let name = format!("brainstorm_e2e_{}", uuid::Uuid::new_v4().simple());
+    // The name is hex generated above: safe to splice into DDL.
+    sqlx::query(&format!("CREATE DATABASE {name}")).execute(&mut connection).await?;
+    connection.close().await?;
+    let (base, _) = admin_url.rsplit_once('/').context("the PostgreSQL URL has no database part")?;
+    Ok(format!("{base}/{name}"))
+}
+
+/// Runs the binary to completion and returns (success, stdout + stderr).
+pub fn run_to_end(arguments: &[&str], env: &[(&str, &str)], work_dir: &Path) -> anyhow::Result<(bool, String)> {
+    let output = Command::new(binary()?).args(arguments).envs(env.iter().copied()).env_remove("RUST_LOG").current_dir(work_dir).output()?;
+    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    Ok((output.status.success(), text))
+}
+
+impl Gateway {
+    /// Starts the gateway in `shape` with the default test settings.
+    pub async fn start(shape: Shape) -> anyhow::Result<Gateway> {
+        Self::start_with(shape, &[]).await
+    }
+
+    /// Starts the gateway in `shape`; `env` adds or overrides settings of every process.
+    pub async fn start_with(shape: Shape, env: &[(&str, &str)]) -> anyhow::Result<Gateway> {
+        let work_dir = temp_dir(match shape {
+            Shape::Embedded => "embedded",
+            Shape::Distributed => "distributed",
+        })?;
+        let outbox = work_dir.join("outbox");
+        let edge_port = free_port()?;
+        let base_url = format!("http://127.0.0.1:{edge_port}");
+        let client = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
+        let mut gateway = Gateway { base_url, outbox: outbox.clone(), work_dir: work_dir.clone(), client, processes: Vec::new() };
+        let outbox_text = outbox.display().to_string();
+        let mut common: Vec<(String, String)> = vec![
+            ("BR_PLATFORM_ADMIN_KEY".to_string(), PLATFORM_ADMIN_KEY.to_string()),
+            ("BR_MAIL_OUTBOX".to_string(), outbox_text),
+            ("BR_LOG_FORMAT".to_string(), "text".to_string()),
+            ("RUST_LOG".to_string(), "info".to_string()),
+        ];
+        common.extend(env.iter().map(|(name, value)| (name.to_string(), value.to_string())));
+        match shape {
+            Shape::Embedded => {
+                let data_dir = work_dir.join("data").display().to_string();
+                let listen = format!("127.0.0.1:{edge_port}");
+                gateway.spawn("up", &["up", "--listen", &listen, "--data-dir", &data_dir], &common)?;
+                gateway.wait_healthy(edge_port).await?;
+            }
+            Shape::Distributed => {
+                let database_url = fresh_postgres_database().await?;
+                let (migrated, output) = run_to_end(&["migrate", "--database-url", &database_url], &[], &work_dir)?;
+                if !migrated {
+                    bail!("brainstorm migrate failed:\n{output}");
+                }
+                let grpc_port = free_port()?;
+                let identity_health_port = free_port()?;
+                let mut identity_env = common.clone();
+                identity_env.push(("BR_DATABASE_URL".to_string(), database_url));
+                let grpc_listen = format!("127.0.0.1:{grpc_port}");
+                let identity_listen = format!("127.0.0.1:{identity_health_port}");
+                gateway.spawn("identity", &["serve", "identity", "--grpc-listen", &grpc_listen, "--listen", &identity_listen], &identity_env)?;
+                gateway.wait_healthy(identity_health_port).await?;
+                let mut edge_env = common.clone();
+                edge_env.push(("BR_IDENTITY_URL".to_string(), format!("http://{grpc_listen}")));
+                let edge_listen = format!("127.0.0.1:{edge_port}");
+                gateway.spawn("edge-router", &["serve", "edge-router", "--listen", &edge_listen], &edge_env)?;
+                gateway.wait_healthy(edge_port).await?;
+            }
+        }
+        Ok(gateway)
+    }
+
+    fn spawn(&mut self, label: &str, arguments: &[&str], env: &[(String, String)]) -> anyhow::Result<()> {
+        let log = std::fs::File::create(self.work_dir.join(format!("{label}.log")))?;
+        let child = Command::new(binary()?)
+            .args(arguments)
+            .envs(env.iter().map(|(name, value)| (name.as_str(), value.as_str())))
+            .current_dir(&self.work_dir)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("cannot start brainstorm {}", arguments.join(" ")))?;
+        self.processes.push((label.to_string(), child));
+        Ok(())
+    }
+
+    async fn wait_healthy(&mut self, port: u16) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let url = format!("http://127.0.0.1:{port}/health");
+        loop {
+            if let Ok(response) = self.client.get(&url).send().await {
+                if response.status().is_success() {
+                    return Ok(());
+                }
+            }
+            let mut exited = None;
+            for (label, child) in &mut self.processes {
+                if let Some(status) = child.try_wait()? {
+                    exited = Some((label.clone(), status));
+                }
+            }
+            if let Some((label, status)) = exited {
+                bail!("{label} exited with {status} before serving:\n{}", self.log_of(&label));
+            }
+            if Instant::now() > deadline {
+                bail!("no health on port {port} within 30 s");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The log a process wrote so far.
+    pub fn log_of(&self, label: &str) -> String {
+        std::fs::read_to_string(self.work_dir.join(format!("{label}.log"))).unwrap_or_default()
+    }
+
+    /// Every process's log, for failure messages.
+    pub fn logs(&self) -> String {
+        self.processes.iter().map(|(label, _)| format!("--- {label} ---\n{}", self.log_of(label))).collect()
+    }
+
+    /// Sends SIGTERM to every process and waits for each to exit; returns whether all exited cleanly.
+    pub fn terminate(&mut self) -> anyhow::Result<bool> {
+        let mut clean = true;
+        for (_, child) in &mut self.processes {
+            let status = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status()?;
+            if !status.success() {
+                bail!("kill -TERM failed");
+            }
+        }
+        for (label, child) in &mut self.processes {
+            let deadline = Instant::now() + Duration::from_secs(15);
+            loop {
+                if let Some(status) = child.try_wait()? {
+                    clean &= status.success();
+                    break;
+                }
+                if Instant::now() > deadline {
+                    bail!("{label} did not stop within 15 s of SIGTERM");
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        self.processes.clear();
+        Ok(clean)
+    }
+
+    /// A request to the edge, with `key` as bearer when given.
+    pub fn request(&self, method: reqwest::Method, path: &str, key: Option<&str>) -> reqwest::RequestBuilder {
+        let builder = self.client.request(method, format!("{}{path}", self.base_url));
+        match key {
+            Some(key) => builder.bearer_auth(key),
+            None => builder,
+        }
+    }
+
+    /// Sends a request and returns (status, JSON body or Null, headers).
+    pub async fn call(&self, method: reqwest::Method, path: &str, key: Option<&str>, body: Option<Value>) -> anyhow::Result<Reply> {
+        let mut builder = self.request(method, path, key);
+        if let Some(body) = body {
+            builder = builder.json(&body);
+        }
+        Reply::read(builder.send().await?).await
+    }
+
+    /// Registers a tenant and returns (admin key, registration body).
+    pub async fn register(&self, name: &str) -> anyhow::Result<(String, Value)> {
+        let reply = self.call(reqwest::Method::POST, "/v1/register", None, Some(serde_json::json!({"tenant_name": name, "accept_tos": true}))).await?;
+        if reply.status != 201 {
+            bail!("registration failed: {} {}", reply.status, reply.body);
+        }
+        let key = reply.body["api_key"]["key"].as_str().context("no key in registration")?.to_string();
+        Ok((key, reply.body))
+    }
+
+    /// Mail files written to the outbox so far, parsed.
+    pub fn mails(&self) -> anyhow::Result<Vec<Value>> {
+        let Ok(entries) = std::fs::read_dir(&self.outbox) else { return Ok(Vec::new()) };
+        let mut mails = Vec::new();
+        for entry in entries {
+            let path = entry?.path();
+            if path.extension().is_some_and(|extension| extension == "json") {
+                mails.push(serde_json::from_slice(&std::fs::read(&path)?)?);
+            }
+        }
+        Ok(mails)
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        for (_, child) in &mut self.processes {
+            let _killed = child.kill();
+            let _reaped = child.wait();
+        }
+    }
+}
+
+/// A response: status, parsed JSON body (Null when not JSON) and headers.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub body: Value,
+    pub text: String,
+    pub headers: reqwest::header::HeaderMap,
+}
+
+impl Reply {
+    async fn read(response: reqwest::Response) -> anyhow::Result<Reply> {
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let text = response.text().await?;
+        let body = serde_json::from_str(&text).unwrap_or(Value::Null);
+        Ok(Reply { status, body, text, headers })
+    }
+
+    /// A header's value as text.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|value| value.to_str().ok())
+    }
+}

@@ -1,0 +1,71 @@
+//! The binary's own behaviour: configuration errors, graceful shutdown, durability across restarts.
+
+use brainstorm_e2e::{Gateway, Shape, run_to_end, temp_dir};
+use reqwest::Method;
+
+type TestResult = anyhow::Result<()>;
+
+#[test]
+fn bad_configuration_stops_start_up_naming_the_setting() -> TestResult {
+    let work_dir = temp_dir("config")?;
+    let cases: [(&[&str], &[(&str, &str)], &str); 6] = [
+        (&["up", "--listen", "not-an-address"], &[], "listen"),
+        (&["up"], &[("BR_REQUIRE_AGENT_OWNER", "perhaps")], "BR_REQUIRE_AGENT_OWNER"),
+        (&["up"], &[("BR_MASTER_KEY", "too-short")], "master_key"),
+        (&["serve", "edge-router"], &[], "BR_IDENTITY_URL"),
+        (&["serve", "identity"], &[], "BR_DATABASE_URL"),
+        (&["serve", "teleporter"], &[], "unknown service"),
+    ];
+    for (arguments, env, expected) in cases {
+        let (succeeded, output) = run_to_end(arguments, env, &work_dir)?;
+        assert!(!succeeded, "{arguments:?} should fail");
+        assert!(output.contains(expected), "{arguments:?}: expected `{expected}` in: {output}");
+    }
+    let config = work_dir.join("brainstorm.toml");
+    std::fs::write(&config, "listen = \"127.0.0.1:1\"\nunknown_key = true\n")?;
+    let config_text = config.display().to_string();
+    let (succeeded, output) = run_to_end(&["up", "--config", &config_text], &[], &work_dir)?;
+    assert!(!succeeded && output.contains("unknown_key"), "{output}");
+    Ok(())
+}
+
+#[test]
+fn a_distributed_identity_refuses_an_unmigrated_database() -> TestResult {
+    let runtime = tokio::runtime::Runtime::new()?;
+    let database_url = runtime.block_on(brainstorm_e2e::fresh_postgres_database())?;
+    let work_dir = temp_dir("unmigrated")?;
+    let (succeeded, output) = run_to_end(&["serve", "identity", "--database-url", &database_url, "--grpc-listen", "127.0.0.1:0", "--listen", "127.0.0.1:0"], &[], &work_dir)?;
+    assert!(!succeeded && output.contains("brainstorm migrate"), "{output}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn sigterm_stops_cleanly_and_data_survives_a_restart() -> TestResult {
+    let mut gateway = Gateway::start(Shape::Embedded).await?;
+    let (key, _) = gateway.register("Durable").await?;
+    assert!(gateway.terminate()?, "the process must exit 0 on SIGTERM:\n{}", gateway.logs());
+    assert!(gateway.log_of("up").contains("shutdown requested"));
+
+    // Start again on the same data directory: the tenant and its key are still there.
+    let data_dir = gateway.work_dir.join("data");
+    let port = brainstorm_e2e::free_port()?;
+    let listen = format!("127.0.0.1:{port}");
+    let data_dir_text = data_dir.display().to_string();
+    let mut restarted = std::process::Command::new(brainstorm_e2e::binary()?)
+        .args(["up", "--listen", &listen, "--data-dir", &data_dir_text])
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let client = reqwest::Client::new();
+    let mut status = 0;
+    for _ in 0..200 {
+        if let Ok(response) = client.request(Method::GET, format!("http://{listen}/v1/account")).bearer_auth(&key).send().await {
+            status = response.status().as_u16();
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    restarted.kill()?;
+    restarted.wait()?;
+    assert_eq!(status, 200, "the key registered before the restart must still work");
+    Ok(())
+}
