@@ -2,19 +2,13 @@
 
 use std::error::Error;
 
-const PROTOS: &[&str] = &[
-    "brainstorm/identity/v1/identity.proto",
-    "brainstorm/events/v1/events.proto",
-];
+const PROTOS: &[&str] = &["brainstorm/identity/v1/identity.proto", "brainstorm/events/v1/events.proto"];
 
 fn main() -> Result<(), Box<dyn Error>> {
     for proto in PROTOS {
         println!("cargo:rerun-if-changed={proto}");
     }
     let file_descriptors = protox::compile(PROTOS, ["."])?;
-    tonic_prost_build::configure()
-        .build_server(true)
-        .build_client(true)
-        .compile_fds(file_descriptors)?;
+    tonic_prost_build::configure().build_server(true).build_client(true).compile_fds(file_descriptors)?;
     Ok(())
 }

@@ -5,10 +5,13 @@ use reqwest::Method;
 
 type TestResult = anyhow::Result<()>;
 
+/// Arguments, environment, and what the error must mention.
+type ConfigCase = (&'static [&'static str], &'static [(&'static str, &'static str)], &'static str);
+
 #[test]
 fn bad_configuration_stops_start_up_naming_the_setting() -> TestResult {
     let work_dir = temp_dir("config")?;
-    let cases: [(&[&str], &[(&str, &str)], &str); 6] = [
+    let cases: [ConfigCase; 6] = [
         (&["up", "--listen", "not-an-address"], &[], "listen"),
         (&["up"], &[("BR_REQUIRE_AGENT_OWNER", "perhaps")], "BR_REQUIRE_AGENT_OWNER"),
         (&["up"], &[("BR_MASTER_KEY", "too-short")], "master_key"),
@@ -34,7 +37,11 @@ fn a_distributed_identity_refuses_an_unmigrated_database() -> TestResult {
     let runtime = tokio::runtime::Runtime::new()?;
     let database_url = runtime.block_on(brainstorm_e2e::fresh_postgres_database())?;
     let work_dir = temp_dir("unmigrated")?;
-    let (succeeded, output) = run_to_end(&["serve", "identity", "--database-url", &database_url, "--grpc-listen", "127.0.0.1:0", "--listen", "127.0.0.1:0"], &[], &work_dir)?;
+    let (succeeded, output) = run_to_end(
+        &["serve", "identity", "--database-url", &database_url, "--grpc-listen", "127.0.0.1:0", "--listen", "127.0.0.1:0"],
+        &[],
+        &work_dir,
+    )?;
     assert!(!succeeded && output.contains("brainstorm migrate"), "{output}");
     Ok(())
 }

@@ -99,7 +99,8 @@ async fn registration_rejects_bad_bodies_with_the_envelope(shape: Shape) -> Test
         let reply = gateway.call(Method::POST, "/v1/register", None, Some(body.clone())).await?;
         assert_envelope(&reply, 400, "invalid_request_error");
     }
-    let garbage = gateway.request(Method::POST, "/v1/register", None).header("content-type", "application/json").body("{not json").send().await?;
+    let garbage =
+        gateway.request(Method::POST, "/v1/register", None).header("content-type", "application/json").body("{not json").send().await?;
     assert_eq!(garbage.status().as_u16(), 400);
     let empty = gateway.request(Method::POST, "/v1/register", None).send().await?;
     assert_eq!(empty.status().as_u16(), 400);
@@ -209,7 +210,9 @@ async fn account_profile_and_users(shape: Shape) -> TestResult {
     let unchanged = gateway.call(Method::GET, "/v1/account", Some(&admin_key), None).await?;
     assert_eq!(unchanged.body["tenant"]["name"], "Acme Labs", "a rejected update must not change anything");
 
-    let invited = gateway.call(Method::POST, "/v1/account/users/invite", Some(&admin_key), Some(json!({"email": "ada@example.com", "role": "admin"}))).await?;
+    let invited = gateway
+        .call(Method::POST, "/v1/account/users/invite", Some(&admin_key), Some(json!({"email": "ada@example.com", "role": "admin"})))
+        .await?;
     assert_eq!(invited.status, 201, "{}", invited.text);
     let invitation = &invited.body["invitation"];
     assert_eq!(invitation["email"], "ada@example.com");
@@ -226,7 +229,8 @@ async fn account_profile_and_users(shape: Shape) -> TestResult {
         let reply = gateway.call(Method::POST, "/v1/account/users/invite", Some(&admin_key), Some(bad)).await?;
         assert_envelope(&reply, 400, "invalid_request_error");
     }
-    let duplicate = gateway.call(Method::POST, "/v1/account/users/invite", Some(&admin_key), Some(json!({"email": "ada@example.com"}))).await?;
+    let duplicate =
+        gateway.call(Method::POST, "/v1/account/users/invite", Some(&admin_key), Some(json!({"email": "ada@example.com"}))).await?;
     assert_eq!(duplicate.status, 409);
 
     let users = gateway.call(Method::GET, "/v1/account/users", Some(&admin_key), None).await?;
@@ -253,7 +257,9 @@ async fn account_profile_and_users(shape: Shape) -> TestResult {
 async fn claim_links_need_the_admin_scope(shape: Shape) -> TestResult {
     let gateway = Gateway::start(shape).await?;
     let (admin_key, _) = gateway.register("Acme").await?;
-    let link = gateway.call(Method::POST, "/v1/tenant/claim-link", Some(&admin_key), Some(json!({"role": "member", "max_uses": 5, "expires_in_days": 3}))).await?;
+    let link = gateway
+        .call(Method::POST, "/v1/tenant/claim-link", Some(&admin_key), Some(json!({"role": "member", "max_uses": 5, "expires_in_days": 3})))
+        .await?;
     assert_eq!(link.status, 201, "{}", link.text);
     assert!(link.body["url"].as_str().is_some_and(|url| url.contains("brct_")));
     assert_eq!(link.body["max_uses"], 5);
@@ -293,7 +299,11 @@ async fn api_keys_are_masked_and_carry_their_limits(shape: Shape) -> TestResult 
     assert_eq!(listed.body["total"], 2);
     assert!(!listed.text.contains(&plaintext), "the list must never show a plaintext key");
     assert!(!listed.text.contains(&admin_key));
-    assert!(listed.body["api_keys"].as_array().is_some_and(|keys| keys.iter().all(|key| key.get("key").is_none() && key["masked_key"].as_str().is_some())));
+    assert!(
+        listed.body["api_keys"]
+            .as_array()
+            .is_some_and(|keys| keys.iter().all(|key| key.get("key").is_none() && key["masked_key"].as_str().is_some()))
+    );
 
     for bad in [
         json!({"role": "wizard"}),
@@ -312,11 +322,21 @@ async fn api_keys_are_masked_and_carry_their_limits(shape: Shape) -> TestResult 
 
     // The model allowlist binds the key.
     let allowed = gateway
-        .call(Method::POST, "/v1/chat/completions", Some(&plaintext), Some(json!({"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]})))
+        .call(
+            Method::POST,
+            "/v1/chat/completions",
+            Some(&plaintext),
+            Some(json!({"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]})),
+        )
         .await?;
     assert_eq!(allowed.status, 200, "{}", allowed.text);
     let refused = gateway
-        .call(Method::POST, "/v1/chat/completions", Some(&plaintext), Some(json!({"model": "anthropic/claude-opus-4", "messages": [{"role": "user", "content": "hi"}]})))
+        .call(
+            Method::POST,
+            "/v1/chat/completions",
+            Some(&plaintext),
+            Some(json!({"model": "anthropic/claude-opus-4", "messages": [{"role": "user", "content": "hi"}]})),
+        )
         .await?;
     assert_envelope(&refused, 403, "forbidden");
     Ok(())
@@ -347,13 +367,22 @@ async fn platform_admin_manages_tenants_and_invite_codes(shape: Shape) -> TestRe
     assert_eq!(approved.body["ok"], true);
     assert_eq!(gateway.call(Method::GET, "/v1/account", Some(&tenant_key), None).await?.status, 200);
 
-    let code = gateway.call(Method::POST, "/v1/admin/invite-codes", admin, Some(json!({"code": "LAUNCH-2026", "max_uses": 10, "expires_at": "2099-01-01T00:00:00Z"}))).await?;
+    let code = gateway
+        .call(
+            Method::POST,
+            "/v1/admin/invite-codes",
+            admin,
+            Some(json!({"code": "LAUNCH-2026", "max_uses": 10, "expires_at": "2099-01-01T00:00:00Z"})),
+        )
+        .await?;
     assert_eq!(code.status, 201, "{}", code.text);
     let code_id = code.body["invite_code"]["id"].as_str().unwrap_or_default().to_string();
     for bad in [json!({"code": ""}), json!({"code": "X", "max_uses": 0}), json!({"code": "Y", "expires_at": "2099-01-01T00:00:00+01:00"})] {
         assert_envelope(&gateway.call(Method::POST, "/v1/admin/invite-codes", admin, Some(bad)).await?, 400, "invalid_request_error");
     }
-    let registered_with_code = gateway.call(Method::POST, "/v1/register", None, Some(json!({"tenant_name": "Invited", "accept_tos": true, "invite_code": "LAUNCH-2026"}))).await?;
+    let registered_with_code = gateway
+        .call(Method::POST, "/v1/register", None, Some(json!({"tenant_name": "Invited", "accept_tos": true, "invite_code": "LAUNCH-2026"})))
+        .await?;
     assert_eq!(registered_with_code.status, 201);
     let codes = gateway.call(Method::GET, "/v1/admin/invite-codes", admin, None).await?;
     assert_eq!(codes.body["invite_codes"][0]["uses"], 1);
@@ -363,7 +392,11 @@ async fn platform_admin_manages_tenants_and_invite_codes(shape: Shape) -> TestRe
     assert_eq!(digest.body["digest"]["tenants_total"], 2);
     let deleted = gateway.call(Method::DELETE, &format!("/v1/admin/invite-codes/{code_id}"), admin, None).await?;
     assert_eq!(deleted.body, json!({"deleted": true}));
-    assert_envelope(&gateway.call(Method::DELETE, &format!("/v1/admin/invite-codes/{code_id}"), admin, None).await?, 404, "not_found_error");
+    assert_envelope(
+        &gateway.call(Method::DELETE, &format!("/v1/admin/invite-codes/{code_id}"), admin, None).await?,
+        404,
+        "not_found_error",
+    );
     Ok(())
 }
 
@@ -383,7 +416,8 @@ async fn sandbox_completions_in_the_openai_format(shape: Shape) -> TestResult {
     assert!(reply.body["choices"][0]["message"]["content"].as_str().is_some_and(|content| content.contains("tell me a story")));
     assert_eq!(reply.body["choices"][0]["finish_reason"], "stop");
     let usage = &reply.body["usage"];
-    let (prompt, completion, total) = (usage["prompt_tokens"].as_u64(), usage["completion_tokens"].as_u64(), usage["total_tokens"].as_u64());
+    let (prompt, completion, total) =
+        (usage["prompt_tokens"].as_u64(), usage["completion_tokens"].as_u64(), usage["total_tokens"].as_u64());
     assert_eq!(prompt.zip(completion).map(|(prompt, completion)| prompt + completion), total);
     assert_eq!(usage["cost_usd"], json!(0.0));
     assert!(usage["routing_strategy"].is_string());
@@ -410,7 +444,14 @@ async fn sandbox_completions_in_the_openai_format(shape: Shape) -> TestResult {
     assert!(text.contains("stream please"));
     assert_eq!(finish, "stop");
 
-    let limited = gateway.call(Method::POST, "/v1/chat/completions", Some(&key), Some(json!({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}))).await?;
+    let limited = gateway
+        .call(
+            Method::POST,
+            "/v1/chat/completions",
+            Some(&key),
+            Some(json!({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})),
+        )
+        .await?;
     assert_eq!(limited.body["choices"][0]["finish_reason"], "length");
     assert_eq!(limited.body["usage"]["completion_tokens"], 4);
 
@@ -431,7 +472,13 @@ async fn sandbox_messages_in_the_anthropic_format(shape: Shape) -> TestResult {
     let gateway = Gateway::start(shape).await?;
     let (key, _) = gateway.register("Acme").await?;
     let body = json!({"model": "claude-sonnet-4", "max_tokens": 256, "system": "be brief", "messages": [{"role": "user", "content": "hello claude"}]});
-    let reply = gateway.request(Method::POST, "/v1/messages", None).header("x-api-key", &key).header("anthropic-version", "2023-06-01").json(&body).send().await?;
+    let reply = gateway
+        .request(Method::POST, "/v1/messages", None)
+        .header("x-api-key", &key)
+        .header("anthropic-version", "2023-06-01")
+        .json(&body)
+        .send()
+        .await?;
     let reply_status = reply.status().as_u16();
     let message: Value = reply.json().await?;
     assert_eq!(reply_status, 200, "{message}");
@@ -442,7 +489,8 @@ async fn sandbox_messages_in_the_anthropic_format(shape: Shape) -> TestResult {
     assert_eq!(message["stop_reason"], "end_turn");
     assert!(message["usage"]["input_tokens"].as_u64().is_some_and(|tokens| tokens > 0));
 
-    let stream = json!({"model": "claude-sonnet-4", "max_tokens": 256, "stream": true, "messages": [{"role": "user", "content": "stream it"}]});
+    let stream =
+        json!({"model": "claude-sonnet-4", "max_tokens": 256, "stream": true, "messages": [{"role": "user", "content": "stream it"}]});
     let streamed = gateway.call(Method::POST, "/v1/messages", Some(&key), Some(stream)).await?;
     let events: Vec<&str> = streamed.text.lines().filter_map(|line| line.strip_prefix("event: ")).collect();
     assert_eq!(events.first(), Some(&"message_start"));
@@ -450,7 +498,9 @@ async fn sandbox_messages_in_the_anthropic_format(shape: Shape) -> TestResult {
     for name in ["content_block_start", "content_block_delta", "content_block_stop", "message_delta"] {
         assert!(events.contains(&name), "{name} missing from {events:?}");
     }
-    let missing_max_tokens = gateway.call(Method::POST, "/v1/messages", Some(&key), Some(json!({"model": "claude", "messages": [{"role": "user", "content": "hi"}]}))).await?;
+    let missing_max_tokens = gateway
+        .call(Method::POST, "/v1/messages", Some(&key), Some(json!({"model": "claude", "messages": [{"role": "user", "content": "hi"}]})))
+        .await?;
     assert_envelope(&missing_max_tokens, 400, "invalid_request_error");
     Ok(())
 }

@@ -97,28 +97,18 @@ impl From<ServiceError> for tonic::Status {
 impl From<tonic::Status> for ServiceError {
     fn from(status: tonic::Status) -> Self {
         let kind = match status.code() {
-            tonic::Code::InvalidArgument | tonic::Code::OutOfRange | tonic::Code::FailedPrecondition => {
-                ErrorKind::InvalidArgument
-            }
+            tonic::Code::InvalidArgument | tonic::Code::OutOfRange | tonic::Code::FailedPrecondition => ErrorKind::InvalidArgument,
             tonic::Code::Unauthenticated => ErrorKind::Unauthenticated,
             tonic::Code::PermissionDenied => ErrorKind::PermissionDenied,
             tonic::Code::NotFound => ErrorKind::NotFound,
             tonic::Code::AlreadyExists | tonic::Code::Aborted => ErrorKind::Conflict,
             tonic::Code::ResourceExhausted => ErrorKind::ResourceExhausted,
-            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
-                ErrorKind::Unavailable
+            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => ErrorKind::Unavailable,
+            tonic::Code::Ok | tonic::Code::Unknown | tonic::Code::Internal | tonic::Code::Unimplemented | tonic::Code::DataLoss => {
+                ErrorKind::Internal
             }
-            tonic::Code::Ok
-            | tonic::Code::Unknown
-            | tonic::Code::Internal
-            | tonic::Code::Unimplemented
-            | tonic::Code::DataLoss => ErrorKind::Internal,
         };
-        let reason = status
-            .metadata()
-            .get(REASON_METADATA_KEY)
-            .and_then(|value| value.to_str().ok())
-            .map(str::to_string);
+        let reason = status.metadata().get(REASON_METADATA_KEY).and_then(|value| value.to_str().ok()).map(str::to_string);
         let reason = match (reason, kind) {
             (Some(reason), _) => reason,
             // No reason travelled: the status came from the transport, not from a service.

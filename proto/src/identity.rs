@@ -5,9 +5,9 @@ mod v1 {
     tonic::include_proto!("brainstorm.identity.v1");
 }
 
-pub use v1::*;
 use v1::identity_service_client::IdentityServiceClient;
 use v1::identity_service_server::IdentityServiceServer;
+pub use v1::*;
 
 crate::grpc::service_contract! {
     service IdentityService;

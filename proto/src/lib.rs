@@ -4,8 +4,8 @@
 //! (`local`) or behind a tonic channel (`grpc`). Errors keep their kind and reason across the hop.
 
 mod error;
-mod grpc;
 pub mod events;
+mod grpc;
 pub mod identity;
 
 pub use error::{ErrorKind, ServiceError, ServiceResult};

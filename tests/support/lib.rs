@@ -65,7 +65,8 @@ pub fn postgres_admin_url() -> String {
 /// Creates an empty database `brainstorm_e2e_<random>` and returns its URL.
 pub async fn fresh_postgres_database() -> anyhow::Result<String> {
     let admin_url = postgres_admin_url();
-    let mut connection = sqlx::PgConnection::connect(&admin_url).await.with_context(|| format!("cannot reach PostgreSQL at {admin_url}"))?;
+    let mut connection =
+        sqlx::PgConnection::connect(&admin_url).await.with_context(|| format!("cannot reach PostgreSQL at {admin_url}"))?;
     let name = format!("brainstorm_e2e_{}", uuid::Uuid::new_v4().simple());
     // The name is hex generated above: safe to splice into DDL.
     sqlx::query(&format!("CREATE DATABASE {name}")).execute(&mut connection).await?;
@@ -125,7 +126,11 @@ impl Gateway {
                 identity_env.push(("BR_DATABASE_URL".to_string(), database_url));
                 let grpc_listen = format!("127.0.0.1:{grpc_port}");
                 let identity_listen = format!("127.0.0.1:{identity_health_port}");
-                gateway.spawn("identity", &["serve", "identity", "--grpc-listen", &grpc_listen, "--listen", &identity_listen], &identity_env)?;
+                gateway.spawn(
+                    "identity",
+                    &["serve", "identity", "--grpc-listen", &grpc_listen, "--listen", &identity_listen],
+                    &identity_env,
+                )?;
                 gateway.wait_healthy(identity_health_port).await?;
                 let mut edge_env = common.clone();
                 edge_env.push(("BR_IDENTITY_URL".to_string(), format!("http://{grpc_listen}")));
@@ -155,10 +160,10 @@ impl Gateway {
         let deadline = Instant::now() + Duration::from_secs(30);
         let url = format!("http://127.0.0.1:{port}/health");
         loop {
-            if let Ok(response) = self.client.get(&url).send().await {
-                if response.status().is_success() {
-                    return Ok(());
-                }
+            if let Ok(response) = self.client.get(&url).send().await
+                && response.status().is_success()
+            {
+                return Ok(());
             }
             let mut exited = None;
             for (label, child) in &mut self.processes {
@@ -232,7 +237,9 @@ impl Gateway {
 
     /// Registers a tenant and returns (admin key, registration body).
     pub async fn register(&self, name: &str) -> anyhow::Result<(String, Value)> {
-        let reply = self.call(reqwest::Method::POST, "/v1/register", None, Some(serde_json::json!({"tenant_name": name, "accept_tos": true}))).await?;
+        let reply = self
+            .call(reqwest::Method::POST, "/v1/register", None, Some(serde_json::json!({"tenant_name": name, "accept_tos": true})))
+            .await?;
         if reply.status != 201 {
             bail!("registration failed: {} {}", reply.status, reply.body);
         }

@@ -34,7 +34,9 @@ const AUTH_CACHE_TTL: Duration = Duration::from_secs(30);
 pub async fn up(settings: Settings) -> anyhow::Result<()> {
     let database = match &settings.database_url {
         Some(url) => Database::connect(url.expose()).await?,
-        None => Database::open_embedded(&settings.data_dir).await.with_context(|| format!("cannot open the data dir {}", settings.data_dir.display()))?,
+        None => Database::open_embedded(&settings.data_dir)
+            .await
+            .with_context(|| format!("cannot open the data dir {}", settings.data_dir.display()))?,
     };
     database.migrate().await?;
     let bus: Arc<dyn EventBus> = Arc::new(InProcessBus::new());
@@ -141,7 +143,10 @@ fn identity_service(settings: &Settings, database: Database, bus: Arc<dyn EventB
 
 fn remote_identity(settings: &Settings) -> anyhow::Result<IdentityClient> {
     let url = settings.service_urls.get(&ServiceName::Identity).with_context(|| {
-        format!("edge-router needs identity: run it in this process (`serve edge-router identity`) or set {}", ServiceName::Identity.url_variable())
+        format!(
+            "edge-router needs identity: run it in this process (`serve edge-router identity`) or set {}",
+            ServiceName::Identity.url_variable()
+        )
     })?;
     let endpoint = Endpoint::from_shared(url.clone())
         .with_context(|| format!("{} is not a valid URL", ServiceName::Identity.url_variable()))?

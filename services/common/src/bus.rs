@@ -87,10 +87,13 @@ impl Drop for Delivery {
     }
 }
 
+/// Consumer groups of each topic.
+type Topics = HashMap<String, HashMap<String, Arc<GroupQueue>>>;
+
 /// The in-process bus used by `brainstorm up` and by tests.
 #[derive(Clone, Default)]
 pub struct InProcessBus {
-    topics: Arc<Mutex<HashMap<String, HashMap<String, Arc<GroupQueue>>>>>,
+    topics: Arc<Mutex<Topics>>,
 }
 
 #[derive(Default)]
@@ -112,7 +115,7 @@ impl InProcessBus {
         Self::default()
     }
 
-    fn topics(&self) -> MutexGuard<'_, HashMap<String, HashMap<String, Arc<GroupQueue>>>> {
+    fn topics(&self) -> MutexGuard<'_, Topics> {
         self.topics.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
@@ -238,7 +241,12 @@ mod tests {
         let bus = InProcessBus::new();
         let mut consumer = bus.subscribe("events", "group").await?;
         let publisher = bus.clone();
-        let waiter = tokio::spawn(async move { next_payload(&mut consumer).await.map(|(text, delivery)| { delivery.ack(); text }) });
+        let waiter = tokio::spawn(async move {
+            next_payload(&mut consumer).await.map(|(text, delivery)| {
+                delivery.ack();
+                text
+            })
+        });
         tokio::time::sleep(Duration::from_millis(20)).await;
         publisher.publish("events", "k", Bytes::from_static(b"late")).await?;
         let text = waiter.await.map_err(|error| BusError::Backend(error.to_string()))??;

@@ -228,9 +228,24 @@ impl ConfigLayer {
     /// This layer over `lower`: values set here win.
     pub fn over(self, lower: ConfigLayer) -> ConfigLayer {
         take_upper!(
-            self, lower, listen, grpc_listen, data_dir, database_url, redis_url, kafka_brokers, platform_admin_key, master_key,
-            mail_outbox, require_agent_owner, xdr_bidirectional, otel_exporter_otlp_endpoint, public_url, dashboard_url,
-            registration_mode, log_format,
+            self,
+            lower,
+            listen,
+            grpc_listen,
+            data_dir,
+            database_url,
+            redis_url,
+            kafka_brokers,
+            platform_admin_key,
+            master_key,
+            mail_outbox,
+            require_agent_owner,
+            xdr_bidirectional,
+            otel_exporter_otlp_endpoint,
+            public_url,
+            dashboard_url,
+            registration_mode,
+            log_format,
         )
     }
 }
@@ -264,7 +279,8 @@ impl Settings {
     /// Validates a merged layer (defaults are applied here).
     pub fn resolve(layer: ConfigLayer) -> Result<Settings, ConfigError> {
         let listen = parse_address("listen (BR_LISTEN, --listen)", layer.listen.as_deref().unwrap_or("127.0.0.1:8080"))?;
-        let grpc_listen = parse_address("grpc_listen (BR_GRPC_LISTEN, --grpc-listen)", layer.grpc_listen.as_deref().unwrap_or("127.0.0.1:50051"))?;
+        let grpc_listen =
+            parse_address("grpc_listen (BR_GRPC_LISTEN, --grpc-listen)", layer.grpc_listen.as_deref().unwrap_or("127.0.0.1:50051"))?;
         let data_dir = layer.data_dir.unwrap_or_else(|| PathBuf::from("brainstorm-data"));
         if let Some(url) = &layer.database_url {
             let url = url.expose();
@@ -273,15 +289,18 @@ impl Settings {
                 return Err(ConfigError::new("database_url (BR_DATABASE_URL)", "expected a sqlite: or postgres:// url"));
             }
         }
-        if let Some(url) = &layer.redis_url {
-            if !(url.expose().starts_with("redis://") || url.expose().starts_with("rediss://")) {
-                return Err(ConfigError::new("redis_url (BR_REDIS_URL)", "expected a redis:// or rediss:// url"));
-            }
+        if let Some(url) = &layer.redis_url
+            && !(url.expose().starts_with("redis://") || url.expose().starts_with("rediss://"))
+        {
+            return Err(ConfigError::new("redis_url (BR_REDIS_URL)", "expected a redis:// or rediss:// url"));
         }
         if let Some(key) = &layer.platform_admin_key {
             let key = key.expose();
             if !key.starts_with("br_live_") || key.len() < 24 {
-                return Err(ConfigError::new("platform_admin_key (BR_PLATFORM_ADMIN_KEY)", "expected a br_live_ key of at least 24 characters"));
+                return Err(ConfigError::new(
+                    "platform_admin_key (BR_PLATFORM_ADMIN_KEY)",
+                    "expected a br_live_ key of at least 24 characters",
+                ));
             }
         }
         if let Some(key) = &layer.master_key {
@@ -299,7 +318,9 @@ impl Settings {
             None => public_url.clone(),
         };
         let registration_mode = match layer.registration_mode {
-            Some(mode) => mode.parse().map_err(|error: ConfigError| ConfigError::new("registration_mode (BR_REGISTRATION_MODE)", error.message))?,
+            Some(mode) => {
+                mode.parse().map_err(|error: ConfigError| ConfigError::new("registration_mode (BR_REGISTRATION_MODE)", error.message))?
+            }
             None => RegistrationMode::Open,
         };
         let log_format = match layer.log_format.as_deref() {
@@ -383,7 +404,10 @@ mod tests {
 
     #[test]
     fn flags_beat_environment_beat_file() -> Result<(), ConfigError> {
-        let file = ConfigLayer::from_toml("listen = \"127.0.0.1:1000\"\ngrpc_listen = \"127.0.0.1:1001\"\ndata_dir = \"/file\"\n", Path::new("x.toml"))?;
+        let file = ConfigLayer::from_toml(
+            "listen = \"127.0.0.1:1000\"\ngrpc_listen = \"127.0.0.1:1001\"\ndata_dir = \"/file\"\n",
+            Path::new("x.toml"),
+        )?;
         let environment = ConfigLayer::from_env(&env(&[("BR_LISTEN", "127.0.0.1:2000"), ("BR_DATA_DIR", "/env")]))?;
         let flags = ConfigLayer { listen: Some("127.0.0.1:3000".to_string()), ..ConfigLayer::default() };
         let settings = Settings::resolve(flags.over(environment.over(file)))?;

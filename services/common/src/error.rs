@@ -18,9 +18,14 @@ pub struct Recovery {
     pub wait_ms: Option<u64>,
 }
 
-/// An error as the REST edge answers it: status, `error{...}`, `recovery{...}` and headers.
+/// An error as the REST edge answers it: status, `error{...}`, `recovery{...}` and headers. Boxed, so
+/// `Result<_, ApiError>` stays one pointer wide on the hot path.
 #[derive(Debug, Clone)]
-pub struct ApiError {
+pub struct ApiError(Box<ApiErrorParts>);
+
+/// The parts of an `ApiError`, reachable through `Deref`.
+#[derive(Debug, Clone)]
+pub struct ApiErrorParts {
     pub status: StatusCode,
     pub error_type: &'static str,
     pub code: Option<String>,
@@ -34,7 +39,7 @@ pub struct ApiError {
 
 impl ApiError {
     fn new(status: StatusCode, error_type: &'static str, code: Option<&str>, message: impl Into<String>, recovery: Recovery) -> Self {
-        ApiError {
+        ApiError(Box::new(ApiErrorParts {
             status,
             error_type,
             code: code.map(str::to_string),
@@ -43,7 +48,7 @@ impl ApiError {
             details: Map::new(),
             recovery,
             headers: Vec::new(),
-        }
+        }))
     }
 
     /// 400: the body or a parameter is invalid; `code` names the rule broken.
@@ -109,7 +114,13 @@ impl ApiError {
     /// 405 for a known path called with the wrong method.
     pub fn method_not_allowed(method: &str, path: &str) -> Self {
         let recovery = Recovery::same_endpoint("fix_request", "use a method this endpoint accepts");
-        Self::new(StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", Some("method_not_allowed"), format!("{method} is not allowed on {path}"), recovery)
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "invalid_request_error",
+            Some("method_not_allowed"),
+            format!("{method} is not allowed on {path}"),
+            recovery,
+        )
     }
 
     /// 409: the request conflicts with the current state.
@@ -185,10 +196,31 @@ impl ApiError {
     }
 }
 
+impl std::ops::Deref for ApiError {
+    type Target = ApiErrorParts;
+
+    fn deref(&self) -> &ApiErrorParts {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for ApiError {
+    fn deref_mut(&mut self) -> &mut ApiErrorParts {
+        &mut self.0
+    }
+}
+
 impl Recovery {
     /// Retry or correct the same request.
     fn same_endpoint(action: &'static str, message: impl Into<String>) -> Self {
-        Recovery { action, endpoint: "same".to_string(), method: "same", body_template: Value::Null, message: message.into(), wait_ms: None }
+        Recovery {
+            action,
+            endpoint: "same".to_string(),
+            method: "same",
+            body_template: Value::Null,
+            message: message.into(),
+            wait_ms: None,
+        }
     }
 
     /// `retry_after` with a wait.

@@ -8,9 +8,9 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
+use sqlx::AnyPool;
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::migrate::Migrator;
-use sqlx::AnyPool;
 
 static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("../../migrations/sqlite");
 static POSTGRES_MIGRATIONS: Migrator = sqlx::migrate!("../../migrations/postgres");
@@ -64,11 +64,7 @@ impl Database {
             Engine::Sqlite => AnyPoolOptions::new().max_connections(4),
             Engine::Postgres => AnyPoolOptions::new().max_connections(16),
         };
-        let pool = pool_options
-            .acquire_timeout(Duration::from_secs(10))
-            .connect_with(options)
-            .await
-            .map_err(StoreError::Connect)?;
+        let pool = pool_options.acquire_timeout(Duration::from_secs(10)).connect_with(options).await.map_err(StoreError::Connect)?;
         if engine == Engine::Sqlite {
             // WAL lets readers proceed while one writer commits; it persists in the file.
             sqlx::query("PRAGMA journal_mode=WAL").execute(&pool).await?;
@@ -91,15 +87,12 @@ impl Database {
 
     /// Fails unless every migration this binary knows has been applied.
     pub async fn ensure_migrated(&self) -> Result<(), StoreError> {
-        let applied: Vec<i64> = match sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success = $1")
+        // No bookkeeping table yet means nothing was ever applied.
+        let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success = $1")
             .bind(true)
             .fetch_all(&self.pool)
             .await
-        {
-            Ok(versions) => versions,
-            // No bookkeeping table yet: nothing was ever applied.
-            Err(_) => Vec::new(),
-        };
+            .unwrap_or_default();
         let pending: Vec<String> = self
             .migrator()
             .iter()

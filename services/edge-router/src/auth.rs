@@ -51,10 +51,9 @@ impl Caller {
 
     /// The caller's tenant; the platform administrator has none.
     pub fn tenant_id(&self) -> Result<&str, ApiError> {
-        self.identity
-            .tenant_id
-            .as_deref()
-            .ok_or_else(|| ApiError::forbidden("tenant_key_required", "the platform administrator key belongs to no tenant: use a tenant API key"))
+        self.identity.tenant_id.as_deref().ok_or_else(|| {
+            ApiError::forbidden("tenant_key_required", "the platform administrator key belongs to no tenant: use a tenant API key")
+        })
     }
 
     /// Whether the key carries the tenant `admin` role or scope.
@@ -97,10 +96,10 @@ impl Authenticator {
     pub async fn authenticate(&self, headers: &HeaderMap) -> Result<Caller, ApiError> {
         let presented = presented_key(headers)?;
         let presented_digest = digest(presented);
-        if let Some(admin_digest) = &self.platform_admin_digest {
-            if bool::from(admin_digest.ct_eq(&presented_digest)) {
-                return Ok(Caller { identity: Arc::new(platform_admin()) });
-            }
+        if let Some(admin_digest) = &self.platform_admin_digest
+            && bool::from(admin_digest.ct_eq(&presented_digest))
+        {
+            return Ok(Caller { identity: Arc::new(platform_admin()) });
         }
         if let Some(identity) = self.cached(&presented_digest) {
             return Ok(Caller { identity });
@@ -176,7 +175,9 @@ impl FromRequestParts<EdgeState> for Caller {
 /// The key from `Authorization: Bearer` or, as Anthropic clients send it, `x-api-key`.
 fn presented_key(headers: &HeaderMap) -> Result<&str, ApiError> {
     if let Some(value) = headers.get(axum::http::header::AUTHORIZATION) {
-        let value = value.to_str().map_err(|_| ApiError::unauthenticated("malformed_authorization", "the Authorization header is not valid text"))?;
+        let value = value
+            .to_str()
+            .map_err(|_| ApiError::unauthenticated("malformed_authorization", "the Authorization header is not valid text"))?;
         let (scheme, key) = value.trim().split_once(' ').unwrap_or((value, ""));
         if !scheme.eq_ignore_ascii_case("bearer") || key.trim().is_empty() {
             return Err(ApiError::unauthenticated("malformed_authorization", "expected `Authorization: Bearer <API key>`"));
@@ -184,7 +185,10 @@ fn presented_key(headers: &HeaderMap) -> Result<&str, ApiError> {
         return Ok(key.trim());
     }
     if let Some(value) = headers.get("x-api-key") {
-        return value.to_str().map(str::trim).map_err(|_| ApiError::unauthenticated("malformed_api_key", "the x-api-key header is not valid text"));
+        return value
+            .to_str()
+            .map(str::trim)
+            .map_err(|_| ApiError::unauthenticated("malformed_api_key", "the x-api-key header is not valid text"));
     }
     Err(ApiError::unauthenticated("missing_api_key", "no API key: send `Authorization: Bearer <API key>`"))
 }
@@ -237,7 +241,7 @@ mod tests {
         assert_eq!(presented_key(&headers("authorization", "Bearer br_live_x")).ok(), Some("br_live_x"));
         assert_eq!(presented_key(&headers("authorization", "bearer  br_live_x ")).ok(), Some("br_live_x"));
         assert_eq!(presented_key(&headers("x-api-key", "br_live_y")).ok(), Some("br_live_y"));
-        let code = |headers: HeaderMap| presented_key(&headers).err().and_then(|error| error.code);
+        let code = |headers: HeaderMap| presented_key(&headers).err().and_then(|error| error.code.clone());
         assert_eq!(code(HeaderMap::new()).as_deref(), Some("missing_api_key"));
         assert_eq!(code(headers("authorization", "Basic abc")).as_deref(), Some("malformed_authorization"));
         assert_eq!(code(headers("authorization", "Bearer")).as_deref(), Some("malformed_authorization"));

@@ -65,9 +65,9 @@ where
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let bytes = Bytes::from_request(request, state)
-            .await
-            .map_err(|rejection| ApiError::invalid_request("unreadable_body", format!("the request body could not be read: {rejection}")))?;
+        let bytes = Bytes::from_request(request, state).await.map_err(|rejection| {
+            ApiError::invalid_request("unreadable_body", format!("the request body could not be read: {rejection}"))
+        })?;
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Ok(OptionalJsonBody(T::default()));
         }

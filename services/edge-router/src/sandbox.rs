@@ -127,7 +127,10 @@ fn content_text(content: Option<&Value>, position: usize) -> Result<String, ApiE
         Some(Value::Array(parts)) => {
             let mut text = String::new();
             for part in parts {
-                let kind = part.get("type").and_then(Value::as_str).ok_or_else(|| invalid(format!("messages[{position}].content parts need a type")))?;
+                let kind = part
+                    .get("type")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| invalid(format!("messages[{position}].content parts need a type")))?;
                 let piece = match kind {
                     "text" => part.get("text").and_then(Value::as_str).unwrap_or_default().to_string(),
                     "tool_result" => content_text(part.get("content"), position)?,
@@ -163,7 +166,9 @@ pub fn parse_openai(body: &Value) -> Result<ChatRequest, ApiError> {
             Some("user") => Role::User,
             Some("assistant") => Role::Assistant,
             Some("tool" | "function") => Role::Tool,
-            Some(other) => return Err(invalid(format!("messages[{position}].role `{other}` is not one of system, developer, user, assistant, tool"))),
+            Some(other) => {
+                return Err(invalid(format!("messages[{position}].role `{other}` is not one of system, developer, user, assistant, tool")));
+            }
             None => return Err(invalid(format!("messages[{position}].role is required"))),
         };
         let text = content_text(message.get("content"), position)?;
@@ -195,7 +200,8 @@ pub fn parse_anthropic(body: &Value) -> Result<ChatRequest, ApiError> {
         return Err(invalid("the body must be a JSON object"));
     }
     let model = required_model(body)?;
-    let max_tokens = optional_max_tokens(body, "max_tokens")?.ok_or_else(|| ApiError::invalid_request("missing_field", "max_tokens is required"))?;
+    let max_tokens =
+        optional_max_tokens(body, "max_tokens")?.ok_or_else(|| ApiError::invalid_request("missing_field", "max_tokens is required"))?;
     let raw_messages = required_messages(body)?;
     check_temperature(body)?;
     let mut messages = Vec::new();
@@ -233,7 +239,8 @@ pub fn estimate_tokens(text: &str) -> u64 {
 /// The sandbox model's reply: it says what it is, how to leave the sandbox, and reflects the prompt,
 /// so a client can see its request went through the whole pipeline.
 pub fn sandbox_reply(request: &ChatRequest, id: String) -> ChatReply {
-    let last_user = request.messages.iter().rev().find(|message| message.role == Role::User).map(|message| message.text.as_str()).unwrap_or_default();
+    let last_user =
+        request.messages.iter().rev().find(|message| message.role == Role::User).map(|message| message.text.as_str()).unwrap_or_default();
     let words = last_user.split_whitespace().count();
     let excerpt: String = last_user.chars().take(160).collect();
     let ellipsis = if last_user.chars().count() > 160 { "..." } else { "" };
@@ -246,7 +253,8 @@ pub fn sandbox_reply(request: &ChatRequest, id: String) -> ChatReply {
         Some(limit) if estimate_tokens(&full_text) > u64::from(limit) => (truncate_to_tokens(&full_text, limit), FinishReason::Length),
         _ => (full_text, FinishReason::Stop),
     };
-    let prompt: u64 = request.system.iter().map(|system| estimate_tokens(system) + 3).sum::<u64>() + request.messages.iter().map(|message| estimate_tokens(&message.text) + 3).sum::<u64>();
+    let prompt: u64 = request.system.iter().map(|system| estimate_tokens(system) + 3).sum::<u64>()
+        + request.messages.iter().map(|message| estimate_tokens(&message.text) + 3).sum::<u64>();
     ChatReply {
         id,
         model: SANDBOX_MODEL.to_string(),
@@ -362,14 +370,20 @@ pub fn anthropic_message(reply: &ChatReply) -> Value {
 /// The SSE events of an Anthropic stream: the six event names, in order.
 pub fn anthropic_stream(reply: &ChatReply) -> Vec<String> {
     let mut events = vec![
-        ("message_start", json!({"type": "message_start", "message": {
-            "id": reply.id, "type": "message", "role": "assistant", "model": reply.model, "content": [],
-            "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": reply.input_tokens, "output_tokens": 0},
-        }})),
+        (
+            "message_start",
+            json!({"type": "message_start", "message": {
+                "id": reply.id, "type": "message", "role": "assistant", "model": reply.model, "content": [],
+                "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": reply.input_tokens, "output_tokens": 0},
+            }}),
+        ),
         ("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})),
     ];
     for piece in deltas(&reply.text) {
-        events.push(("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": piece}})));
+        events.push((
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": piece}}),
+        ));
     }
     events.push(("content_block_stop", json!({"type": "content_block_stop", "index": 0})));
     events.push(("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": anthropic_stop(reply.finish), "stop_sequence": null}, "usage": {"output_tokens": reply.output_tokens}})));
@@ -382,7 +396,7 @@ mod tests {
     use super::*;
 
     fn code_of(result: Result<ChatRequest, ApiError>) -> Option<String> {
-        result.err().and_then(|error| error.code)
+        result.err().and_then(|error| error.code.clone())
     }
 
     #[test]
@@ -392,7 +406,8 @@ mod tests {
         assert!(parse_openai(&json!({"model": "gpt-4o", "messages": []})).is_err());
         assert!(parse_openai(&json!({"model": "gpt-4o", "messages": [{"role": "wizard", "content": "hi"}]})).is_err());
         assert!(parse_openai(&json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}], "temperature": 3})).is_err());
-        let strategy = parse_openai(&json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "route": {"strategy": "cheapest"}}));
+        let strategy =
+            parse_openai(&json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "route": {"strategy": "cheapest"}}));
         assert_eq!(code_of(strategy).as_deref(), Some("invalid_strategy"));
     }
 
@@ -418,7 +433,9 @@ mod tests {
         let base = json!({"model": "claude", "messages": [{"role": "user", "content": "hi"}]});
         assert_eq!(code_of(parse_anthropic(&base)).as_deref(), Some("missing_field"));
         assert!(parse_anthropic(&json!({"model": "claude", "max_tokens": 10, "messages": [{"role": "system", "content": "hi"}]})).is_err());
-        let request = parse_anthropic(&json!({"model": "claude", "max_tokens": 10, "system": [{"type": "text", "text": "sys"}], "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}));
+        let request = parse_anthropic(
+            &json!({"model": "claude", "max_tokens": 10, "system": [{"type": "text", "text": "sys"}], "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}),
+        );
         assert_eq!(request.ok().and_then(|request| request.system), Some("sys".to_string()));
     }
 
@@ -442,12 +459,14 @@ mod tests {
         assert_eq!(frames.last().map(String::as_str), Some("data: [DONE]\n\n"));
         let mut text = String::new();
         for frame in &frames[..frames.len() - 1] {
-            let chunk: Value = serde_json::from_str(frame.trim_start_matches("data: ").trim()).map_err(|error| invalid(error.to_string()))?;
+            let chunk: Value =
+                serde_json::from_str(frame.trim_start_matches("data: ").trim()).map_err(|error| invalid(error.to_string()))?;
             text.push_str(chunk.pointer("/choices/0/delta/content").and_then(Value::as_str).unwrap_or_default());
         }
         assert_eq!(text, reply.text);
         let events = anthropic_stream(&reply);
-        let names: Vec<&str> = events.iter().filter_map(|event| event.lines().next()).map(|line| line.trim_start_matches("event: ")).collect();
+        let names: Vec<&str> =
+            events.iter().filter_map(|event| event.lines().next()).map(|line| line.trim_start_matches("event: ")).collect();
         assert_eq!(names.first(), Some(&"message_start"));
         assert_eq!(names.last(), Some(&"message_stop"));
         for name in ["content_block_start", "content_block_delta", "content_block_stop", "message_delta"] {

@@ -33,7 +33,9 @@ pub fn display_prefix(key: &str) -> String {
 /// Whether a presented string has the shape of an API key.
 pub fn looks_like_api_key(candidate: &str) -> bool {
     let body = candidate.strip_prefix(LIVE_KEY_PREFIX).or_else(|| candidate.strip_prefix(TEST_KEY_PREFIX));
-    body.is_some_and(|body| (16..=128).contains(&body.len()) && body.bytes().all(|byte| byte.is_ascii_alphanumeric() || byte == b'_' || byte == b'-'))
+    body.is_some_and(|body| {
+        (16..=128).contains(&body.len()) && body.bytes().all(|byte| byte.is_ascii_alphanumeric() || byte == b'_' || byte == b'-')
+    })
 }
 
 #[cfg(test)]

@@ -52,7 +52,11 @@ impl IdentityServiceImpl {
     }
 
     async fn tenant_or_not_found(&self, tenant_id: &str) -> ServiceResult<Tenant> {
-        self.store.tenant(tenant_id).await.map_err(store_failure)?.ok_or_else(|| ServiceError::not_found("tenant_not_found", format!("tenant `{tenant_id}` does not exist")))
+        self.store
+            .tenant(tenant_id)
+            .await
+            .map_err(store_failure)?
+            .ok_or_else(|| ServiceError::not_found("tenant_not_found", format!("tenant `{tenant_id}` does not exist")))
     }
 
     /// Publishes a change for every edge's cache; a lost event only delays invalidation until the
@@ -145,7 +149,10 @@ impl IdentityService for IdentityServiceImpl {
 
     async fn authenticate(&self, request: AuthenticateRequest) -> ServiceResult<Principal> {
         if !secrets::looks_like_api_key(&request.api_key) {
-            return Err(ServiceError::unauthenticated("malformed_api_key", "the API key is malformed: expected br_live_... or br_test_..."));
+            return Err(ServiceError::unauthenticated(
+                "malformed_api_key",
+                "the API key is malformed: expected br_live_... or br_test_...",
+            ));
         }
         let key = self.store.api_key_by_hash(&secrets::digest(&request.api_key)).await.map_err(store_failure)?;
         let Some(key) = key else {
@@ -161,10 +168,16 @@ impl IdentityService for IdentityServiceImpl {
         let tenant = self.tenant_or_not_found(&key.tenant_id).await?;
         match tenant.status.as_str() {
             "rejected" => return Err(ServiceError::permission_denied("tenant_rejected", "this tenant's registration was rejected")),
-            "pending" => return Err(ServiceError::permission_denied("tenant_pending_approval", "this tenant awaits approval by a platform administrator")),
+            "pending" => {
+                return Err(ServiceError::permission_denied(
+                    "tenant_pending_approval",
+                    "this tenant awaits approval by a platform administrator",
+                ));
+            }
             _ => {}
         }
-        let permissions = rbac::resolve_permissions(&key.scopes).map_err(|error| ServiceError::internal(format!("stored key has invalid scopes: {error}")))?;
+        let permissions = rbac::resolve_permissions(&key.scopes)
+            .map_err(|error| ServiceError::internal(format!("stored key has invalid scopes: {error}")))?;
         Ok(Principal { tenant: Some(tenant), key: Some(key), permissions: permissions.into_iter().collect() })
     }
 
@@ -295,7 +308,10 @@ impl IdentityService for IdentityServiceImpl {
         let beyond_creator: Vec<&String> = granted.iter().filter(|permission| !request.creator_permissions.contains(permission)).collect();
         if !beyond_creator.is_empty() {
             let listed: Vec<&str> = beyond_creator.iter().map(|permission| permission.as_str()).collect();
-            return Err(ServiceError::permission_denied("privilege_escalation", format!("a key cannot grant permissions its creator lacks: {}", listed.join(", "))));
+            return Err(ServiceError::permission_denied(
+                "privilege_escalation",
+                format!("a key cannot grant permissions its creator lacks: {}", listed.join(", ")),
+            ));
         }
         if request.budget_limit_nanos.is_some_and(|nanos| nanos < 0) {
             return Err(ServiceError::invalid("invalid_budget_limit", "budget_limit_usd must not be negative"));
@@ -313,7 +329,8 @@ impl IdentityService for IdentityServiceImpl {
         let expires_at = match request.expires_at.as_deref() {
             None => None,
             Some(text) => {
-                let instant = parse_timestamp(text).ok_or_else(|| ServiceError::invalid("invalid_expires_at", "expires_at must be an ISO 8601 date-time"))?;
+                let instant = parse_timestamp(text)
+                    .ok_or_else(|| ServiceError::invalid("invalid_expires_at", "expires_at must be an ISO 8601 date-time"))?;
                 if instant <= now {
                     return Err(ServiceError::invalid("invalid_expires_at", "expires_at must be in the future"));
                 }
@@ -356,12 +373,9 @@ impl IdentityService for IdentityServiceImpl {
 
     async fn revoke_api_key(&self, request: RevokeApiKeyRequest) -> ServiceResult<ApiKey> {
         let revoked_now = self.store.revoke_api_key(&request.tenant_id, &request.key_id, &now_timestamp()).await.map_err(store_failure)?;
-        let key = self
-            .store
-            .api_key(&request.tenant_id, &request.key_id)
-            .await
-            .map_err(store_failure)?
-            .ok_or_else(|| ServiceError::not_found("api_key_not_found", format!("API key `{}` does not exist in this tenant", request.key_id)))?;
+        let key = self.store.api_key(&request.tenant_id, &request.key_id).await.map_err(store_failure)?.ok_or_else(|| {
+            ServiceError::not_found("api_key_not_found", format!("API key `{}` does not exist in this tenant", request.key_id))
+        })?;
         if revoked_now {
             tracing::info!(tenant_id = %key.tenant_id, key_id = %key.id, "api key revoked");
             let revoked = events::ApiKeyRevoked { key_id: key.id.clone() };
@@ -403,7 +417,9 @@ impl IdentityService for IdentityServiceImpl {
             None => None,
             Some(text) => {
                 let instant = parse_timestamp(text).filter(|_| text.ends_with('Z'));
-                let instant = instant.ok_or_else(|| ServiceError::invalid("invalid_expires_at", "expires_at must be a UTC date-time ending in Z, or null"))?;
+                let instant = instant.ok_or_else(|| {
+                    ServiceError::invalid("invalid_expires_at", "expires_at must be a UTC date-time ending in Z, or null")
+                })?;
                 Some(format_timestamp(instant))
             }
         };

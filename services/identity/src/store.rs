@@ -200,10 +200,11 @@ impl IdentityStore {
     }
 
     pub async fn users(&self, tenant_id: &str) -> StoreResult<Vec<User>> {
-        let rows = sqlx::query("SELECT id, tenant_id, email, role, status, created_at FROM users WHERE tenant_id = $1 ORDER BY created_at, id")
-            .bind(tenant_id)
-            .fetch_all(self.database.pool())
-            .await?;
+        let rows =
+            sqlx::query("SELECT id, tenant_id, email, role, status, created_at FROM users WHERE tenant_id = $1 ORDER BY created_at, id")
+                .bind(tenant_id)
+                .fetch_all(self.database.pool())
+                .await?;
         rows.iter().map(user_from_row).collect()
     }
 

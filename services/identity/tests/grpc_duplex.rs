@@ -45,11 +45,16 @@ async fn calls_and_errors_cross_the_grpc_hop_intact() -> TestResult {
     assert_eq!(principal.tenant.as_ref().map(|tenant| tenant.name.as_str()), Some("Over the wire"));
     assert!(principal.permissions.contains(&"router.write".to_string()));
 
-    let unknown = identity.authenticate(AuthenticateRequest { api_key: "br_live_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAA".to_string() }).await.err().ok_or("unknown key accepted")?;
+    let unknown = identity
+        .authenticate(AuthenticateRequest { api_key: "br_live_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAA".to_string() })
+        .await
+        .err()
+        .ok_or("unknown key accepted")?;
     assert_eq!((unknown.kind, unknown.reason.as_str()), (ErrorKind::Unauthenticated, "invalid_api_key"));
     let missing = identity.get_tenant(TenantRef { tenant_id: "missing".to_string() }).await.err().ok_or("missing tenant found")?;
     assert_eq!((missing.kind, missing.reason.as_str()), (ErrorKind::NotFound, "tenant_not_found"));
-    let invalid = identity.register(RegisterRequest { tenant_name: String::new(), invite_code: None }).await.err().ok_or("empty name accepted")?;
+    let invalid =
+        identity.register(RegisterRequest { tenant_name: String::new(), invite_code: None }).await.err().ok_or("empty name accepted")?;
     assert_eq!((invalid.kind, invalid.reason.as_str()), (ErrorKind::InvalidArgument, "invalid_name"));
     Ok(())
 }

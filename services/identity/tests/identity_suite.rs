@@ -25,7 +25,8 @@ struct Harness {
 fn harness(database: Database, registration_mode: RegistrationMode) -> Harness {
     let bus = InProcessBus::new();
     let outbox = std::env::temp_dir().join(format!("brainstorm-outbox-{}", uuid::Uuid::new_v4().simple()));
-    let options = IdentityOptions { dashboard_url: "https://dash.example".to_string(), registration_mode, outbox: MailOutbox::new(&outbox) };
+    let options =
+        IdentityOptions { dashboard_url: "https://dash.example".to_string(), registration_mode, outbox: MailOutbox::new(&outbox) };
     let shared_bus: Arc<dyn EventBus> = Arc::new(bus.clone());
     Harness { identity: IdentityServiceImpl::new(database.clone(), shared_bus, options), bus, outbox, database }
 }
@@ -79,7 +80,10 @@ async fn registration_creates_a_sandbox_tenant_with_an_admin_key_and_claim(datab
     let harness = harness(database, RegistrationMode::Open);
     let response = register(&harness.identity, "  Acme Rockets ").await?;
     let tenant = response.tenant.clone().ok_or("no tenant")?;
-    assert_eq!((tenant.name.as_str(), tenant.plan.as_str(), tenant.tier.as_str(), tenant.status.as_str()), ("Acme Rockets", "sandbox", "community", "active"));
+    assert_eq!(
+        (tenant.name.as_str(), tenant.plan.as_str(), tenant.tier.as_str(), tenant.status.as_str()),
+        ("Acme Rockets", "sandbox", "community", "active")
+    );
     let key = response.api_key.clone().ok_or("no key")?;
     assert!(key.plaintext.starts_with("br_live_"));
     assert_eq!(key.key.ok_or("no record")?.scopes, vec!["admin".to_string()]);
@@ -133,7 +137,8 @@ async fn keys_are_stored_hashed_and_authenticate_until_revoked(database: Databas
     let listed = harness.identity.list_api_keys(TenantRef { tenant_id: tenant_id(&response) }).await?;
     assert_eq!(listed.keys.len(), 2);
 
-    let revoked = harness.identity.revoke_api_key(RevokeApiKeyRequest { tenant_id: tenant_id(&response), key_id: record.id.clone() }).await?;
+    let revoked =
+        harness.identity.revoke_api_key(RevokeApiKeyRequest { tenant_id: tenant_id(&response), key_id: record.id.clone() }).await?;
     assert!(revoked.revoked_at.is_some());
     let refused = harness.identity.authenticate(AuthenticateRequest { api_key: created.plaintext.clone() }).await;
     let refused = refused.err().ok_or("revoked key authenticated")?;
@@ -144,7 +149,8 @@ async fn keys_are_stored_hashed_and_authenticate_until_revoked(database: Databas
     delivery.ack();
     assert!(matches!(event.kind, Some(identity_event::Kind::ApiKeyRevoked(ref revoked)) if revoked.key_id == record.id));
 
-    let again = harness.identity.revoke_api_key(RevokeApiKeyRequest { tenant_id: tenant_id(&response), key_id: "missing".to_string() }).await;
+    let again =
+        harness.identity.revoke_api_key(RevokeApiKeyRequest { tenant_id: tenant_id(&response), key_id: "missing".to_string() }).await;
     assert_eq!(again.err().map(|error| error.kind), Some(ErrorKind::NotFound));
     Ok(())
 }
@@ -175,11 +181,19 @@ async fn expired_keys_and_malformed_keys_are_refused(database: Database) -> Test
         })
         .await?;
     let key_id = created.key.as_ref().map(|key| key.id.clone()).unwrap_or_default();
-    sqlx::query("UPDATE api_keys SET expires_at = $1 WHERE id = $2").bind("2020-01-01T00:00:00.000Z").bind(&key_id).execute(harness.database.pool()).await?;
+    sqlx::query("UPDATE api_keys SET expires_at = $1 WHERE id = $2")
+        .bind("2020-01-01T00:00:00.000Z")
+        .bind(&key_id)
+        .execute(harness.database.pool())
+        .await?;
     let expired = harness.identity.authenticate(AuthenticateRequest { api_key: created.plaintext }).await.err();
     assert_eq!(expired.map(|error| error.reason), Some("expired_api_key".to_string()));
 
-    for (candidate, reason) in [("sk-not-ours", "malformed_api_key"), ("br_live_", "malformed_api_key"), ("br_live_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", "invalid_api_key")] {
+    for (candidate, reason) in [
+        ("sk-not-ours", "malformed_api_key"),
+        ("br_live_", "malformed_api_key"),
+        ("br_live_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", "invalid_api_key"),
+    ] {
         let error = harness.identity.authenticate(AuthenticateRequest { api_key: candidate.to_string() }).await.err();
         assert_eq!(error.map(|error| error.reason), Some(reason.to_string()), "{candidate}");
     }
@@ -192,12 +206,22 @@ async fn keys_cannot_grant_more_than_their_creator(database: Database) -> TestRe
     let admin = harness.identity.authenticate(AuthenticateRequest { api_key: plaintext(&response) }).await?;
     let operator = harness
         .identity
-        .create_api_key(CreateApiKeyRequest { tenant_id: tenant_id(&response), role: "operator".to_string(), creator_permissions: admin.permissions.clone(), ..CreateApiKeyRequest::default() })
+        .create_api_key(CreateApiKeyRequest {
+            tenant_id: tenant_id(&response),
+            role: "operator".to_string(),
+            creator_permissions: admin.permissions.clone(),
+            ..CreateApiKeyRequest::default()
+        })
         .await?;
     let operator = harness.identity.authenticate(AuthenticateRequest { api_key: operator.plaintext }).await?;
     let escalation = harness
         .identity
-        .create_api_key(CreateApiKeyRequest { tenant_id: tenant_id(&response), role: "admin".to_string(), creator_permissions: operator.permissions.clone(), ..CreateApiKeyRequest::default() })
+        .create_api_key(CreateApiKeyRequest {
+            tenant_id: tenant_id(&response),
+            role: "admin".to_string(),
+            creator_permissions: operator.permissions.clone(),
+            ..CreateApiKeyRequest::default()
+        })
         .await
         .err()
         .ok_or("operator minted an admin key")?;
@@ -205,7 +229,13 @@ async fn keys_cannot_grant_more_than_their_creator(database: Database) -> TestRe
     for (role, scopes, reason) in [("root", vec![], "invalid_role"), ("developer", vec!["platform.admin".to_string()], "invalid_scope")] {
         let error = harness
             .identity
-            .create_api_key(CreateApiKeyRequest { tenant_id: tenant_id(&response), role: role.to_string(), scopes, creator_permissions: admin.permissions.clone(), ..CreateApiKeyRequest::default() })
+            .create_api_key(CreateApiKeyRequest {
+                tenant_id: tenant_id(&response),
+                role: role.to_string(),
+                scopes,
+                creator_permissions: admin.permissions.clone(),
+                ..CreateApiKeyRequest::default()
+            })
             .await
             .err();
         assert_eq!(error.map(|error| error.reason), Some(reason.to_string()));
@@ -219,13 +249,29 @@ async fn invitations_create_users_and_write_mail(database: Database) -> TestResu
     let tenant = tenant_id(&response);
     let invitation = harness
         .identity
-        .invite_user(InviteUserRequest { tenant_id: tenant.clone(), email: "Ada@Example.com".to_string(), role: "admin".to_string(), invited_by: "k".to_string() })
+        .invite_user(InviteUserRequest {
+            tenant_id: tenant.clone(),
+            email: "Ada@Example.com".to_string(),
+            role: "admin".to_string(),
+            invited_by: "k".to_string(),
+        })
         .await?;
     assert_eq!(invitation.email, "ada@example.com");
     assert!(invitation.claim_url.starts_with("https://dash.example/claim?token=brct_"));
-    let duplicate = harness.identity.invite_user(InviteUserRequest { tenant_id: tenant.clone(), email: "ada@example.com".to_string(), ..InviteUserRequest::default() }).await;
+    let duplicate = harness
+        .identity
+        .invite_user(InviteUserRequest { tenant_id: tenant.clone(), email: "ada@example.com".to_string(), ..InviteUserRequest::default() })
+        .await;
     assert_eq!(duplicate.err().map(|error| error.kind), Some(ErrorKind::Conflict));
-    let bad_role = harness.identity.invite_user(InviteUserRequest { tenant_id: tenant.clone(), email: "bob@example.com".to_string(), role: "root".to_string(), ..InviteUserRequest::default() }).await;
+    let bad_role = harness
+        .identity
+        .invite_user(InviteUserRequest {
+            tenant_id: tenant.clone(),
+            email: "bob@example.com".to_string(),
+            role: "root".to_string(),
+            ..InviteUserRequest::default()
+        })
+        .await;
     assert_eq!(bad_role.err().map(|error| error.kind), Some(ErrorKind::InvalidArgument));
 
     let mut mails = std::fs::read_dir(&harness.outbox)?.filter_map(Result::ok).map(|entry| entry.path()).collect::<Vec<_>>();
@@ -239,7 +285,8 @@ async fn invitations_create_users_and_write_mail(database: Database) -> TestResu
     assert_eq!(users.users.len(), 1);
     assert_eq!((users.users[0].role.as_str(), users.users[0].status.as_str()), ("admin", "invited"));
     assert_eq!(harness.identity.get_tenant(TenantRef { tenant_id: tenant.clone() }).await?.user_count, 1);
-    let deleted = harness.identity.delete_user(DeleteUserRequest { tenant_id: tenant.clone(), user_id: invitation.user_id.clone() }).await?;
+    let deleted =
+        harness.identity.delete_user(DeleteUserRequest { tenant_id: tenant.clone(), user_id: invitation.user_id.clone() }).await?;
     assert_eq!(deleted.email, "ada@example.com");
     let again = harness.identity.delete_user(DeleteUserRequest { tenant_id: tenant, user_id: invitation.user_id }).await;
     assert_eq!(again.err().map(|error| error.kind), Some(ErrorKind::NotFound));
@@ -250,8 +297,12 @@ async fn tenants_are_isolated(database: Database) -> TestResult {
     let harness = harness(database, RegistrationMode::Open);
     let first = register(&harness.identity, "First").await?;
     let second = register(&harness.identity, "Second").await?;
-    let invitation = harness.identity.invite_user(InviteUserRequest { tenant_id: tenant_id(&first), email: "a@b.co".to_string(), ..InviteUserRequest::default() }).await?;
-    let foreign_delete = harness.identity.delete_user(DeleteUserRequest { tenant_id: tenant_id(&second), user_id: invitation.user_id }).await;
+    let invitation = harness
+        .identity
+        .invite_user(InviteUserRequest { tenant_id: tenant_id(&first), email: "a@b.co".to_string(), ..InviteUserRequest::default() })
+        .await?;
+    let foreign_delete =
+        harness.identity.delete_user(DeleteUserRequest { tenant_id: tenant_id(&second), user_id: invitation.user_id }).await;
     assert_eq!(foreign_delete.err().map(|error| error.kind), Some(ErrorKind::NotFound));
     let first_key_id = first.api_key.as_ref().and_then(|key| key.key.as_ref()).map(|key| key.id.clone()).unwrap_or_default();
     let foreign_revoke = harness.identity.revoke_api_key(RevokeApiKeyRequest { tenant_id: tenant_id(&second), key_id: first_key_id }).await;
@@ -265,7 +316,8 @@ async fn administration_of_tenants_and_invite_codes(database: Database) -> TestR
     let harness = harness(database, RegistrationMode::Open);
     let first = register(&harness.identity, "First").await?;
     register(&harness.identity, "Second").await?;
-    let rejected = harness.identity.set_tenant_status(SetTenantStatusRequest { tenant_id: tenant_id(&first), status: "rejected".to_string() }).await?;
+    let rejected =
+        harness.identity.set_tenant_status(SetTenantStatusRequest { tenant_id: tenant_id(&first), status: "rejected".to_string() }).await?;
     assert_eq!(rejected.status, "rejected");
     let refused = harness.identity.authenticate(AuthenticateRequest { api_key: plaintext(&first) }).await.err();
     assert_eq!(refused.map(|error| error.reason), Some("tenant_rejected".to_string()));
@@ -275,10 +327,23 @@ async fn administration_of_tenants_and_invite_codes(database: Database) -> TestR
     let bad_filter = harness.identity.list_tenants(ListTenantsRequest { status: Some("zombie".to_string()) }).await;
     assert_eq!(bad_filter.err().map(|error| error.kind), Some(ErrorKind::InvalidArgument));
 
-    let code = harness.identity.create_invite_code(CreateInviteCodeRequest { code: "LAUNCH".to_string(), max_uses: Some(2), expires_at: None }).await?;
-    let duplicate = harness.identity.create_invite_code(CreateInviteCodeRequest { code: "LAUNCH".to_string(), ..CreateInviteCodeRequest::default() }).await;
+    let code = harness
+        .identity
+        .create_invite_code(CreateInviteCodeRequest { code: "LAUNCH".to_string(), max_uses: Some(2), expires_at: None })
+        .await?;
+    let duplicate = harness
+        .identity
+        .create_invite_code(CreateInviteCodeRequest { code: "LAUNCH".to_string(), ..CreateInviteCodeRequest::default() })
+        .await;
     assert_eq!(duplicate.err().map(|error| error.kind), Some(ErrorKind::Conflict));
-    let not_utc = harness.identity.create_invite_code(CreateInviteCodeRequest { code: "X".to_string(), expires_at: Some("2030-01-01T00:00:00+02:00".to_string()), ..CreateInviteCodeRequest::default() }).await;
+    let not_utc = harness
+        .identity
+        .create_invite_code(CreateInviteCodeRequest {
+            code: "X".to_string(),
+            expires_at: Some("2030-01-01T00:00:00+02:00".to_string()),
+            ..CreateInviteCodeRequest::default()
+        })
+        .await;
     assert_eq!(not_utc.err().map(|error| error.reason), Some("invalid_expires_at".to_string()));
     let digest = harness.identity.digest(DigestRequest {}).await?;
     assert_eq!(digest.tenants_total, 2);
@@ -297,7 +362,9 @@ async fn invite_only_registration_consumes_codes(database: Database) -> TestResu
     let without = register(&harness.identity, "Acme").await;
     assert_eq!(without.err().map(|error| error.reason), Some("invite_code_required".to_string()));
     harness.identity.create_invite_code(CreateInviteCodeRequest { code: "ONCE".to_string(), max_uses: Some(1), expires_at: None }).await?;
-    let with_code = |name: &'static str| harness.identity.register(RegisterRequest { tenant_name: name.to_string(), invite_code: Some("ONCE".to_string()) });
+    let with_code = |name: &'static str| {
+        harness.identity.register(RegisterRequest { tenant_name: name.to_string(), invite_code: Some("ONCE".to_string()) })
+    };
     assert!(with_code("First").await.is_ok());
     assert_eq!(with_code("Second").await.err().map(|error| error.reason), Some("invalid_invite_code".to_string()));
     let codes = harness.identity.list_invite_codes(ListInviteCodesRequest {}).await?;

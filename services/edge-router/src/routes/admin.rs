@@ -61,12 +61,21 @@ pub struct InviteCodeBody {
 }
 
 /// `POST /v1/admin/invite-codes` (admin.write).
-pub async fn create_invite_code(State(state): State<EdgeState>, caller: Caller, JsonBody(body): JsonBody<InviteCodeBody>) -> Result<(StatusCode, Json<Value>), ApiError> {
+pub async fn create_invite_code(
+    State(state): State<EdgeState>,
+    caller: Caller,
+    JsonBody(body): JsonBody<InviteCodeBody>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
     caller.require("admin.write")?;
     let code = body.code.ok_or_else(|| ApiError::invalid_request("missing_field", "code is required"))?;
     let max_uses = match body.max_uses {
         None => None,
-        Some(uses) => Some(u32::try_from(uses).ok().filter(|uses| *uses > 0).ok_or_else(|| ApiError::invalid_request("invalid_max_uses", "max_uses must be an integer greater than 0, or null"))?),
+        Some(uses) => Some(
+            u32::try_from(uses)
+                .ok()
+                .filter(|uses| *uses > 0)
+                .ok_or_else(|| ApiError::invalid_request("invalid_max_uses", "max_uses must be an integer greater than 0, or null"))?,
+        ),
     };
     let invite_code = state.identity.create_invite_code(CreateInviteCodeRequest { code, max_uses, expires_at: body.expires_at }).await?;
     Ok((StatusCode::CREATED, Json(json!({"invite_code": views::invite_code(&invite_code)}))))

@@ -26,14 +26,22 @@ enum Format {
 }
 
 /// `POST /v1/chat/completions` (router.write).
-pub async fn chat_completions(caller: Caller, Extension(request_id): Extension<RequestId>, JsonBody(body): JsonBody<Value>) -> Result<Response, ApiError> {
+pub async fn chat_completions(
+    caller: Caller,
+    Extension(request_id): Extension<RequestId>,
+    JsonBody(body): JsonBody<Value>,
+) -> Result<Response, ApiError> {
     caller.require("router.write")?;
     let request = sandbox::parse_openai(&body)?;
     complete(&caller, &request_id, request, Format::OpenAi)
 }
 
 /// `POST /v1/messages` (router.write).
-pub async fn messages(caller: Caller, Extension(request_id): Extension<RequestId>, JsonBody(body): JsonBody<Value>) -> Result<Response, ApiError> {
+pub async fn messages(
+    caller: Caller,
+    Extension(request_id): Extension<RequestId>,
+    JsonBody(body): JsonBody<Value>,
+) -> Result<Response, ApiError> {
     caller.require("router.write")?;
     let request = sandbox::parse_anthropic(&body)?;
     complete(&caller, &request_id, request, Format::Anthropic)

@@ -58,7 +58,11 @@ pub struct UpdateAccountBody {
 }
 
 /// `PATCH /v1/account` (config.write).
-pub async fn update_account(State(state): State<EdgeState>, caller: Caller, OptionalJsonBody(body): OptionalJsonBody<UpdateAccountBody>) -> Answer {
+pub async fn update_account(
+    State(state): State<EdgeState>,
+    caller: Caller,
+    OptionalJsonBody(body): OptionalJsonBody<UpdateAccountBody>,
+) -> Answer {
     caller.require("config.write")?;
     let tenant = state.identity.update_tenant(UpdateTenantRequest { tenant_id: caller.tenant_id()?.to_string(), name: body.name }).await?;
     Ok(Json(json!({"tenant": views::tenant(&tenant)})))
@@ -109,7 +113,11 @@ pub struct ClaimLinkBody {
 }
 
 /// `POST /v1/tenant/claim-link` (tenant admin scope).
-pub async fn create_claim_link(State(state): State<EdgeState>, caller: Caller, OptionalJsonBody(body): OptionalJsonBody<ClaimLinkBody>) -> Created {
+pub async fn create_claim_link(
+    State(state): State<EdgeState>,
+    caller: Caller,
+    OptionalJsonBody(body): OptionalJsonBody<ClaimLinkBody>,
+) -> Created {
     if !caller.is_tenant_admin() {
         return Err(ApiError::forbidden("forbidden", "claim links need a key with the tenant admin scope"));
     }
@@ -145,7 +153,11 @@ pub struct CreateApiKeyBody {
 }
 
 /// `POST /v1/api-keys` (config.write): 201; the plaintext key is in this response only.
-pub async fn create_api_key(State(state): State<EdgeState>, caller: Caller, OptionalJsonBody(body): OptionalJsonBody<CreateApiKeyBody>) -> Created {
+pub async fn create_api_key(
+    State(state): State<EdgeState>,
+    caller: Caller,
+    OptionalJsonBody(body): OptionalJsonBody<CreateApiKeyBody>,
+) -> Created {
     caller.require("config.write")?;
     let budget_limit_nanos = body
         .budget_limit_usd

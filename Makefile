@@ -1,0 +1,30 @@
+# Brainstorm: `make run` starts the gateway embedded; `make test` runs every test.
+SHELL := /bin/bash
+export CARGO_TARGET_DIR ?= $(HOME)/.cache/brainstorm-target
+# mold links much faster than the default linker; used when installed.
+ifneq ($(shell command -v mold 2>/dev/null),)
+export RUSTFLAGS ?= -C link-arg=-fuse-ld=mold
+endif
+LISTEN ?= 127.0.0.1:8080
+DATA_DIR ?= brainstorm-data
+
+.PHONY: help run build test lint fmt
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+
+run: ## start every service in one process (SQLite in ./brainstorm-data) on $(LISTEN)
+	cargo run -p brainstorm -- up --listen $(LISTEN) --data-dir $(DATA_DIR)
+
+build: ## build the brainstorm binary
+	cargo build -p brainstorm
+
+test: ## run every test (starts PostgreSQL when none answers)
+	scripts/test.sh
+
+lint: ## formatting and clippy with warnings as errors
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets -- -D warnings
+
+fmt: ## format the code
+	cargo fmt --all

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Everything `make test` runs: unit and store tests on both engines, end-to-end tests of the binary
+# in both shapes, the official SDKs against the gateway, and the deployment checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export BR_TEST_POSTGRES_URL="$(scripts/ensure-postgres.sh)"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/brainstorm-target}"
+
+drop_test_databases() {
+  psql "$BR_TEST_POSTGRES_URL" -Atqc "SELECT datname FROM pg_database WHERE datname ~ '^brainstorm_(test|e2e|sdk)_[0-9a-f]{32}$'" |
+    while read -r name; do psql "$BR_TEST_POSTGRES_URL" -qc "DROP DATABASE IF EXISTS $name WITH (FORCE)" >/dev/null; done
+}
+drop_test_databases
+trap drop_test_databases EXIT
+
+echo "== cargo build (binary)"
+cargo build -p brainstorm
+echo "== cargo test (unit, store suites on SQLite and PostgreSQL, end-to-end in both shapes)"
+cargo test --workspace
+echo "== SDK end-to-end tests (official openai and anthropic clients)"
+BR_BINARY="$CARGO_TARGET_DIR/debug/brainstorm" tests/sdk/run.sh
+if [ -x tests/deploy/check_chart.sh ]; then
+  echo "== Helm chart and manifests"
+  tests/deploy/check_chart.sh
+fi
+echo "== all tests passed"
