@@ -1,0 +1,518 @@
+//! The Anthropic Messages format, both as clients send it and as Anthropic answers it.
+
+use serde_json::{Map, Value, json};
+
+use crate::chat::fields::{optional_bool, optional_number_in, optional_positive_u32, required_array, required_string, stop_list};
+use crate::chat::{ChatEvent, ChatReply, ChatRequest, FinishReason, InvalidRequest, Message, Part, Role, Tool, ToolChoice, Usage};
+
+/// Output budget sent when the caller gave none (Anthropic requires one).
+pub const DEFAULT_MAX_TOKENS: u32 = 4096;
+
+/// Reads a client's messages body.
+pub fn parse_request(body: &Value) -> Result<ChatRequest, InvalidRequest> {
+    if !body.is_object() {
+        return Err(InvalidRequest::new("the body must be a JSON object"));
+    }
+    let model = required_string(body, "model")?;
+    let max_tokens = optional_positive_u32(body, "max_tokens")?.ok_or_else(|| InvalidRequest::missing("max_tokens"))?;
+    let raw_messages = required_array(body, "messages")?;
+    let mut messages = Vec::new();
+    for (position, message) in raw_messages.iter().enumerate() {
+        let role = match message.get("role").and_then(Value::as_str) {
+            Some("user") => Role::User,
+            Some("assistant") => Role::Assistant,
+            Some(other) => return Err(InvalidRequest::new(format!("messages[{position}].role `{other}` is not one of user, assistant"))),
+            None => return Err(InvalidRequest::new(format!("messages[{position}].role is required"))),
+        };
+        let parts = blocks(message.get("content"), position)?;
+        // Tool results travel in user turns in this format; the neutral model gives them their own role.
+        let (results, others): (Vec<Part>, Vec<Part>) = parts.into_iter().partition(|part| matches!(part, Part::ToolResult { .. }));
+        if !results.is_empty() {
+            messages.push(Message { role: Role::Tool, parts: results });
+        }
+        if !others.is_empty() || role == Role::Assistant {
+            messages.push(Message { role, parts: others });
+        }
+    }
+    let system = match body.get("system") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(text)) => Some(text.clone()),
+        Some(Value::Array(_)) => Some(Message { role: Role::User, parts: blocks(body.get("system"), 0)? }.text()),
+        Some(_) => return Err(InvalidRequest::new("system must be a string or an array of text blocks")),
+    };
+    let mut tools = Vec::new();
+    for tool in body.get("tools").and_then(Value::as_array).into_iter().flatten() {
+        let name = tool.get("name").and_then(Value::as_str).filter(|name| !name.is_empty()).ok_or_else(|| InvalidRequest::new("every tool needs a name"))?;
+        tools.push(Tool {
+            name: name.to_string(),
+            description: tool.get("description").and_then(Value::as_str).map(str::to_string),
+            parameters: tool.get("input_schema").cloned().unwrap_or_else(|| json!({"type": "object", "properties": {}})),
+        });
+    }
+    let tool_choice = match body.get("tool_choice") {
+        None | Some(Value::Null) => None,
+        Some(choice) => Some(match choice.get("type").and_then(Value::as_str) {
+            Some("auto") => ToolChoice::Auto,
+            Some("any") => ToolChoice::Required,
+            Some("none") => ToolChoice::None,
+            Some("tool") => ToolChoice::Named(choice.get("name").and_then(Value::as_str).unwrap_or_default().to_string()),
+            _ => return Err(InvalidRequest::new("tool_choice.type must be one of auto, any, tool, none")),
+        }),
+    };
+    Ok(ChatRequest {
+        model,
+        system,
+        messages,
+        tools,
+        tool_choice,
+        max_tokens: Some(max_tokens),
+        temperature: optional_number_in(body, "temperature", 0.0, 1.0)?,
+        top_p: optional_number_in(body, "top_p", 0.0, 1.0)?,
+        stop: stop_list(body, "stop_sequences")?,
+        stream: optional_bool(body, "stream")?,
+        stream_usage: true,
+        user: body.pointer("/metadata/user_id").and_then(Value::as_str).map(str::to_string),
+    })
+}
+
+fn blocks(content: Option<&Value>, position: usize) -> Result<Vec<Part>, InvalidRequest> {
+    match content {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::String(text)) => Ok(vec![Part::Text(text.clone())]),
+        Some(Value::Array(items)) => {
+            let mut parts = Vec::new();
+            for item in items {
+                match item.get("type").and_then(Value::as_str) {
+                    Some("text") => parts.push(Part::Text(item.get("text").and_then(Value::as_str).unwrap_or_default().to_string())),
+                    Some("image") => {
+                        let source = item.get("source").unwrap_or(&Value::Null);
+                        let url = match source.get("type").and_then(Value::as_str) {
+                            Some("base64") => format!(
+                                "data:{};base64,{}",
+                                source.get("media_type").and_then(Value::as_str).unwrap_or("image/png"),
+                                source.get("data").and_then(Value::as_str).unwrap_or_default()
+                            ),
+                            _ => source.get("url").and_then(Value::as_str).unwrap_or_default().to_string(),
+                        };
+                        parts.push(Part::Image { url });
+                    }
+                    Some("tool_use") => parts.push(Part::ToolCall {
+                        id: item.get("id").and_then(Value::as_str).unwrap_or_default().to_string(),
+                        name: item.get("name").and_then(Value::as_str).unwrap_or_default().to_string(),
+                        arguments: item.get("input").map_or_else(|| "{}".to_string(), Value::to_string),
+                    }),
+                    Some("tool_result") => parts.push(Part::ToolResult {
+                        call_id: item.get("tool_use_id").and_then(Value::as_str).unwrap_or_default().to_string(),
+                        content: Message { role: Role::User, parts: blocks(item.get("content"), position)? }.text(),
+                        is_error: item.get("is_error").and_then(Value::as_bool).unwrap_or(false),
+                    }),
+                    Some(_) => {}
+                    None => return Err(InvalidRequest::new(format!("messages[{position}].content blocks need a type"))),
+                }
+            }
+            Ok(parts)
+        }
+        Some(_) => Err(InvalidRequest::new(format!("messages[{position}].content must be a string or an array of blocks"))),
+    }
+}
+
+/// The `stop_reason` of a reply.
+pub fn stop_reason(finish: FinishReason) -> &'static str {
+    match finish {
+        FinishReason::Stop => "end_turn",
+        FinishReason::Length => "max_tokens",
+        FinishReason::ToolCalls => "tool_use",
+        FinishReason::ContentFilter => "refusal",
+    }
+}
+
+fn parse_stop(reason: &str) -> FinishReason {
+    match reason {
+        "max_tokens" => FinishReason::Length,
+        "tool_use" => FinishReason::ToolCalls,
+        "refusal" => FinishReason::ContentFilter,
+        _ => FinishReason::Stop,
+    }
+}
+
+fn tool_input(arguments: &str) -> Value {
+    match serde_json::from_str::<Value>(arguments) {
+        Ok(value @ Value::Object(_)) => value,
+        Ok(other) => json!({"value": other}),
+        Err(_) if arguments.trim().is_empty() => json!({}),
+        Err(_) => json!({"raw_arguments": arguments}),
+    }
+}
+
+fn content_json(parts: &[Part]) -> Vec<Value> {
+    parts
+        .iter()
+        .filter_map(|part| match part {
+            Part::Text(text) => Some(json!({"type": "text", "text": text})),
+            Part::ToolCall { id, name, arguments } => Some(json!({"type": "tool_use", "id": id, "name": name, "input": tool_input(arguments)})),
+            Part::Image { url } => Some(image_block(url)),
+            Part::ToolResult { call_id, content, is_error } => {
+                Some(json!({"type": "tool_result", "tool_use_id": call_id, "content": content, "is_error": is_error}))
+            }
+        })
+        .collect()
+}
+
+fn image_block(url: &str) -> Value {
+    if let Some((media_type, data)) = url.strip_prefix("data:").and_then(|rest| rest.split_once(";base64,")) {
+        json!({"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}})
+    } else {
+        json!({"type": "image", "source": {"type": "url", "url": url}})
+    }
+}
+
+/// A `message` for the client.
+pub fn render_reply(reply: &ChatReply) -> Value {
+    json!({
+        "id": reply.id,
+        "type": "message",
+        "role": "assistant",
+        "model": reply.model,
+        "content": content_json(&reply.parts),
+        "stop_reason": stop_reason(reply.finish),
+        "stop_sequence": null,
+        "usage": {"input_tokens": reply.usage.input_tokens, "output_tokens": reply.usage.output_tokens},
+    })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OpenBlock {
+    Text,
+    Tool,
+}
+
+/// Writes a neutral event stream as Anthropic SSE events.
+#[derive(Debug)]
+pub struct StreamWriter {
+    id: String,
+    model: String,
+    input_tokens: u64,
+    started: bool,
+    block_index: usize,
+    open: Option<OpenBlock>,
+    finish: Option<FinishReason>,
+    usage: Option<Usage>,
+}
+
+fn event(name: &str, data: Value) -> String {
+    format!("event: {name}\ndata: {data}\n\n")
+}
+
+impl StreamWriter {
+    /// A writer for one reply; `input_tokens` is the best count known at the start.
+    pub fn new(id: String, model: String, input_tokens: u64) -> Self {
+        StreamWriter { id, model, input_tokens, started: false, block_index: 0, open: None, finish: None, usage: None }
+    }
+
+    fn start(&mut self, frames: &mut Vec<String>) {
+        if !self.started {
+            self.started = true;
+            frames.push(event(
+                "message_start",
+                json!({"type": "message_start", "message": {
+                    "id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
+                    "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": self.input_tokens, "output_tokens": 0},
+                }}),
+            ));
+        }
+    }
+
+    fn close_block(&mut self, frames: &mut Vec<String>) {
+        if self.open.take().is_some() {
+            frames.push(event("content_block_stop", json!({"type": "content_block_stop", "index": self.block_index})));
+            self.block_index += 1;
+        }
+    }
+
+    /// The events for one neutral event (the closing ones wait for `end`).
+    pub fn write(&mut self, chat_event: &ChatEvent) -> Vec<String> {
+        let mut frames = Vec::new();
+        self.start(&mut frames);
+        match chat_event {
+            ChatEvent::TextDelta(text) => {
+                if self.open != Some(OpenBlock::Text) {
+                    self.close_block(&mut frames);
+                    self.open = Some(OpenBlock::Text);
+                    frames.push(event(
+                        "content_block_start",
+                        json!({"type": "content_block_start", "index": self.block_index, "content_block": {"type": "text", "text": ""}}),
+                    ));
+                }
+                frames.push(event(
+                    "content_block_delta",
+                    json!({"type": "content_block_delta", "index": self.block_index, "delta": {"type": "text_delta", "text": text}}),
+                ));
+            }
+            ChatEvent::ToolCallStart { id, name, .. } => {
+                self.close_block(&mut frames);
+                self.open = Some(OpenBlock::Tool);
+                frames.push(event(
+                    "content_block_start",
+                    json!({"type": "content_block_start", "index": self.block_index, "content_block": {"type": "tool_use", "id": id, "name": name, "input": {}}}),
+                ));
+            }
+            ChatEvent::ToolCallDelta { arguments, .. } => {
+                if self.open == Some(OpenBlock::Tool) {
+                    frames.push(event(
+                        "content_block_delta",
+                        json!({"type": "content_block_delta", "index": self.block_index, "delta": {"type": "input_json_delta", "partial_json": arguments}}),
+                    ));
+                }
+            }
+            ChatEvent::Finish(reason) => self.finish = Some(*reason),
+            ChatEvent::Usage(usage) => self.usage = Some(*usage),
+        }
+        frames
+    }
+
+    /// The closing events: the last block's stop, `message_delta` with the stop reason and usage, `message_stop`.
+    pub fn end(&mut self) -> Vec<String> {
+        let mut frames = Vec::new();
+        self.start(&mut frames);
+        self.close_block(&mut frames);
+        let usage = self.usage.unwrap_or(Usage { input_tokens: self.input_tokens, output_tokens: 0 });
+        frames.push(event(
+            "message_delta",
+            json!({"type": "message_delta", "delta": {"stop_reason": stop_reason(self.finish.unwrap_or(FinishReason::Stop)), "stop_sequence": null},
+                   "usage": {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens}}),
+        ));
+        frames.push(event("message_stop", json!({"type": "message_stop"})));
+        frames
+    }
+}
+
+/// The body sent to Anthropic.
+pub fn build_request(request: &ChatRequest, upstream_model: &str, default_max_tokens: u32) -> Value {
+    // Anthropic wants strictly alternating user and assistant turns: tool results become user turns,
+    // and consecutive turns of one side merge.
+    let mut turns: Vec<(&'static str, Vec<Part>)> = Vec::new();
+    for message in &request.messages {
+        let role = match message.role {
+            Role::User | Role::Tool => "user",
+            Role::Assistant => "assistant",
+        };
+        match turns.last_mut() {
+            Some((last_role, parts)) if *last_role == role => parts.extend(message.parts.iter().cloned()),
+            _ => turns.push((role, message.parts.clone())),
+        }
+    }
+    let messages: Vec<Value> = turns
+        .into_iter()
+        .map(|(role, mut parts)| {
+            // Tool results must come first in their user turn.
+            parts.sort_by_key(|part| !matches!(part, Part::ToolResult { .. }));
+            json!({"role": role, "content": content_json(&parts)})
+        })
+        .collect();
+    let mut body = Map::new();
+    body.insert("model".to_string(), json!(upstream_model));
+    body.insert("max_tokens".to_string(), json!(request.max_tokens.unwrap_or(default_max_tokens)));
+    body.insert("messages".to_string(), json!(messages));
+    if let Some(system) = &request.system {
+        body.insert("system".to_string(), json!(system));
+    }
+    if !request.tools.is_empty() {
+        let tools: Vec<Value> = request
+            .tools
+            .iter()
+            .map(|tool| {
+                let mut entry = json!({"name": tool.name, "input_schema": tool.parameters});
+                if let (Some(description), Some(object)) = (&tool.description, entry.as_object_mut()) {
+                    object.insert("description".to_string(), json!(description));
+                }
+                entry
+            })
+            .collect();
+        body.insert("tools".to_string(), json!(tools));
+    }
+    if let Some(choice) = &request.tool_choice {
+        let choice = match choice {
+            ToolChoice::Auto => json!({"type": "auto"}),
+            ToolChoice::None => json!({"type": "none"}),
+            ToolChoice::Required => json!({"type": "any"}),
+            ToolChoice::Named(name) => json!({"type": "tool", "name": name}),
+        };
+        body.insert("tool_choice".to_string(), choice);
+    }
+    if let Some(temperature) = request.temperature {
+        // OpenAI allows up to 2; Anthropic up to 1.
+        body.insert("temperature".to_string(), json!(temperature.min(1.0)));
+    }
+    if let Some(top_p) = request.top_p {
+        body.insert("top_p".to_string(), json!(top_p));
+    }
+    if !request.stop.is_empty() {
+        body.insert("stop_sequences".to_string(), json!(request.stop));
+    }
+    if request.stream {
+        body.insert("stream".to_string(), json!(true));
+    }
+    Value::Object(body)
+}
+
+/// Reads Anthropic's `message`.
+pub fn parse_reply(body: &Value) -> Result<ChatReply, String> {
+    let content = body.get("content").and_then(Value::as_array).ok_or("no content in the provider's reply")?;
+    let mut parts = Vec::new();
+    for block in content {
+        match block.get("type").and_then(Value::as_str) {
+            Some("text") => parts.push(Part::Text(block.get("text").and_then(Value::as_str).unwrap_or_default().to_string())),
+            Some("tool_use") => parts.push(Part::ToolCall {
+                id: block.get("id").and_then(Value::as_str).unwrap_or_default().to_string(),
+                name: block.get("name").and_then(Value::as_str).unwrap_or_default().to_string(),
+                arguments: block.get("input").map_or_else(|| "{}".to_string(), Value::to_string),
+            }),
+            _ => {}
+        }
+    }
+    let count = |field: &str| body.pointer(&format!("/usage/{field}")).and_then(Value::as_u64).unwrap_or(0);
+    Ok(ChatReply {
+        id: body.get("id").and_then(Value::as_str).unwrap_or_default().to_string(),
+        model: body.get("model").and_then(Value::as_str).unwrap_or_default().to_string(),
+        parts,
+        finish: parse_stop(body.get("stop_reason").and_then(Value::as_str).unwrap_or("end_turn")),
+        usage: Usage { input_tokens: count("input_tokens"), output_tokens: count("output_tokens") },
+    })
+}
+
+/// Turns Anthropic's SSE events into neutral events.
+#[derive(Debug, Default)]
+pub struct StreamReader {
+    input_tokens: u64,
+    /// Content block index of each tool call, in call order.
+    tool_blocks: Vec<u64>,
+}
+
+impl StreamReader {
+    /// The events of one SSE event (`data` is its JSON payload).
+    pub fn read(&mut self, data: &str) -> Result<Vec<ChatEvent>, String> {
+        let payload: Value = serde_json::from_str(data).map_err(|error| format!("undecodable stream event: {error}"))?;
+        let mut events = Vec::new();
+        match payload.get("type").and_then(Value::as_str) {
+            Some("message_start") => {
+                self.input_tokens = payload.pointer("/message/usage/input_tokens").and_then(Value::as_u64).unwrap_or(0);
+            }
+            Some("content_block_start") => {
+                let block = payload.get("content_block").unwrap_or(&Value::Null);
+                if block.get("type").and_then(Value::as_str) == Some("tool_use") {
+                    let block_index = payload.get("index").and_then(Value::as_u64).unwrap_or(0);
+                    self.tool_blocks.push(block_index);
+                    events.push(ChatEvent::ToolCallStart {
+                        index: self.tool_blocks.len() - 1,
+                        id: block.get("id").and_then(Value::as_str).unwrap_or_default().to_string(),
+                        name: block.get("name").and_then(Value::as_str).unwrap_or_default().to_string(),
+                    });
+                } else if let Some(text) = block.get("text").and_then(Value::as_str).filter(|text| !text.is_empty()) {
+                    events.push(ChatEvent::TextDelta(text.to_string()));
+                }
+            }
+            Some("content_block_delta") => {
+                let delta = payload.get("delta").unwrap_or(&Value::Null);
+                match delta.get("type").and_then(Value::as_str) {
+                    Some("text_delta") => {
+                        events.push(ChatEvent::TextDelta(delta.get("text").and_then(Value::as_str).unwrap_or_default().to_string()));
+                    }
+                    Some("input_json_delta") => {
+                        let block_index = payload.get("index").and_then(Value::as_u64).unwrap_or(0);
+                        let index = self.tool_blocks.iter().position(|block| *block == block_index).unwrap_or(0);
+                        let arguments = delta.get("partial_json").and_then(Value::as_str).unwrap_or_default();
+                        if !arguments.is_empty() {
+                            events.push(ChatEvent::ToolCallDelta { index, arguments: arguments.to_string() });
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            Some("message_delta") => {
+                if let Some(reason) = payload.pointer("/delta/stop_reason").and_then(Value::as_str) {
+                    events.push(ChatEvent::Finish(parse_stop(reason)));
+                }
+                if let Some(usage) = payload.get("usage") {
+                    let input_tokens = usage.get("input_tokens").and_then(Value::as_u64).unwrap_or(self.input_tokens);
+                    let output_tokens = usage.get("output_tokens").and_then(Value::as_u64).unwrap_or(0);
+                    events.push(ChatEvent::Usage(Usage { input_tokens, output_tokens }));
+                }
+            }
+            Some("error") => return Err(format!("provider stream error: {}", payload.get("error").unwrap_or(&Value::Null))),
+            _ => {}
+        }
+        Ok(events)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chat::{ReplyAssembler, reply_events};
+
+    #[test]
+    fn client_bodies_are_validated() {
+        let code = |body: Value| parse_request(&body).err().map(|error| error.code);
+        assert_eq!(code(json!({"model": "claude", "messages": [{"role": "user", "content": "hi"}]})), Some("missing_field"));
+        assert!(parse_request(&json!({"model": "c", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]})).is_err());
+        assert!(parse_request(&json!({"model": "c", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "temperature": 1.5})).is_err());
+    }
+
+    #[test]
+    fn tool_conversations_alternate_turns_when_built() -> Result<(), InvalidRequest> {
+        let request = crate::openai::parse_request(&json!({
+            "model": "claude-haiku-4-5",
+            "messages": [
+                {"role": "system", "content": "sys"},
+                {"role": "user", "content": "weather?"},
+                {"role": "assistant", "content": "checking", "tool_calls": [{"id": "toolu_1", "type": "function", "function": {"name": "weather", "arguments": "{\"city\":\"Oslo\"}"}}]},
+                {"role": "tool", "tool_call_id": "toolu_1", "content": "rainy"},
+                {"role": "user", "content": "thanks"}
+            ],
+            "tools": [{"type": "function", "function": {"name": "weather", "description": "d", "parameters": {"type": "object"}}}],
+            "temperature": 1.7
+        }))?;
+        let built = build_request(&request, "claude-haiku-4-5", DEFAULT_MAX_TOKENS);
+        assert_eq!(built["system"], "sys");
+        assert_eq!(built["max_tokens"], DEFAULT_MAX_TOKENS);
+        assert_eq!(built["temperature"], 1.0);
+        let roles: Vec<&str> = built["messages"].as_array().into_iter().flatten().filter_map(|message| message["role"].as_str()).collect();
+        assert_eq!(roles, vec!["user", "assistant", "user"]);
+        assert_eq!(built["messages"][1]["content"][1], json!({"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Oslo"}}));
+        assert_eq!(built["messages"][2]["content"][0]["type"], "tool_result");
+        assert_eq!(built["messages"][2]["content"][1], json!({"type": "text", "text": "thanks"}));
+        assert_eq!(built["tools"][0]["input_schema"], json!({"type": "object"}));
+        // Read back as a client body, the conversation is the same.
+        let reread = parse_request(&built)?;
+        assert_eq!(reread.messages.len(), 4);
+        Ok(())
+    }
+
+    #[test]
+    fn streams_translate_both_ways() -> Result<(), String> {
+        let reply = ChatReply {
+            id: "msg_1".to_string(),
+            model: "m".to_string(),
+            parts: vec![Part::Text("let me look".to_string()), Part::ToolCall { id: "toolu_9".to_string(), name: "f".to_string(), arguments: "{\"a\":1}".to_string() }],
+            finish: FinishReason::ToolCalls,
+            usage: Usage { input_tokens: 4, output_tokens: 6 },
+        };
+        let mut writer = StreamWriter::new(reply.id.clone(), reply.model.clone(), 4);
+        let mut frames: Vec<String> = reply_events(&reply).iter().flat_map(|event| writer.write(event)).collect();
+        frames.extend(writer.end());
+        let names: Vec<&str> = frames.iter().filter_map(|frame| frame.lines().next()).map(|line| line.trim_start_matches("event: ")).collect();
+        assert_eq!(names.first(), Some(&"message_start"));
+        assert_eq!(names.last(), Some(&"message_stop"));
+        assert_eq!(names.iter().filter(|name| **name == "content_block_start").count(), 2);
+        let mut reader = StreamReader::default();
+        let mut assembler = ReplyAssembler::default();
+        for frame in &frames {
+            let data = frame.lines().nth(1).unwrap_or_default().trim_start_matches("data: ");
+            for event in reader.read(data)? {
+                assembler.push(&event);
+            }
+        }
+        assert_eq!(assembler.into_reply(reply.id.clone(), reply.model.clone()), reply);
+        Ok(())
+    }
+}

@@ -1,0 +1,258 @@
+//! The Gemini `generateContent` format, as Google answers it (clients never speak it to the gateway).
+
+use std::collections::HashMap;
+
+use serde_json::{Map, Value, json};
+
+use crate::chat::{ChatEvent, ChatReply, ChatRequest, FinishReason, Part, Role, ToolChoice, Usage};
+
+/// JSON Schema keywords Gemini's function declarations refuse.
+const UNSUPPORTED_SCHEMA_KEYS: [&str; 5] = ["additionalProperties", "$schema", "strict", "$defs", "definitions"];
+
+fn sanitize_schema(schema: &Value) -> Value {
+    match schema {
+        Value::Object(object) => {
+            let cleaned: Map<String, Value> = object
+                .iter()
+                .filter(|(key, _)| !UNSUPPORTED_SCHEMA_KEYS.contains(&key.as_str()))
+                .map(|(key, value)| (key.clone(), sanitize_schema(value)))
+                .collect();
+            Value::Object(cleaned)
+        }
+        Value::Array(items) => Value::Array(items.iter().map(sanitize_schema).collect()),
+        other => other.clone(),
+    }
+}
+
+fn arguments_object(arguments: &str) -> Value {
+    match serde_json::from_str::<Value>(arguments) {
+        Ok(value @ Value::Object(_)) => value,
+        _ => json!({}),
+    }
+}
+
+fn image_part(url: &str) -> Value {
+    match url.strip_prefix("data:").and_then(|rest| rest.split_once(";base64,")) {
+        Some((mime_type, data)) => json!({"inlineData": {"mimeType": mime_type, "data": data}}),
+        None => json!({"fileData": {"fileUri": url}}),
+    }
+}
+
+/// The body sent to Gemini.
+pub fn build_request(request: &ChatRequest) -> Value {
+    // Gemini answers tool calls by function name, not id: remember which id named which function.
+    let mut names_by_call: HashMap<&str, &str> = HashMap::new();
+    for message in &request.messages {
+        for part in &message.parts {
+            if let Part::ToolCall { id, name, .. } = part {
+                names_by_call.insert(id.as_str(), name.as_str());
+            }
+        }
+    }
+    let mut contents: Vec<Value> = Vec::new();
+    for message in &request.messages {
+        let role = match message.role {
+            Role::Assistant => "model",
+            Role::User | Role::Tool => "user",
+        };
+        let parts: Vec<Value> = message
+            .parts
+            .iter()
+            .map(|part| match part {
+                Part::Text(text) => json!({"text": text}),
+                Part::Image { url } => image_part(url),
+                Part::ToolCall { name, arguments, .. } => json!({"functionCall": {"name": name, "args": arguments_object(arguments)}}),
+                Part::ToolResult { call_id, content, .. } => {
+                    let name = names_by_call.get(call_id.as_str()).copied().unwrap_or(call_id.as_str());
+                    json!({"functionResponse": {"name": name, "response": {"content": content}}})
+                }
+            })
+            .collect();
+        if parts.is_empty() {
+            continue;
+        }
+        match contents.last_mut() {
+            Some(last) if last["role"] == role => {
+                if let Some(existing) = last.get_mut("parts").and_then(Value::as_array_mut) {
+                    existing.extend(parts);
+                }
+            }
+            _ => contents.push(json!({"role": role, "parts": parts})),
+        }
+    }
+    let mut body = Map::new();
+    body.insert("contents".to_string(), json!(contents));
+    if let Some(system) = &request.system {
+        body.insert("systemInstruction".to_string(), json!({"parts": [{"text": system}]}));
+    }
+    if !request.tools.is_empty() {
+        let declarations: Vec<Value> = request
+            .tools
+            .iter()
+            .map(|tool| json!({"name": tool.name, "description": tool.description.clone().unwrap_or_default(), "parameters": sanitize_schema(&tool.parameters)}))
+            .collect();
+        body.insert("tools".to_string(), json!([{"functionDeclarations": declarations}]));
+    }
+    if let Some(choice) = &request.tool_choice {
+        let config = match choice {
+            ToolChoice::Auto => json!({"mode": "AUTO"}),
+            ToolChoice::None => json!({"mode": "NONE"}),
+            ToolChoice::Required => json!({"mode": "ANY"}),
+            ToolChoice::Named(name) => json!({"mode": "ANY", "allowedFunctionNames": [name]}),
+        };
+        body.insert("toolConfig".to_string(), json!({"functionCallingConfig": config}));
+    }
+    let mut generation = Map::new();
+    if let Some(max_tokens) = request.max_tokens {
+        generation.insert("maxOutputTokens".to_string(), json!(max_tokens));
+    }
+    if let Some(temperature) = request.temperature {
+        generation.insert("temperature".to_string(), json!(temperature));
+    }
+    if let Some(top_p) = request.top_p {
+        generation.insert("topP".to_string(), json!(top_p));
+    }
+    if !request.stop.is_empty() {
+        generation.insert("stopSequences".to_string(), json!(request.stop));
+    }
+    if !generation.is_empty() {
+        body.insert("generationConfig".to_string(), Value::Object(generation));
+    }
+    Value::Object(body)
+}
+
+fn parse_finish(reason: &str, has_tool_calls: bool) -> FinishReason {
+    match reason {
+        "MAX_TOKENS" => FinishReason::Length,
+        "SAFETY" | "RECITATION" | "BLOCKLIST" | "PROHIBITED_CONTENT" | "SPII" | "IMAGE_SAFETY" => FinishReason::ContentFilter,
+        _ if has_tool_calls => FinishReason::ToolCalls,
+        _ => FinishReason::Stop,
+    }
+}
+
+fn usage_of(body: &Value) -> Option<Usage> {
+    let metadata = body.get("usageMetadata")?;
+    let count = |field: &str| metadata.get(field).and_then(Value::as_u64).unwrap_or(0);
+    Some(Usage { input_tokens: count("promptTokenCount"), output_tokens: count("candidatesTokenCount") + count("thoughtsTokenCount") })
+}
+
+/// Reads Gemini's `GenerateContentResponse`.
+pub fn parse_reply(body: &Value, model: &str) -> Result<ChatReply, String> {
+    let candidate = body.pointer("/candidates/0").ok_or("no candidates in the provider's reply")?;
+    let mut parts = Vec::new();
+    let mut calls = 0;
+    for part in candidate.pointer("/content/parts").and_then(Value::as_array).into_iter().flatten() {
+        if let Some(text) = part.get("text").and_then(Value::as_str) {
+            if part.get("thought").and_then(Value::as_bool) != Some(true) {
+                parts.push(Part::Text(text.to_string()));
+            }
+        } else if let Some(call) = part.get("functionCall") {
+            calls += 1;
+            parts.push(Part::ToolCall {
+                id: call.get("id").and_then(Value::as_str).map_or_else(|| format!("call_{calls}"), str::to_string),
+                name: call.get("name").and_then(Value::as_str).unwrap_or_default().to_string(),
+                arguments: call.get("args").map_or_else(|| "{}".to_string(), Value::to_string),
+            });
+        }
+    }
+    Ok(ChatReply {
+        id: body.get("responseId").and_then(Value::as_str).unwrap_or_default().to_string(),
+        model: body.get("modelVersion").and_then(Value::as_str).unwrap_or(model).to_string(),
+        finish: parse_finish(candidate.get("finishReason").and_then(Value::as_str).unwrap_or("STOP"), calls > 0),
+        parts,
+        usage: usage_of(body).unwrap_or_default(),
+    })
+}
+
+/// Turns Gemini's streamed `GenerateContentResponse` chunks into neutral events.
+#[derive(Debug, Default)]
+pub struct StreamReader {
+    tool_calls: usize,
+}
+
+impl StreamReader {
+    /// The events of one SSE `data:` payload.
+    pub fn read(&mut self, data: &str) -> Result<Vec<ChatEvent>, String> {
+        let chunk: Value = serde_json::from_str(data).map_err(|error| format!("undecodable stream chunk: {error}"))?;
+        if let Some(error) = chunk.get("error") {
+            return Err(format!("provider stream error: {error}"));
+        }
+        let mut events = Vec::new();
+        if let Some(candidate) = chunk.pointer("/candidates/0") {
+            for part in candidate.pointer("/content/parts").and_then(Value::as_array).into_iter().flatten() {
+                if let Some(text) = part.get("text").and_then(Value::as_str) {
+                    if !text.is_empty() && part.get("thought").and_then(Value::as_bool) != Some(true) {
+                        events.push(ChatEvent::TextDelta(text.to_string()));
+                    }
+                } else if let Some(call) = part.get("functionCall") {
+                    let index = self.tool_calls;
+                    self.tool_calls += 1;
+                    let id = call.get("id").and_then(Value::as_str).map_or_else(|| format!("call_{}", index + 1), str::to_string);
+                    events.push(ChatEvent::ToolCallStart { index, id, name: call.get("name").and_then(Value::as_str).unwrap_or_default().to_string() });
+                    events.push(ChatEvent::ToolCallDelta { index, arguments: call.get("args").map_or_else(|| "{}".to_string(), Value::to_string) });
+                }
+            }
+            if let Some(reason) = candidate.get("finishReason").and_then(Value::as_str) {
+                events.push(ChatEvent::Finish(parse_finish(reason, self.tool_calls > 0)));
+            }
+        }
+        if let Some(usage) = usage_of(&chunk) {
+            events.push(ChatEvent::Usage(usage));
+        }
+        Ok(events)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chat::ReplyAssembler;
+
+    #[test]
+    fn requests_map_roles_tools_and_results() -> Result<(), crate::chat::InvalidRequest> {
+        let request = crate::openai::parse_request(&json!({
+            "model": "gemini-2.5-flash",
+            "messages": [
+                {"role": "system", "content": "sys"},
+                {"role": "user", "content": "weather?"},
+                {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": "{\"city\":\"Oslo\"}"}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "rainy"}
+            ],
+            "tools": [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object", "additionalProperties": false, "properties": {"city": {"type": "string"}}}}}],
+            "max_tokens": 50
+        }))?;
+        let built = build_request(&request);
+        assert_eq!(built["systemInstruction"], json!({"parts": [{"text": "sys"}]}));
+        assert_eq!(built["contents"][1], json!({"role": "model", "parts": [{"functionCall": {"name": "weather", "args": {"city": "Oslo"}}}]}));
+        assert_eq!(built["contents"][2]["parts"][0]["functionResponse"]["name"], "weather");
+        assert!(built["tools"][0]["functionDeclarations"][0]["parameters"].get("additionalProperties").is_none());
+        assert_eq!(built["generationConfig"]["maxOutputTokens"], 50);
+        Ok(())
+    }
+
+    #[test]
+    fn replies_and_streams_are_read() -> Result<(), String> {
+        let body = json!({
+            "candidates": [{"content": {"role": "model", "parts": [{"text": "Hi"}, {"functionCall": {"name": "f", "args": {"a": 1}}}]}, "finishReason": "STOP"}],
+            "usageMetadata": {"promptTokenCount": 3, "candidatesTokenCount": 4, "totalTokenCount": 7},
+            "modelVersion": "gemini-2.5-flash"
+        });
+        let reply = parse_reply(&body, "gemini-2.5-flash")?;
+        assert_eq!(reply.finish, FinishReason::ToolCalls);
+        assert_eq!(reply.usage, Usage { input_tokens: 3, output_tokens: 4 });
+        let mut reader = StreamReader::default();
+        let mut assembler = ReplyAssembler::default();
+        for chunk in [
+            json!({"candidates": [{"content": {"parts": [{"text": "Hel"}]}}]}),
+            json!({"candidates": [{"content": {"parts": [{"text": "lo"}]}, "finishReason": "MAX_TOKENS"}], "usageMetadata": {"promptTokenCount": 2, "candidatesTokenCount": 2}}),
+        ] {
+            for event in reader.read(&chunk.to_string())? {
+                assembler.push(&event);
+            }
+        }
+        assert_eq!(assembler.text(), "Hello");
+        assert_eq!(assembler.finish, Some(FinishReason::Length));
+        assert_eq!(assembler.usage, Usage { input_tokens: 2, output_tokens: 2 });
+        Ok(())
+    }
+}

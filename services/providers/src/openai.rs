@@ -1,0 +1,510 @@
+//! The OpenAI chat completions format, both as clients send it and as providers of the OpenAI family
+//! answer it.
+
+use serde_json::{Map, Value, json};
+
+use crate::chat::fields::{optional_bool, optional_number_in, optional_positive_u32, optional_string, required_array, required_string, stop_list};
+use crate::chat::{ChatEvent, ChatReply, ChatRequest, FinishReason, InvalidRequest, Message, Part, Role, Tool, ToolChoice, Usage};
+
+/// Reads a client's chat completions body.
+pub fn parse_request(body: &Value) -> Result<ChatRequest, InvalidRequest> {
+    if !body.is_object() {
+        return Err(InvalidRequest::new("the body must be a JSON object"));
+    }
+    let model = required_string(body, "model")?;
+    let raw_messages = required_array(body, "messages")?;
+    let mut system = Vec::new();
+    let mut messages = Vec::new();
+    for (position, message) in raw_messages.iter().enumerate() {
+        let role = message.get("role").and_then(Value::as_str).ok_or_else(|| InvalidRequest::new(format!("messages[{position}].role is required")))?;
+        match role {
+            "system" | "developer" => system.push(content_text(message.get("content"), position)?),
+            "user" => messages.push(Message { role: Role::User, parts: content_parts(message.get("content"), position)? }),
+            "assistant" => {
+                let mut parts = content_parts(message.get("content"), position)?;
+                for call in message.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
+                    let function = call.get("function").unwrap_or(&Value::Null);
+                    let name = function.get("name").and_then(Value::as_str).ok_or_else(|| InvalidRequest::new(format!("messages[{position}].tool_calls[].function.name is required")))?;
+                    parts.push(Part::ToolCall {
+                        id: call.get("id").and_then(Value::as_str).unwrap_or_default().to_string(),
+                        name: name.to_string(),
+                        arguments: arguments_text(function.get("arguments")),
+                    });
+                }
+                if let Some(function) = message.get("function_call").filter(|call| call.is_object()) {
+                    let name = function.get("name").and_then(Value::as_str).unwrap_or_default().to_string();
+                    parts.push(Part::ToolCall { id: name.clone(), name, arguments: arguments_text(function.get("arguments")) });
+                }
+                messages.push(Message { role: Role::Assistant, parts });
+            }
+            "tool" | "function" => {
+                let call_id = message.get("tool_call_id").or_else(|| message.get("name")).and_then(Value::as_str).unwrap_or_default().to_string();
+                let content = content_text(message.get("content"), position)?;
+                messages.push(Message { role: Role::Tool, parts: vec![Part::ToolResult { call_id, content, is_error: false }] });
+            }
+            other => return Err(InvalidRequest::new(format!("messages[{position}].role `{other}` is not one of system, developer, user, assistant, tool"))),
+        }
+    }
+    let mut tools = Vec::new();
+    for tool in body.get("tools").and_then(Value::as_array).into_iter().flatten() {
+        let function = tool.get("function").ok_or_else(|| InvalidRequest::new("tools[] entries need a function"))?;
+        tools.push(tool_of(function)?);
+    }
+    for function in body.get("functions").and_then(Value::as_array).into_iter().flatten() {
+        tools.push(tool_of(function)?);
+    }
+    let tool_choice = match body.get("tool_choice").or_else(|| body.get("function_call")) {
+        None | Some(Value::Null) => None,
+        Some(Value::String(choice)) => Some(match choice.as_str() {
+            "auto" => ToolChoice::Auto,
+            "none" => ToolChoice::None,
+            "required" => ToolChoice::Required,
+            other => return Err(InvalidRequest::new(format!("tool_choice `{other}` is not one of auto, none, required"))),
+        }),
+        Some(choice) => {
+            let name = choice.pointer("/function/name").or_else(|| choice.get("name")).and_then(Value::as_str);
+            Some(ToolChoice::Named(name.ok_or_else(|| InvalidRequest::new("tool_choice must name a function"))?.to_string()))
+        }
+    };
+    let max_tokens = match optional_positive_u32(body, "max_completion_tokens")? {
+        Some(tokens) => Some(tokens),
+        None => optional_positive_u32(body, "max_tokens")?,
+    };
+    Ok(ChatRequest {
+        model,
+        system: (!system.is_empty()).then(|| system.join("\n")),
+        messages,
+        tools,
+        tool_choice,
+        max_tokens,
+        temperature: optional_number_in(body, "temperature", 0.0, 2.0)?,
+        top_p: optional_number_in(body, "top_p", 0.0, 1.0)?,
+        stop: stop_list(body, "stop")?,
+        stream: optional_bool(body, "stream")?,
+        stream_usage: body.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false),
+        user: optional_string(body, "user")?,
+    })
+}
+
+fn tool_of(function: &Value) -> Result<Tool, InvalidRequest> {
+    let name = function.get("name").and_then(Value::as_str).filter(|name| !name.is_empty()).ok_or_else(|| InvalidRequest::new("every tool needs a function name"))?;
+    Ok(Tool {
+        name: name.to_string(),
+        description: function.get("description").and_then(Value::as_str).map(str::to_string),
+        parameters: function.get("parameters").cloned().unwrap_or_else(|| json!({"type": "object", "properties": {}})),
+    })
+}
+
+fn arguments_text(arguments: Option<&Value>) -> String {
+    match arguments {
+        None | Some(Value::Null) => "{}".to_string(),
+        Some(Value::String(text)) => text.clone(),
+        Some(other) => other.to_string(),
+    }
+}
+
+fn content_text(content: Option<&Value>, position: usize) -> Result<String, InvalidRequest> {
+    let parts = content_parts(content, position)?;
+    Ok(Message { role: Role::User, parts }.text())
+}
+
+fn content_parts(content: Option<&Value>, position: usize) -> Result<Vec<Part>, InvalidRequest> {
+    match content {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::String(text)) => Ok(vec![Part::Text(text.clone())]),
+        Some(Value::Array(items)) => {
+            let mut parts = Vec::new();
+            for item in items {
+                match item.get("type").and_then(Value::as_str) {
+                    Some("text") => parts.push(Part::Text(item.get("text").and_then(Value::as_str).unwrap_or_default().to_string())),
+                    Some("image_url") => {
+                        let url = item.pointer("/image_url/url").or_else(|| item.get("image_url")).and_then(Value::as_str).unwrap_or_default();
+                        parts.push(Part::Image { url: url.to_string() });
+                    }
+                    Some(_) => {}
+                    None => return Err(InvalidRequest::new(format!("messages[{position}].content parts need a type"))),
+                }
+            }
+            Ok(parts)
+        }
+        Some(_) => Err(InvalidRequest::new(format!("messages[{position}].content must be a string or an array of parts"))),
+    }
+}
+
+/// The `finish_reason` of a reply.
+pub fn finish_reason(finish: FinishReason) -> &'static str {
+    match finish {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+        FinishReason::ToolCalls => "tool_calls",
+        FinishReason::ContentFilter => "content_filter",
+    }
+}
+
+fn parse_finish(reason: &str) -> FinishReason {
+    match reason {
+        "length" => FinishReason::Length,
+        "tool_calls" | "function_call" => FinishReason::ToolCalls,
+        "content_filter" => FinishReason::ContentFilter,
+        _ => FinishReason::Stop,
+    }
+}
+
+fn tool_calls_json(reply: &ChatReply) -> Vec<Value> {
+    reply
+        .parts
+        .iter()
+        .filter_map(|part| match part {
+            Part::ToolCall { id, name, arguments } => Some(json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}})),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A `chat.completion` for the client; `usage_extra` adds fields such as `cost_usd`.
+pub fn render_reply(reply: &ChatReply, created: i64, usage_extra: Map<String, Value>) -> Value {
+    let text = reply.text();
+    let tool_calls = tool_calls_json(reply);
+    let mut message = json!({"role": "assistant", "content": if text.is_empty() && !tool_calls.is_empty() { Value::Null } else { json!(text) }});
+    if let (false, Some(object)) = (tool_calls.is_empty(), message.as_object_mut()) {
+        object.insert("tool_calls".to_string(), json!(tool_calls));
+    }
+    let mut usage = Map::new();
+    usage.insert("prompt_tokens".to_string(), json!(reply.usage.input_tokens));
+    usage.insert("completion_tokens".to_string(), json!(reply.usage.output_tokens));
+    usage.insert("total_tokens".to_string(), json!(reply.usage.input_tokens + reply.usage.output_tokens));
+    usage.extend(usage_extra);
+    json!({
+        "id": reply.id,
+        "object": "chat.completion",
+        "created": created,
+        "model": reply.model,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason(reply.finish), "logprobs": null}],
+        "usage": Value::Object(usage),
+    })
+}
+
+/// Writes a neutral event stream as OpenAI `chat.completion.chunk` SSE frames.
+#[derive(Debug)]
+pub struct StreamWriter {
+    id: String,
+    model: String,
+    created: i64,
+    include_usage: bool,
+    started: bool,
+    finish: Option<FinishReason>,
+    usage: Option<Usage>,
+}
+
+impl StreamWriter {
+    /// A writer for one reply.
+    pub fn new(id: String, model: String, created: i64, include_usage: bool) -> Self {
+        StreamWriter { id, model, created, include_usage, started: false, finish: None, usage: None }
+    }
+
+    fn chunk(&self, delta: Value, finish: Value) -> String {
+        let chunk = json!({
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": null}],
+        });
+        format!("data: {chunk}\n\n")
+    }
+
+    /// The frames for one event (the finish and usage frames wait for `end`).
+    pub fn write(&mut self, event: &ChatEvent) -> Vec<String> {
+        let mut frames = Vec::new();
+        if !self.started {
+            self.started = true;
+            frames.push(self.chunk(json!({"role": "assistant", "content": ""}), Value::Null));
+        }
+        match event {
+            ChatEvent::TextDelta(text) => frames.push(self.chunk(json!({"content": text}), Value::Null)),
+            ChatEvent::ToolCallStart { index, id, name } => frames.push(self.chunk(
+                json!({"tool_calls": [{"index": index, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}]}),
+                Value::Null,
+            )),
+            ChatEvent::ToolCallDelta { index, arguments } => {
+                frames.push(self.chunk(json!({"tool_calls": [{"index": index, "function": {"arguments": arguments}}]}), Value::Null))
+            }
+            ChatEvent::Finish(reason) => self.finish = Some(*reason),
+            ChatEvent::Usage(usage) => self.usage = Some(*usage),
+        }
+        frames
+    }
+
+    /// The closing frames: the finish chunk, the usage chunk when asked for, and `[DONE]`.
+    pub fn end(&mut self) -> Vec<String> {
+        let mut frames = Vec::new();
+        if !self.started {
+            self.started = true;
+            frames.push(self.chunk(json!({"role": "assistant", "content": ""}), Value::Null));
+        }
+        frames.push(self.chunk(json!({}), json!(finish_reason(self.finish.unwrap_or(FinishReason::Stop)))));
+        if self.include_usage {
+            let usage = self.usage.unwrap_or_default();
+            let chunk = json!({
+                "id": self.id,
+                "object": "chat.completion.chunk",
+                "created": self.created,
+                "model": self.model,
+                "choices": [],
+                "usage": {"prompt_tokens": usage.input_tokens, "completion_tokens": usage.output_tokens, "total_tokens": usage.input_tokens + usage.output_tokens},
+            });
+            frames.push(format!("data: {chunk}\n\n"));
+        }
+        frames.push("data: [DONE]\n\n".to_string());
+        frames
+    }
+}
+
+/// The body sent to an OpenAI-family provider.
+pub fn build_request(request: &ChatRequest, upstream_model: &str) -> Value {
+    let mut messages = Vec::new();
+    if let Some(system) = &request.system {
+        messages.push(json!({"role": "system", "content": system}));
+    }
+    for message in &request.messages {
+        match message.role {
+            Role::User => messages.push(json!({"role": "user", "content": user_content(&message.parts)})),
+            Role::Assistant => {
+                let text = message.text();
+                let calls: Vec<Value> = message
+                    .parts
+                    .iter()
+                    .filter_map(|part| match part {
+                        Part::ToolCall { id, name, arguments } => Some(json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}})),
+                        _ => None,
+                    })
+                    .collect();
+                let mut assistant = json!({"role": "assistant", "content": if text.is_empty() && !calls.is_empty() { Value::Null } else { json!(text) }});
+                if let (false, Some(object)) = (calls.is_empty(), assistant.as_object_mut()) {
+                    object.insert("tool_calls".to_string(), json!(calls));
+                }
+                messages.push(assistant);
+            }
+            Role::Tool => {
+                for part in &message.parts {
+                    if let Part::ToolResult { call_id, content, .. } = part {
+                        messages.push(json!({"role": "tool", "tool_call_id": call_id, "content": content}));
+                    }
+                }
+            }
+        }
+    }
+    let mut body = Map::new();
+    body.insert("model".to_string(), json!(upstream_model));
+    body.insert("messages".to_string(), json!(messages));
+    if !request.tools.is_empty() {
+        let tools: Vec<Value> = request
+            .tools
+            .iter()
+            .map(|tool| json!({"type": "function", "function": {"name": tool.name, "description": tool.description, "parameters": tool.parameters}}))
+            .collect();
+        body.insert("tools".to_string(), json!(tools));
+    }
+    if let Some(choice) = &request.tool_choice {
+        let choice = match choice {
+            ToolChoice::Auto => json!("auto"),
+            ToolChoice::None => json!("none"),
+            ToolChoice::Required => json!("required"),
+            ToolChoice::Named(name) => json!({"type": "function", "function": {"name": name}}),
+        };
+        body.insert("tool_choice".to_string(), choice);
+    }
+    if let Some(max_tokens) = request.max_tokens {
+        body.insert("max_tokens".to_string(), json!(max_tokens));
+    }
+    if let Some(temperature) = request.temperature {
+        body.insert("temperature".to_string(), json!(temperature));
+    }
+    if let Some(top_p) = request.top_p {
+        body.insert("top_p".to_string(), json!(top_p));
+    }
+    if !request.stop.is_empty() {
+        body.insert("stop".to_string(), json!(request.stop));
+    }
+    if let Some(user) = &request.user {
+        body.insert("user".to_string(), json!(user));
+    }
+    if request.stream {
+        body.insert("stream".to_string(), json!(true));
+        // Always ask for usage: the gateway prices every stream.
+        body.insert("stream_options".to_string(), json!({"include_usage": true}));
+    }
+    Value::Object(body)
+}
+
+fn user_content(parts: &[Part]) -> Value {
+    let only_text = parts.iter().all(|part| matches!(part, Part::Text(_)));
+    if only_text {
+        return json!(Message { role: Role::User, parts: parts.to_vec() }.text());
+    }
+    let items: Vec<Value> = parts
+        .iter()
+        .filter_map(|part| match part {
+            Part::Text(text) => Some(json!({"type": "text", "text": text})),
+            Part::Image { url } => Some(json!({"type": "image_url", "image_url": {"url": url}})),
+            _ => None,
+        })
+        .collect();
+    json!(items)
+}
+
+/// Reads a provider's `chat.completion`.
+pub fn parse_reply(body: &Value) -> Result<ChatReply, String> {
+    let choice = body.pointer("/choices/0").ok_or("no choices in the provider's reply")?;
+    let message = choice.get("message").ok_or("no message in the provider's reply")?;
+    let mut parts = Vec::new();
+    if let Some(text) = message.get("content").and_then(Value::as_str).filter(|text| !text.is_empty()) {
+        parts.push(Part::Text(text.to_string()));
+    }
+    for call in message.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
+        parts.push(Part::ToolCall {
+            id: call.get("id").and_then(Value::as_str).unwrap_or_default().to_string(),
+            name: call.pointer("/function/name").and_then(Value::as_str).unwrap_or_default().to_string(),
+            arguments: arguments_text(call.pointer("/function/arguments")),
+        });
+    }
+    Ok(ChatReply {
+        id: body.get("id").and_then(Value::as_str).unwrap_or_default().to_string(),
+        model: body.get("model").and_then(Value::as_str).unwrap_or_default().to_string(),
+        parts,
+        finish: parse_finish(choice.get("finish_reason").and_then(Value::as_str).unwrap_or("stop")),
+        usage: usage_of(body.get("usage")),
+    })
+}
+
+fn usage_of(usage: Option<&Value>) -> Usage {
+    let count = |field: &str| usage.and_then(|usage| usage.get(field)).and_then(Value::as_u64).unwrap_or(0);
+    Usage { input_tokens: count("prompt_tokens"), output_tokens: count("completion_tokens") }
+}
+
+/// Turns a provider's SSE `data:` payloads into neutral events.
+#[derive(Debug, Default)]
+pub struct StreamReader;
+
+impl StreamReader {
+    /// The events of one `data:` payload (`[DONE]` yields none).
+    pub fn read(&mut self, data: &str) -> Result<Vec<ChatEvent>, String> {
+        if data.trim() == "[DONE]" {
+            return Ok(Vec::new());
+        }
+        let chunk: Value = serde_json::from_str(data).map_err(|error| format!("undecodable stream chunk: {error}"))?;
+        if let Some(error) = chunk.get("error") {
+            return Err(format!("provider stream error: {error}"));
+        }
+        let mut events = Vec::new();
+        if let Some(choice) = chunk.pointer("/choices/0") {
+            let delta = choice.get("delta").unwrap_or(&Value::Null);
+            if let Some(text) = delta.get("content").and_then(Value::as_str).filter(|text| !text.is_empty()) {
+                events.push(ChatEvent::TextDelta(text.to_string()));
+            }
+            for call in delta.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
+                let index = call.get("index").and_then(Value::as_u64).and_then(|index| usize::try_from(index).ok()).unwrap_or(0);
+                let name = call.pointer("/function/name").and_then(Value::as_str);
+                if let Some(name) = name.filter(|name| !name.is_empty()) {
+                    let id = call.get("id").and_then(Value::as_str).unwrap_or_default().to_string();
+                    events.push(ChatEvent::ToolCallStart { index, id, name: name.to_string() });
+                }
+                if let Some(arguments) = call.pointer("/function/arguments").and_then(Value::as_str).filter(|arguments| !arguments.is_empty()) {
+                    events.push(ChatEvent::ToolCallDelta { index, arguments: arguments.to_string() });
+                }
+            }
+            if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
+                events.push(ChatEvent::Finish(parse_finish(reason)));
+            }
+        }
+        if chunk.get("usage").is_some_and(Value::is_object) {
+            events.push(ChatEvent::Usage(usage_of(chunk.get("usage"))));
+        }
+        Ok(events)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chat::{ReplyAssembler, reply_events};
+
+    #[test]
+    fn client_bodies_are_validated() {
+        let code = |body: Value| parse_request(&body).err().map(|error| error.code);
+        assert_eq!(code(json!({"messages": [{"role": "user", "content": "hi"}]})), Some("missing_field"));
+        assert_eq!(code(json!({"model": "m"})), Some("missing_field"));
+        assert!(parse_request(&json!({"model": "m", "messages": []})).is_err());
+        assert!(parse_request(&json!({"model": "m", "messages": [{"role": "wizard", "content": "x"}]})).is_err());
+        assert!(parse_request(&json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": 3})).is_err());
+        assert!(parse_request(&json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0})).is_err());
+    }
+
+    #[test]
+    fn tool_conversations_survive_parse_and_build() -> Result<(), InvalidRequest> {
+        let body = json!({
+            "model": "gpt-4o",
+            "messages": [
+                {"role": "system", "content": "sys"},
+                {"role": "user", "content": [{"type": "text", "text": "weather?"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]},
+                {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": "{\"city\":\"Oslo\"}"}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "rainy"}
+            ],
+            "tools": [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}],
+            "tool_choice": {"type": "function", "function": {"name": "weather"}},
+            "stream": true
+        });
+        let request = parse_request(&body)?;
+        assert_eq!(request.tool_choice, Some(ToolChoice::Named("weather".to_string())));
+        let built = build_request(&request, "gpt-4o");
+        assert_eq!(built["messages"][0], json!({"role": "system", "content": "sys"}));
+        assert_eq!(built["messages"][2]["tool_calls"][0]["function"]["arguments"], "{\"city\":\"Oslo\"}");
+        assert_eq!(built["messages"][3], json!({"role": "tool", "tool_call_id": "call_1", "content": "rainy"}));
+        assert_eq!(built["stream_options"], json!({"include_usage": true}));
+        assert_eq!(parse_request(&built)?.messages, request.messages);
+        Ok(())
+    }
+
+    #[test]
+    fn streams_translate_both_ways() -> Result<(), String> {
+        let reply = ChatReply {
+            id: "chatcmpl-1".to_string(),
+            model: "m".to_string(),
+            parts: vec![Part::Text("hi there".to_string()), Part::ToolCall { id: "call_9".to_string(), name: "f".to_string(), arguments: "{\"a\":1}".to_string() }],
+            finish: FinishReason::ToolCalls,
+            usage: Usage { input_tokens: 4, output_tokens: 6 },
+        };
+        let mut writer = StreamWriter::new(reply.id.clone(), reply.model.clone(), 0, true);
+        let mut frames: Vec<String> = reply_events(&reply).iter().flat_map(|event| writer.write(event)).collect();
+        frames.extend(writer.end());
+        assert_eq!(frames.last().map(String::as_str), Some("data: [DONE]\n\n"));
+        let mut reader = StreamReader;
+        let mut assembler = ReplyAssembler::default();
+        for frame in &frames {
+            for event in reader.read(frame.trim_start_matches("data: ").trim())? {
+                assembler.push(&event);
+            }
+        }
+        assert_eq!(assembler.into_reply(reply.id.clone(), reply.model.clone()), reply);
+        Ok(())
+    }
+
+    #[test]
+    fn replies_render_with_tool_calls_and_extras() {
+        let reply = ChatReply {
+            id: "x".to_string(),
+            model: "openai/gpt-4o".to_string(),
+            parts: vec![Part::ToolCall { id: "call_1".to_string(), name: "f".to_string(), arguments: "{}".to_string() }],
+            finish: FinishReason::ToolCalls,
+            usage: Usage { input_tokens: 1, output_tokens: 2 },
+        };
+        let mut extra = Map::new();
+        extra.insert("cost_usd".to_string(), json!(0.5));
+        let rendered = render_reply(&reply, 7, extra);
+        assert_eq!(rendered["choices"][0]["message"]["content"], Value::Null);
+        assert_eq!(rendered["choices"][0]["finish_reason"], "tool_calls");
+        assert_eq!(rendered["usage"]["total_tokens"], 3);
+        assert_eq!(rendered["usage"]["cost_usd"], 0.5);
+        assert_eq!(parse_reply(&rendered).map(|parsed| parsed.parts), Ok(reply.parts));
+    }
+}

@@ -1,0 +1,97 @@
+//! An incremental Server-Sent Events parser: bytes in, complete events out, nothing buffered beyond
+//! the event being received.
+
+/// One event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SseEvent {
+    /// The `event:` field, when present.
+    pub event: Option<String>,
+    /// The `data:` lines, joined by newlines.
+    pub data: String,
+}
+
+/// Feeds bytes, yields events.
+#[derive(Debug, Default)]
+pub struct SseParser {
+    buffer: Vec<u8>,
+}
+
+impl SseParser {
+    /// Appends bytes and returns every event they complete.
+    pub fn push(&mut self, bytes: &[u8]) -> Vec<SseEvent> {
+        self.buffer.extend_from_slice(bytes);
+        let mut events = Vec::new();
+        while let Some((end, separator)) = find_event_end(&self.buffer) {
+            let block: Vec<u8> = self.buffer.drain(..end + separator).collect();
+            if let Some(event) = parse_block(&block[..end]) {
+                events.push(event);
+            }
+        }
+        events
+    }
+
+    /// Whatever remains when the stream ends without a final blank line.
+    pub fn finish(&mut self) -> Option<SseEvent> {
+        let block = std::mem::take(&mut self.buffer);
+        parse_block(&block)
+    }
+}
+
+fn find_event_end(buffer: &[u8]) -> Option<(usize, usize)> {
+    let mut index = 0;
+    while index + 1 < buffer.len() {
+        if buffer[index] == b'\n' && buffer[index + 1] == b'\n' {
+            return Some((index, 2));
+        }
+        if index + 3 < buffer.len() && &buffer[index..index + 4] == b"\r\n\r\n" {
+            return Some((index, 4));
+        }
+        index += 1;
+    }
+    None
+}
+
+fn parse_block(block: &[u8]) -> Option<SseEvent> {
+    let text = String::from_utf8_lossy(block);
+    let mut event = None;
+    let mut data: Vec<&str> = Vec::new();
+    for line in text.lines() {
+        let line = line.strip_suffix('\r').unwrap_or(line);
+        if line.starts_with(':') {
+            continue;
+        }
+        let (field, value) = line.split_once(':').unwrap_or((line, ""));
+        let value = value.strip_prefix(' ').unwrap_or(value);
+        match field {
+            "event" => event = Some(value.to_string()),
+            "data" => data.push(value),
+            _ => {}
+        }
+    }
+    if event.is_none() && data.is_empty() {
+        return None;
+    }
+    Some(SseEvent { event, data: data.join("\n") })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_split_across_chunks_are_reassembled() {
+        let mut parser = SseParser::default();
+        assert!(parser.push(b"event: message_start\nda").is_empty());
+        let events = parser.push(b"ta: {\"a\":1}\n\n: comment\n\ndata: x\r\n\r\ndata: [DONE]\n\n");
+        assert_eq!(
+            events,
+            vec![
+                SseEvent { event: Some("message_start".to_string()), data: "{\"a\":1}".to_string() },
+                SseEvent { event: None, data: "x".to_string() },
+                SseEvent { event: None, data: "[DONE]".to_string() },
+            ]
+        );
+        assert!(parser.push(b"data: tail").is_empty());
+        assert_eq!(parser.finish().map(|event| event.data), Some("tail".to_string()));
+    }
+}
