@@ -9,3 +9,6 @@ pub use v1::*;
 
 /// Topic of `IdentityEvent`s, keyed by tenant id.
 pub const IDENTITY_EVENTS_TOPIC: &str = "identity.events";
+
+/// Topic of `RoutingConfigChanged`, keyed by tenant id.
+pub const CATALOG_EVENTS_TOPIC: &str = "catalog.events";

@@ -4,6 +4,7 @@
 //! (`local`) or behind a tonic channel (`grpc`). Errors keep their kind and reason across the hop.
 
 mod error;
+pub mod catalog;
 pub mod events;
 mod grpc;
 pub mod identity;

@@ -125,6 +125,22 @@ impl Database {
     }
 }
 
+/// Maps a database failure for a service: an unreachable database is retryable (`Unavailable`),
+/// anything else is a bug, logged here and reported without its details.
+pub fn store_failure(service: &str, error: sqlx::Error) -> brainstorm_proto::ServiceError {
+    use brainstorm_proto::ServiceError;
+    match error {
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => {
+            tracing::warn!(%error, service, "store unavailable");
+            ServiceError::unavailable("database_unavailable", format!("the {service} store is unavailable; retry shortly"))
+        }
+        other => {
+            tracing::error!(error = %other, service, "store error");
+            ServiceError::internal(format!("{service} store error"))
+        }
+    }
+}
+
 /// Whether a SQL error is a unique-constraint violation (on either engine).
 pub fn is_unique_violation(error: &sqlx::Error) -> bool {
     match error {

@@ -483,19 +483,6 @@ impl IdentityService for IdentityServiceImpl {
     }
 }
 
-/// Maps a database failure: unreachable databases are retryable, anything else is a bug to log.
-fn store_failure(error: sqlx::Error) -> ServiceError {
-    match error {
-        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => {
-            tracing::warn!(%error, "identity store unavailable");
-            ServiceError::unavailable("database_unavailable", "the identity store is unavailable; retry shortly")
-        }
-        other => {
-            tracing::error!(error = %other, "identity store error");
-            ServiceError::internal("identity store error")
-        }
-    }
-}
 
 fn validated_name(field: &str, name: &str) -> ServiceResult<String> {
     let trimmed = name.trim();
@@ -553,6 +540,11 @@ fn slug_of(name: &str) -> String {
     let base = base.trim_end_matches('-');
     let suffix = &uuid::Uuid::new_v4().simple().to_string()[..6];
     if base.is_empty() { format!("tenant-{suffix}") } else { format!("{base}-{suffix}") }
+}
+
+/// Maps a database failure of this service (see `brainstorm_common::store::store_failure`).
+fn store_failure(error: sqlx::Error) -> ServiceError {
+    brainstorm_common::store::store_failure("identity", error)
 }
 
 #[cfg(test)]

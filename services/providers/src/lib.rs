@@ -7,6 +7,7 @@ pub mod catalog;
 pub mod chat;
 pub mod gemini;
 pub mod openai;
+pub mod routing;
 pub mod sse;
 pub mod upstream;
 pub mod vault;

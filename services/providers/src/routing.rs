@@ -1,0 +1,450 @@
+//! Model resolution: from what a request names (`provider/model`, a bare id, an alias, a variant,
+//! `@preset/<slug>` or `auto`) to an ordered list of runnable candidates, using only in-memory data.
+
+use std::collections::BTreeMap;
+
+use brainstorm_common::money::Usd;
+
+use crate::catalog::{Model, ModelCatalog, Provider, provider_by_id};
+use crate::chat::{ChatRequest, Usage};
+
+/// Route strategies a request or preset may ask for.
+pub const STRATEGIES: [&str; 6] = ["price", "latency", "throughput", "priority", "quality", "cascade"];
+
+/// The synthetic model that answers tenants without provider keys.
+pub const SANDBOX_MODEL: &str = "brainstorm/sandbox";
+
+/// Output tokens assumed for an estimate when the request sets no `max_tokens`.
+const DEFAULT_OUTPUT_ESTIMATE: u32 = 1024;
+
+/// The `route` object of a request (and a preset's options).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RouteOptions {
+    pub strategy: Option<String>,
+    pub models: Vec<String>,
+    pub allow_fallback: Option<bool>,
+    pub provider_allow: Vec<String>,
+    pub provider_deny: Vec<String>,
+    pub max_cost_per_request: Option<Usd>,
+}
+
+impl RouteOptions {
+    /// These options, with `lower`'s values where these have none.
+    pub fn over(self, lower: &RouteOptions) -> RouteOptions {
+        RouteOptions {
+            strategy: self.strategy.or_else(|| lower.strategy.clone()),
+            models: if self.models.is_empty() { lower.models.clone() } else { self.models },
+            allow_fallback: self.allow_fallback.or(lower.allow_fallback),
+            provider_allow: if self.provider_allow.is_empty() { lower.provider_allow.clone() } else { self.provider_allow },
+            provider_deny: if self.provider_deny.is_empty() { lower.provider_deny.clone() } else { self.provider_deny },
+            max_cost_per_request: self.max_cost_per_request.or(lower.max_cost_per_request),
+        }
+    }
+}
+
+/// A tenant's routing preset.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PresetSpec {
+    pub slug: String,
+    pub models: Vec<String>,
+    pub strategy: String,
+    pub options: RouteOptions,
+}
+
+/// What the resolver knows about a tenant.
+#[derive(Debug, Clone, Default)]
+pub struct TenantRouting {
+    /// Providers with an active key, in registration order (the `priority` order).
+    pub providers: Vec<String>,
+    pub aliases: BTreeMap<String, String>,
+    pub presets: Vec<PresetSpec>,
+}
+
+impl TenantRouting {
+    fn has_key(&self, provider: &str) -> bool {
+        self.providers.iter().any(|known| known == provider)
+    }
+}
+
+/// One model to try.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Candidate {
+    pub provider: &'static Provider,
+    /// The model id as the provider knows it.
+    pub model: String,
+    /// The catalog entry (prices, capabilities); None for a discoverable provider's unlisted model.
+    pub entry: Option<Model>,
+    /// Worst-case cost of this request on this model (None when unpriced).
+    pub estimated_cost: Option<Usd>,
+}
+
+impl Candidate {
+    /// `provider/model`.
+    pub fn id(&self) -> String {
+        format!("{}/{}", self.provider.id, self.model)
+    }
+}
+
+/// How the model was chosen (`X-BR-Selection-Method`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SelectionMethod {
+    Explicit,
+    Alias,
+    Preset,
+    Variant,
+    CapabilityMatched,
+}
+
+impl SelectionMethod {
+    /// As the header shows it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SelectionMethod::Explicit => "explicit",
+            SelectionMethod::Alias => "alias",
+            SelectionMethod::Preset => "preset",
+            SelectionMethod::Variant => "variant",
+            SelectionMethod::CapabilityMatched => "capability-matched",
+        }
+    }
+}
+
+/// The outcome of resolution.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Resolution {
+    /// No provider key: the sandbox model answers.
+    Sandbox,
+    /// Candidates in the order to try them.
+    Route(Route),
+}
+
+/// An ordered candidate list and how it was reached.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Route {
+    pub candidates: Vec<Candidate>,
+    pub method: SelectionMethod,
+    pub strategy: String,
+    pub reason: String,
+    /// For `auto`: the complexity tier (1-3) and score (0-10) the prompt was judged to need.
+    pub complexity: Option<(u8, u8)>,
+    /// Whether to try later candidates when one fails.
+    pub allow_fallback: bool,
+}
+
+/// Why no route exists.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RouteError {
+    #[error("model `{0}` is not in the catalog")]
+    ModelNotFound(String),
+    #[error("`{model}` needs a {provider} key: register one with POST /v1/providers")]
+    ByokRequired { provider: String, model: String },
+    #[error("no runnable model satisfies the request: {0}")]
+    NoRunnableModel(String),
+    #[error("preset `{0}` does not exist")]
+    PresetNotFound(String),
+}
+
+/// Estimated token usage of a request on a model.
+pub fn estimate_usage(request: &ChatRequest, entry: Option<&Model>) -> Usage {
+    let input = (request.prompt_characters() as u64).div_ceil(4) + 4 * request.messages.len() as u64;
+    let max_output = entry.map_or(DEFAULT_OUTPUT_ESTIMATE, |entry| entry.max_output.min(DEFAULT_OUTPUT_ESTIMATE));
+    let output = request.max_tokens.unwrap_or(max_output);
+    Usage { input_tokens: input, output_tokens: u64::from(output) }
+}
+
+fn candidate(provider: &'static Provider, model: &str, catalog: &ModelCatalog, request: &ChatRequest) -> Candidate {
+    let entry = catalog.find(provider.id, model).cloned();
+    let estimated_cost = entry.as_ref().map(|entry| entry.price.cost(estimate_usage(request, Some(entry))));
+    Candidate { provider, model: model.to_string(), entry, estimated_cost }
+}
+
+/// Splits a `:floor|:fast|:best|:smart` suffix into the base id and its strategy.
+pub fn split_variant(model: &str) -> (&str, Option<&'static str>) {
+    let Some((base, suffix)) = model.rsplit_once(':') else { return (model, None) };
+    let strategy = match suffix {
+        "floor" => "price",
+        "fast" => "latency",
+        "best" => "quality",
+        "smart" => "smart",
+        _ => return (model, None),
+    };
+    (base, Some(strategy))
+}
+
+/// Candidates for one model spec (no presets, no `auto`): explicit `provider/model` or a bare id.
+fn resolve_spec(spec: &str, tenant: &TenantRouting, catalog: &ModelCatalog, request: &ChatRequest) -> Result<Vec<Candidate>, RouteError> {
+    if let Some((provider_id, model)) = spec.split_once('/') {
+        if let Some(provider) = provider_by_id(provider_id) {
+            if !tenant.has_key(provider.id) {
+                return Err(RouteError::ByokRequired { provider: provider.id.to_string(), model: spec.to_string() });
+            }
+            if catalog.find(provider.id, model).is_some() || provider.discoverable {
+                return Ok(vec![candidate(provider, model, catalog, request)]);
+            }
+            return Err(RouteError::ModelNotFound(spec.to_string()));
+        }
+    }
+    let entries: Vec<&Model> = catalog.by_model_id(spec).collect();
+    let runnable: Vec<Candidate> = entries
+        .iter()
+        .filter(|entry| tenant.has_key(&entry.provider))
+        .filter_map(|entry| provider_by_id(&entry.provider).map(|provider| candidate(provider, &entry.model, catalog, request)))
+        .collect();
+    match (runnable.is_empty(), entries.first()) {
+        (false, _) => Ok(runnable),
+        (true, Some(entry)) => Err(RouteError::ByokRequired { provider: entry.provider.clone(), model: entry.id() }),
+        (true, None) => Err(RouteError::ModelNotFound(spec.to_string())),
+    }
+}
+
+/// The complexity tier (1-3) and score (0-10) `auto` judges a request to need.
+pub fn complexity(request: &ChatRequest) -> (u8, u8) {
+    let characters = request.prompt_characters();
+    let last = request.last_user_text().to_lowercase();
+    let mut score: u32 = match characters {
+        0..=1_999 => 2,
+        2_000..=19_999 => 5,
+        _ => 8,
+    };
+    let demanding = ["step by step", "prove", "analy", "```", "refactor", "architecture", "reason"];
+    if demanding.iter().any(|marker| last.contains(marker)) {
+        score += 2;
+    }
+    if !request.tools.is_empty() {
+        score += 1;
+    }
+    let score = score.min(10) as u8;
+    let tier = match score {
+        0..=3 => 1,
+        4..=6 => 2,
+        _ => 3,
+    };
+    (tier, score)
+}
+
+/// Resolves what a request names into candidates, in the order to try them.
+///
+/// `auto` rule (until learned scores arrive): judge the tier the prompt needs (`complexity`), keep the
+/// tenant's catalog models that have the needed capabilities (tools, vision), are not deprecated and are
+/// at or above that tier, and try them cheapest first (higher quality breaks ties).
+pub fn resolve(requested: &str, tenant: &TenantRouting, catalog: &ModelCatalog, request: &ChatRequest, route: &RouteOptions) -> Result<Resolution, RouteError> {
+    if requested == SANDBOX_MODEL || tenant.providers.is_empty() {
+        return Ok(Resolution::Sandbox);
+    }
+    let mut options = route.clone();
+    let mut complexity_seen = None;
+    let (mut candidates, method, default_strategy, reason) = if requested == "auto" {
+        let (tier, score) = complexity(request);
+        complexity_seen = Some((tier, score));
+        let candidates: Vec<Candidate> = catalog
+            .models()
+            .iter()
+            .filter(|entry| tenant.has_key(&entry.provider) && entry.deprecated.is_none() && entry.tier >= tier)
+            .filter_map(|entry| provider_by_id(&entry.provider).map(|provider| candidate(provider, &entry.model, catalog, request)))
+            .collect();
+        (candidates, SelectionMethod::CapabilityMatched, "price", format!("auto: complexity tier {tier}, cheapest capable model first"))
+    } else if let Some(slug) = requested.strip_prefix("@preset/") {
+        let preset = tenant.presets.iter().find(|preset| preset.slug == slug).ok_or_else(|| RouteError::PresetNotFound(slug.to_string()))?;
+        options = options.over(&preset.options);
+        options.strategy = options.strategy.or_else(|| Some(preset.strategy.clone()));
+        let mut candidates = Vec::new();
+        let mut last_error = None;
+        for spec in &preset.models {
+            let spec = tenant.aliases.get(spec).map_or(spec.as_str(), String::as_str);
+            match resolve_spec(spec, tenant, catalog, request) {
+                Ok(found) => candidates.extend(found),
+                Err(error) => last_error = Some(error),
+            }
+        }
+        if candidates.is_empty() {
+            return Err(last_error.unwrap_or_else(|| RouteError::NoRunnableModel(format!("preset `{slug}` lists no runnable model"))));
+        }
+        (candidates, SelectionMethod::Preset, "cascade", format!("preset {slug}"))
+    } else if let Some(target) = tenant.aliases.get(requested) {
+        let (base, variant) = split_variant(target);
+        if let Some(strategy) = variant {
+            options.strategy = options.strategy.or_else(|| Some(strategy.to_string()));
+        }
+        (resolve_spec(base, tenant, catalog, request)?, SelectionMethod::Alias, "priority", format!("alias {requested} -> {target}"))
+    } else {
+        let (base, variant) = split_variant(requested);
+        let method = if variant.is_some() { SelectionMethod::Variant } else { SelectionMethod::Explicit };
+        if let Some(strategy) = variant {
+            options.strategy = Some(strategy.to_string());
+        }
+        (resolve_spec(base, tenant, catalog, request)?, method, "priority", "requested model".to_string())
+    };
+
+    // Without a strategy asked for, the requested model's own candidates are ordered by the default
+    // strategy and the fallback models follow in the order they were listed; an explicit strategy
+    // orders them all.
+    let explicit_strategy = options.strategy.is_some();
+    let strategy = options.strategy.clone().unwrap_or_else(|| default_strategy.to_string());
+    if !explicit_strategy {
+        order(&mut candidates, &strategy, tenant);
+    }
+    for spec in &options.models {
+        let spec = tenant.aliases.get(spec).map_or(spec.as_str(), String::as_str);
+        if let Ok(found) = resolve_spec(spec, tenant, catalog, request) {
+            candidates.extend(found);
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    candidates.retain(|candidate| seen.insert(candidate.id()));
+
+    let before = candidates.len();
+    if !options.provider_allow.is_empty() {
+        candidates.retain(|candidate| options.provider_allow.iter().any(|allowed| allowed == candidate.provider.id));
+    }
+    candidates.retain(|candidate| !options.provider_deny.iter().any(|denied| denied == candidate.provider.id));
+    if let Some(ceiling) = options.max_cost_per_request {
+        candidates.retain(|candidate| candidate.estimated_cost.is_none_or(|cost| cost <= ceiling));
+    }
+    if !request.tools.is_empty() {
+        candidates.retain(|candidate| candidate.entry.as_ref().is_none_or(|entry| entry.can("tools")));
+    }
+    if request.has_images() {
+        candidates.retain(|candidate| candidate.entry.as_ref().is_none_or(|entry| entry.can("vision")));
+    }
+    if candidates.is_empty() {
+        let why = if before == 0 { "no candidate model" } else { "every candidate was filtered out by providerAllow/providerDeny, maxCostPerRequest or capabilities" };
+        return Err(RouteError::NoRunnableModel(why.to_string()));
+    }
+
+    if explicit_strategy {
+        order(&mut candidates, &strategy, tenant);
+    }
+    Ok(Resolution::Route(Route {
+        candidates,
+        method,
+        strategy,
+        reason,
+        complexity: complexity_seen,
+        allow_fallback: options.allow_fallback.unwrap_or(true),
+    }))
+}
+
+fn cost_key(candidate: &Candidate) -> i64 {
+    candidate.estimated_cost.map_or(i64::MAX, Usd::nanos)
+}
+
+fn quality(candidate: &Candidate) -> f64 {
+    candidate.entry.as_ref().map_or(0.0, |entry| entry.quality)
+}
+
+/// Orders candidates by strategy. Until health probes measure them, `latency` and `throughput` use
+/// the model tier (smaller answers faster) and then price as proxies.
+fn order(candidates: &mut [Candidate], strategy: &str, tenant: &TenantRouting) {
+    match strategy {
+        "price" => candidates.sort_by(|a, b| cost_key(a).cmp(&cost_key(b)).then(quality(b).total_cmp(&quality(a)))),
+        "quality" => candidates.sort_by(|a, b| quality(b).total_cmp(&quality(a)).then(cost_key(a).cmp(&cost_key(b)))),
+        "latency" | "throughput" => {
+            let tier = |candidate: &Candidate| candidate.entry.as_ref().map_or(3, |entry| entry.tier);
+            candidates.sort_by(|a, b| tier(a).cmp(&tier(b)).then(cost_key(a).cmp(&cost_key(b))));
+        }
+        "priority" => {
+            let rank = |candidate: &Candidate| tenant.providers.iter().position(|provider| provider == candidate.provider.id).unwrap_or(usize::MAX);
+            candidates.sort_by_key(rank);
+        }
+        "smart" => {
+            // A quality-weighted draw picks the first endpoint; the rest follow by quality.
+            candidates.sort_by(|a, b| quality(b).total_cmp(&quality(a)));
+            let total: f64 = candidates.iter().map(|candidate| quality(candidate).max(0.01)).sum();
+            let mut draw = rand::random::<f64>() * total;
+            let mut chosen = 0;
+            for (index, candidate) in candidates.iter().enumerate() {
+                draw -= quality(candidate).max(0.01);
+                if draw <= 0.0 {
+                    chosen = index;
+                    break;
+                }
+            }
+            candidates[..=chosen].rotate_right(1);
+        }
+        // `cascade` keeps the listed order.
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chat::{Message, Part, Role, Tool};
+
+    fn request(text: &str) -> ChatRequest {
+        ChatRequest { messages: vec![Message { role: Role::User, parts: vec![Part::Text(text.to_string())] }], ..ChatRequest::default() }
+    }
+
+    fn tenant(providers: &[&str]) -> TenantRouting {
+        TenantRouting { providers: providers.iter().map(|provider| provider.to_string()).collect(), ..TenantRouting::default() }
+    }
+
+    fn ids(resolution: Result<Resolution, RouteError>) -> Vec<String> {
+        match resolution {
+            Ok(Resolution::Route(route)) => route.candidates.iter().map(Candidate::id).collect(),
+            other => vec![format!("{other:?}")],
+        }
+    }
+
+    #[test]
+    fn no_keys_means_sandbox_and_explicit_models_need_their_key() -> Result<(), crate::catalog::CatalogError> {
+        let catalog = ModelCatalog::bundled()?;
+        let none = TenantRouting::default();
+        assert_eq!(resolve("openai/gpt-4o", &none, &catalog, &request("hi"), &RouteOptions::default()), Ok(Resolution::Sandbox));
+        let anthropic_only = tenant(&["anthropic"]);
+        assert_eq!(
+            resolve("openai/gpt-4o", &anthropic_only, &catalog, &request("hi"), &RouteOptions::default()),
+            Err(RouteError::ByokRequired { provider: "openai".to_string(), model: "openai/gpt-4o".to_string() })
+        );
+        assert_eq!(ids(resolve("anthropic/claude-haiku-4-5", &anthropic_only, &catalog, &request("hi"), &RouteOptions::default())), vec!["anthropic/claude-haiku-4-5"]);
+        assert_eq!(resolve("anthropic/claude-nonexistent", &anthropic_only, &catalog, &request("hi"), &RouteOptions::default()), Err(RouteError::ModelNotFound("anthropic/claude-nonexistent".to_string())));
+        assert_eq!(resolve("no-such-model", &anthropic_only, &catalog, &request("hi"), &RouteOptions::default()), Err(RouteError::ModelNotFound("no-such-model".to_string())));
+        Ok(())
+    }
+
+    #[test]
+    fn bare_ids_aliases_variants_and_fallbacks() -> Result<(), crate::catalog::CatalogError> {
+        let catalog = ModelCatalog::bundled()?;
+        let mut both = tenant(&["azure-openai", "openai", "anthropic"]);
+        // A bare id served by two providers: priority follows registration order.
+        assert_eq!(ids(resolve("gpt-4o-mini", &both, &catalog, &request("hi"), &RouteOptions::default())), vec!["azure-openai/gpt-4o-mini", "openai/gpt-4o-mini"]);
+        both.aliases.insert("fast".to_string(), "anthropic/claude-haiku-4-5".to_string());
+        let aliased = resolve("fast", &both, &catalog, &request("hi"), &RouteOptions::default());
+        assert!(matches!(&aliased, Ok(Resolution::Route(route)) if route.method == SelectionMethod::Alias));
+        let route = RouteOptions { models: vec!["openai/gpt-4o".to_string()], ..RouteOptions::default() };
+        assert_eq!(ids(resolve("fast", &both, &catalog, &request("hi"), &route)), vec!["anthropic/claude-haiku-4-5", "openai/gpt-4o"]);
+        let no_fallback = RouteOptions { allow_fallback: Some(false), ..route.clone() };
+        assert!(matches!(resolve("fast", &both, &catalog, &request("hi"), &no_fallback), Ok(Resolution::Route(route)) if !route.allow_fallback));
+        let denied = RouteOptions { provider_deny: vec!["anthropic".to_string()], ..route };
+        assert_eq!(ids(resolve("fast", &both, &catalog, &request("hi"), &denied)), vec!["openai/gpt-4o"]);
+        let (base, strategy) = split_variant("gpt-4o-mini:floor");
+        assert_eq!((base, strategy), ("gpt-4o-mini", Some("price")));
+        assert_eq!(split_variant("llama3.2:latest"), ("llama3.2:latest", None));
+        Ok(())
+    }
+
+    #[test]
+    fn presets_cost_ceilings_and_auto() -> Result<(), crate::catalog::CatalogError> {
+        let catalog = ModelCatalog::bundled()?;
+        let mut keys = tenant(&["openai", "anthropic"]);
+        keys.presets.push(PresetSpec {
+            slug: "cheap".to_string(),
+            models: vec!["anthropic/claude-opus-4-5".to_string(), "openai/gpt-4o-mini".to_string()],
+            strategy: "price".to_string(),
+            options: RouteOptions::default(),
+        });
+        assert_eq!(ids(resolve("@preset/cheap", &keys, &catalog, &request("hi"), &RouteOptions::default())), vec!["openai/gpt-4o-mini", "anthropic/claude-opus-4-5"]);
+        assert_eq!(resolve("@preset/missing", &keys, &catalog, &request("hi"), &RouteOptions::default()), Err(RouteError::PresetNotFound("missing".to_string())));
+        let ceiling = RouteOptions { max_cost_per_request: Some(Usd::from_nanos(1_000_000)), ..RouteOptions::default() };
+        assert!(matches!(resolve("anthropic/claude-opus-4-5", &keys, &catalog, &request("hi"), &ceiling), Err(RouteError::NoRunnableModel(_))));
+        // auto picks the cheapest capable model at or above the needed tier.
+        let simple = resolve("auto", &keys, &catalog, &request("what is 2+2?"), &RouteOptions::default());
+        assert_eq!(ids(simple).first().map(String::as_str), Some("openai/gpt-4.1-nano"));
+        let hard = request(&format!("prove step by step {}", "x".repeat(25_000)));
+        let hard_route = resolve("auto", &keys, &catalog, &hard, &RouteOptions::default());
+        assert!(matches!(&hard_route, Ok(Resolution::Route(route)) if route.candidates.iter().all(|candidate| candidate.entry.as_ref().is_some_and(|entry| entry.tier == 3))));
+        let mut with_tools = request("hi");
+        with_tools.tools.push(Tool { name: "t".to_string(), description: None, parameters: serde_json::json!({}) });
+        assert!(matches!(resolve("auto", &keys, &catalog, &with_tools, &RouteOptions::default()), Ok(Resolution::Route(route)) if route.candidates.iter().all(|candidate| candidate.entry.as_ref().is_some_and(|entry| entry.can("tools")))));
+        Ok(())
+    }
+}
