@@ -12,38 +12,51 @@ use anyhow::{Context, bail};
 use axum::Router;
 use axum::routing::get;
 use axum::serve::ListenerExt;
+use brainstorm_catalog::{CatalogOptions, CatalogServiceImpl};
 use brainstorm_common::bus::{EventBus, InProcessBus};
 use brainstorm_common::config::{ServiceName, Settings};
 use brainstorm_common::outbox::MailOutbox;
 use brainstorm_common::store::Database;
-use brainstorm_edge_router::{EdgeOptions, edge_router};
+use brainstorm_edge_router::{Edge, EdgeDependencies, EdgeOptions};
 use brainstorm_identity::{IdentityOptions, IdentityServiceImpl};
+use brainstorm_proto::catalog::CatalogClient;
 use brainstorm_proto::identity::IdentityClient;
-use tonic::transport::Endpoint;
+use brainstorm_providers::catalog::ModelCatalog;
+use brainstorm_providers::upstream::UpstreamClient;
+use brainstorm_providers::vault::MasterKey;
+use tonic::transport::{Channel, Endpoint};
 
 use crate::shutdown::Shutdown;
 
 /// Services this build can host.
-const HOSTABLE: [ServiceName; 2] = [ServiceName::EdgeRouter, ServiceName::Identity];
+const HOSTABLE: [ServiceName; 3] = [ServiceName::EdgeRouter, ServiceName::Identity, ServiceName::CatalogHealthSentinel];
 
-/// How long the edge trusts a resolved API key before asking identity again (revocations through
-/// this edge, and through the bus, apply at once).
-const AUTH_CACHE_TTL: Duration = Duration::from_secs(30);
+/// How long the edge trusts a resolved API key or a tenant's routing configuration before asking
+/// again (changes made through this edge, and those seen on the bus, apply at once).
+const CACHE_TTL: Duration = Duration::from_secs(30);
+
+/// The file holding embedded mode's generated master key.
+const MASTER_KEY_FILE: &str = "master.key";
 
 /// `brainstorm up`: every service in this process.
 pub async fn up(settings: Settings) -> anyhow::Result<()> {
     let database = match &settings.database_url {
         Some(url) => Database::connect(url.expose()).await?,
-        None => Database::open_embedded(&settings.data_dir)
-            .await
-            .with_context(|| format!("cannot open the data dir {}", settings.data_dir.display()))?,
+        None => Database::open_embedded(&settings.data_dir).await.with_context(|| format!("cannot open the data dir {}", settings.data_dir.display()))?,
     };
     database.migrate().await?;
     let bus: Arc<dyn EventBus> = Arc::new(InProcessBus::new());
+    let upstream = UpstreamClient::new()?;
+    let master_key = match &settings.master_key {
+        Some(key) => MasterKey::from_hex(key.expose())?,
+        None => embedded_master_key(&settings).await?,
+    };
     let identity = IdentityClient::local(identity_service(&settings, database.clone(), bus.clone()));
+    let catalog = CatalogClient::local(catalog_service(&settings, database.clone(), bus.clone(), upstream.clone(), master_key));
     let shutdown = Shutdown::on_signals();
     tracing::info!(listen = %settings.listen, data_dir = %settings.data_dir.display(), "brainstorm up: every service in one process");
-    serve_edge(&settings, identity, bus, shutdown).await?;
+    let dependencies = EdgeDependencies { identity, catalog, upstream, models: Arc::new(model_catalog(&settings)?) };
+    serve_edge(&settings, dependencies, bus, shutdown).await?;
     database.close().await;
     Ok(())
 }
@@ -60,50 +73,66 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
     }
     let bus: Arc<dyn EventBus> = Arc::new(InProcessBus::new());
     if settings.kafka_brokers.is_some() {
-        tracing::warn!("BR_KAFKA_BROKERS is set but this build's bus is in-process: edges learn of revocations by cache expiry");
+        tracing::warn!("BR_KAFKA_BROKERS is set but this build's bus is in-process: edges learn of changes by cache expiry");
     }
-
-    let mut database = None;
-    let identity = if hosted.contains(&ServiceName::Identity) {
-        let url = settings.database_url.as_ref().context("identity needs a database: set BR_DATABASE_URL (or --database-url)")?;
+    let hosts_edge = hosted.contains(&ServiceName::EdgeRouter);
+    let needs_database = hosted.contains(&ServiceName::Identity) || hosted.contains(&ServiceName::CatalogHealthSentinel);
+    let database = if needs_database {
+        let url = settings.database_url.as_ref().context("identity and catalog-health-sentinel need a database: set BR_DATABASE_URL (or --database-url)")?;
         let connected = Database::connect(url.expose()).await?;
         connected.ensure_migrated().await?;
-        let client = IdentityClient::local(identity_service(&settings, connected.clone(), bus.clone()));
-        database = Some(connected);
-        Some(client)
+        Some(connected)
     } else {
         None
     };
-    let identity = match identity {
-        Some(identity) => identity,
-        None if hosted.contains(&ServiceName::EdgeRouter) => remote_identity(&settings)?,
-        None => bail!("nothing to serve"),
+    let upstream = UpstreamClient::new()?;
+
+    let identity = match (&database, hosted.contains(&ServiceName::Identity)) {
+        (Some(database), true) => Some(IdentityClient::local(identity_service(&settings, database.clone(), bus.clone()))),
+        _ if hosts_edge => Some(IdentityClient::grpc(remote(&settings, ServiceName::Identity)?)),
+        _ => None,
+    };
+    let catalog = match (&database, hosted.contains(&ServiceName::CatalogHealthSentinel)) {
+        (Some(database), true) => {
+            let master_key = settings.master_key.as_ref().context("catalog-health-sentinel needs BR_MASTER_KEY (64 hex characters) to seal provider keys")?;
+            let master_key = MasterKey::from_hex(master_key.expose())?;
+            Some(CatalogClient::local(catalog_service(&settings, database.clone(), bus.clone(), upstream.clone(), master_key)))
+        }
+        _ if hosts_edge => Some(CatalogClient::grpc(remote(&settings, ServiceName::CatalogHealthSentinel)?)),
+        _ => None,
     };
 
     let shutdown = Shutdown::on_signals();
     let mut tasks = tokio::task::JoinSet::new();
-    if hosted.contains(&ServiceName::Identity) {
-        let address = settings.grpc_listen;
-        let service = identity.as_grpc_service();
-        let stop = shutdown.clone();
-        tracing::info!(%address, "serving identity over gRPC");
-        tasks.spawn(async move {
-            tonic::transport::Server::builder()
-                .tcp_nodelay(true)
-                .add_service(service)
-                .serve_with_shutdown(address, stop.requested())
-                .await
-                .with_context(|| format!("gRPC server on {address} failed"))
+    let mut grpc = tonic::transport::Server::builder().tcp_nodelay(true);
+    let mut grpc_router = None;
+    if let (true, Some(identity)) = (hosted.contains(&ServiceName::Identity), &identity) {
+        grpc_router = Some(grpc.add_service(identity.as_grpc_service()));
+    }
+    if let (true, Some(catalog)) = (hosted.contains(&ServiceName::CatalogHealthSentinel), &catalog) {
+        let service = catalog.as_grpc_service();
+        grpc_router = Some(match grpc_router {
+            Some(router) => router.add_service(service),
+            None => grpc.add_service(service),
         });
     }
-    if hosted.contains(&ServiceName::EdgeRouter) {
-        let settings = settings.clone();
-        let (identity, bus, stop) = (identity.clone(), bus.clone(), shutdown.clone());
-        tasks.spawn(async move { serve_edge(&settings, identity, bus, stop).await });
-    } else {
-        let listen = settings.listen;
+    if let Some(router) = grpc_router {
+        let address = settings.grpc_listen;
         let stop = shutdown.clone();
-        tasks.spawn(async move { serve_health_only(listen, stop).await });
+        tracing::info!(%address, services = ?hosted, "serving gRPC");
+        tasks.spawn(async move { router.serve_with_shutdown(address, stop.requested()).await.with_context(|| format!("gRPC server on {address} failed")) });
+    }
+    match (hosts_edge, identity, catalog) {
+        (true, Some(identity), Some(catalog)) => {
+            let dependencies = EdgeDependencies { identity, catalog, upstream, models: Arc::new(model_catalog(&settings)?) };
+            let (settings, bus, stop) = (settings.clone(), bus.clone(), shutdown.clone());
+            tasks.spawn(async move { serve_edge(&settings, dependencies, bus, stop).await });
+        }
+        _ => {
+            let listen = settings.listen;
+            let stop = shutdown.clone();
+            tasks.spawn(async move { serve_health_only(listen, stop).await });
+        }
     }
     let mut outcome = Ok(());
     while let Some(joined) = tasks.join_next().await {
@@ -141,27 +170,72 @@ fn identity_service(settings: &Settings, database: Database, bus: Arc<dyn EventB
     IdentityServiceImpl::new(database, bus, options)
 }
 
-fn remote_identity(settings: &Settings) -> anyhow::Result<IdentityClient> {
-    let url = settings.service_urls.get(&ServiceName::Identity).with_context(|| {
-        format!(
-            "edge-router needs identity: run it in this process (`serve edge-router identity`) or set {}",
-            ServiceName::Identity.url_variable()
-        )
-    })?;
-    let endpoint = Endpoint::from_shared(url.clone())
-        .with_context(|| format!("{} is not a valid URL", ServiceName::Identity.url_variable()))?
-        .tcp_nodelay(true)
-        .connect_timeout(Duration::from_secs(5))
-        .timeout(Duration::from_secs(30));
-    // Lazy: the edge starts even if identity is not up yet, and reconnects when it comes back.
-    Ok(IdentityClient::grpc(endpoint.connect_lazy()))
+fn catalog_service(settings: &Settings, database: Database, bus: Arc<dyn EventBus>, upstream: UpstreamClient, master_key: MasterKey) -> CatalogServiceImpl {
+    let options = CatalogOptions { master_key, base_urls: settings.provider_base_urls.clone() };
+    CatalogServiceImpl::new(database, bus, upstream, options)
 }
 
-async fn serve_edge(settings: &Settings, identity: IdentityClient, bus: Arc<dyn EventBus>, shutdown: Shutdown) -> anyhow::Result<()> {
-    let options = EdgeOptions { platform_admin_key: settings.platform_admin_key.clone(), auth_cache_ttl: AUTH_CACHE_TTL };
-    let (router, authenticator) = edge_router(identity, &options);
-    let follower = tokio::spawn(authenticator.follow_identity_events(bus, "edge-router".to_string()));
-    let result = serve_http(settings.listen, router, shutdown).await;
+fn model_catalog(settings: &Settings) -> anyhow::Result<ModelCatalog> {
+    Ok(match &settings.model_catalog {
+        Some(path) => ModelCatalog::load(path).with_context(|| "invalid setting `model_catalog (BR_MODEL_CATALOG)`")?,
+        None => ModelCatalog::bundled()?,
+    })
+}
+
+/// Embedded mode keeps a generated master key in the data dir (created once, readable by the owner only).
+async fn embedded_master_key(settings: &Settings) -> anyhow::Result<MasterKey> {
+    let path = settings.data_dir.join(MASTER_KEY_FILE);
+    match tokio::fs::read_to_string(&path).await {
+        Ok(text) => return MasterKey::from_hex(&text).with_context(|| format!("{} is not a valid master key", path.display())),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => return Err(error).with_context(|| format!("cannot read {}", path.display())),
+    }
+    let generated = MasterKey::generate_hex();
+    write_private(&path, &generated).await.with_context(|| format!("cannot write {}", path.display()))?;
+    tracing::info!(path = %path.display(), "generated the embedded master key");
+    Ok(MasterKey::from_hex(&generated)?)
+}
+
+#[cfg(unix)]
+async fn write_private(path: &std::path::Path, contents: &str) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = path.to_path_buf();
+    let contents = contents.to_string();
+    tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)?;
+        file.write_all(contents.as_bytes())
+    })
+    .await
+    .map_err(std::io::Error::other)?
+}
+
+#[cfg(not(unix))]
+async fn write_private(path: &std::path::Path, contents: &str) -> std::io::Result<()> {
+    tokio::fs::write(path, contents).await
+}
+
+fn remote(settings: &Settings, service: ServiceName) -> anyhow::Result<Channel> {
+    let url = settings.service_urls.get(&service).with_context(|| {
+        format!("edge-router needs {service}: run it in this process (`serve edge-router {service}`) or set {}", service.url_variable())
+    })?;
+    let endpoint = Endpoint::from_shared(url.clone())
+        .with_context(|| format!("{} is not a valid URL", service.url_variable()))?
+        .tcp_nodelay(true)
+        .connect_timeout(Duration::from_secs(5))
+        .timeout(Duration::from_secs(60));
+    // Lazy: the edge starts even if the service is not up yet, and reconnects when it comes back.
+    Ok(endpoint.connect_lazy())
+}
+
+async fn serve_edge(settings: &Settings, dependencies: EdgeDependencies, bus: Arc<dyn EventBus>, shutdown: Shutdown) -> anyhow::Result<()> {
+    let options = EdgeOptions { platform_admin_key: settings.platform_admin_key.clone(), cache_ttl: CACHE_TTL, base_urls: settings.provider_base_urls.clone() };
+    let edge = Arc::new(Edge::new(dependencies, &options));
+    let follower = {
+        let edge = edge.clone();
+        tokio::spawn(async move { edge.follow_bus(bus, "edge-router").await })
+    };
+    let result = serve_http(settings.listen, edge.router.clone(), shutdown).await;
     follower.abort();
     result
 }

@@ -163,6 +163,8 @@ pub struct ConfigLayer {
     pub dashboard_url: Option<String>,
     pub registration_mode: Option<String>,
     pub log_format: Option<String>,
+    /// A model catalog file replacing the bundled one (prices update without a rebuild).
+    pub model_catalog: Option<PathBuf>,
     /// gRPC addresses of services not in this process, by role name.
     #[serde(default)]
     pub services: BTreeMap<String, String>,
@@ -208,6 +210,7 @@ impl ConfigLayer {
             dashboard_url: text("BR_DASHBOARD_URL"),
             registration_mode: text("BR_REGISTRATION_MODE"),
             log_format: text("BR_LOG_FORMAT"),
+            model_catalog: text("BR_MODEL_CATALOG").map(PathBuf::from),
             services: BTreeMap::new(),
             provider_base_urls: BTreeMap::new(),
         };
@@ -246,6 +249,7 @@ impl ConfigLayer {
             dashboard_url,
             registration_mode,
             log_format,
+            model_catalog,
         )
     }
 }
@@ -271,6 +275,7 @@ pub struct Settings {
     pub dashboard_url: String,
     pub registration_mode: RegistrationMode,
     pub log_format: LogFormat,
+    pub model_catalog: Option<PathBuf>,
     pub service_urls: BTreeMap<ServiceName, String>,
     pub provider_base_urls: BTreeMap<String, String>,
 }
@@ -356,6 +361,7 @@ impl Settings {
             dashboard_url,
             registration_mode,
             log_format,
+            model_catalog: layer.model_catalog,
             service_urls,
             provider_base_urls,
         })

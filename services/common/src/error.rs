@@ -150,6 +150,43 @@ impl ApiError {
         error
     }
 
+    /// The upstream provider failed: its status is forwarded, as `provider_error` naming the provider.
+    pub fn provider_error(status: u16, provider: &str, message: impl Into<String>) -> Self {
+        let status = StatusCode::from_u16(status).ok().filter(|status| status.is_client_error() || status.is_server_error()).unwrap_or(StatusCode::BAD_GATEWAY);
+        let recovery = Recovery::same_endpoint("retry_with_fallback", "retry, or name fallback models in route.models");
+        let mut error = Self::new(status, "provider_error", Some("upstream_error"), message, recovery);
+        error.provider = Some(provider.to_string());
+        error
+    }
+
+    /// 404: the requested model is unknown.
+    pub fn model_not_found(message: impl Into<String>) -> Self {
+        let mut error = Self::not_found("model_not_found", message);
+        error.recovery = Recovery::runnable_models("use a model from the runnable catalog");
+        error
+    }
+
+    /// 404: no runnable model satisfies the request (filters, capabilities, open circuits).
+    pub fn model_unavailable(message: impl Into<String>) -> Self {
+        let mut error = Self::not_found("model_unavailable", message);
+        error.error_type = "model_unavailable";
+        error.recovery = Recovery::runnable_models("relax the route filters or pick another model");
+        error
+    }
+
+    /// 400: a provider model was asked for without that provider's key.
+    pub fn byok_required(provider: &str, message: impl Into<String>) -> Self {
+        let recovery = Recovery {
+            action: "register_provider",
+            endpoint: "/v1/providers".to_string(),
+            method: "POST",
+            body_template: serde_json::json!({"provider": provider, "api_key": "<your provider key>"}),
+            message: format!("register a {provider} key, then retry"),
+            wait_ms: None,
+        };
+        Self::new(StatusCode::BAD_REQUEST, "byok_required", Some("byok_required"), message, recovery)
+    }
+
     /// 500: an unexpected failure; the message never carries internals.
     pub fn internal() -> Self {
         let recovery = Recovery::retry("an unexpected error occurred; retry in a few seconds", 5000);
@@ -219,6 +256,18 @@ impl Recovery {
             method: "same",
             body_template: Value::Null,
             message: message.into(),
+            wait_ms: None,
+        }
+    }
+
+    /// `use_alternative_model`, pointing at the runnable catalog.
+    fn runnable_models(message: &str) -> Self {
+        Recovery {
+            action: "use_alternative_model",
+            endpoint: "/v1/catalog/runnable".to_string(),
+            method: "GET",
+            body_template: Value::Null,
+            message: message.to_string(),
             wait_ms: None,
         }
     }

@@ -61,10 +61,12 @@ impl Caller {
         self.identity.tenant_id.is_some() && (self.identity.role == "admin" || self.identity.scopes.iter().any(|scope| scope == "admin"))
     }
 
-    /// Whether the key may use `model` (no allowlist means every model).
+    /// Whether the key may use `model` (no allowlist means every model). An entry `provider/model`
+    /// allows exactly that; a bare entry `model` allows it from any provider.
     pub fn may_use_model(&self, model: &str) -> bool {
         let allowed = &self.identity.allowed_models;
-        allowed.is_empty() || allowed.iter().any(|entry| entry == model || entry.split_once('/').is_some_and(|(_, bare)| bare == model))
+        let bare = model.split_once('/').map_or(model, |(_, bare)| bare);
+        allowed.is_empty() || allowed.iter().any(|entry| entry == model || (!entry.contains('/') && entry == bare))
     }
 }
 

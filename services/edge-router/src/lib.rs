@@ -1,12 +1,16 @@
-//! The public REST edge: authentication, RBAC, the identity and admin endpoints, and completions in the
-//! OpenAI and Anthropic formats. Handlers stay thin: extract, call a service client, map the error.
+//! The public REST edge: authentication, RBAC, the identity, vault and admin endpoints, and the
+//! completion pipeline in the OpenAI and Anthropic formats. Handlers stay thin: extract, call a
+//! service client, map the error.
 
 mod auth;
 mod extract;
+mod pipeline;
 mod routes;
+mod routing_cache;
 mod sandbox;
 mod views;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,10 +19,15 @@ use axum::extract::DefaultBodyLimit;
 use axum::http::{Method, Uri};
 use axum::routing::{delete, get, post};
 use brainstorm_common::ApiError;
+use brainstorm_common::bus::EventBus;
 use brainstorm_common::config::Secret;
+use brainstorm_proto::catalog::CatalogClient;
 use brainstorm_proto::identity::IdentityClient;
+use brainstorm_providers::catalog::ModelCatalog;
+use brainstorm_providers::upstream::UpstreamClient;
 
 pub use auth::Authenticator;
+pub use routing_cache::RoutingCache;
 
 /// Largest request body accepted (long prompts and tool schemas fit comfortably).
 const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
@@ -27,47 +36,101 @@ const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
 #[derive(Debug, Clone)]
 pub struct EdgeOptions {
     pub platform_admin_key: Option<Secret>,
-    /// How long a resolved key is trusted without asking identity again.
-    pub auth_cache_ttl: Duration,
+    /// How long a resolved key or a tenant's routing configuration is trusted without asking again.
+    pub cache_ttl: Duration,
+    /// `BR_PROVIDER_<ID>_BASE_URL` overrides, by provider id.
+    pub base_urls: BTreeMap<String, String>,
+}
+
+/// The services and data the edge works with.
+#[derive(Clone)]
+pub struct EdgeDependencies {
+    pub identity: IdentityClient,
+    pub catalog: CatalogClient,
+    pub upstream: UpstreamClient,
+    pub models: Arc<ModelCatalog>,
 }
 
 /// Everything a handler can reach.
 #[derive(Clone)]
 pub struct EdgeState {
     identity: IdentityClient,
+    catalog: CatalogClient,
     authenticator: Arc<Authenticator>,
+    routing: Arc<RoutingCache>,
+    upstream: UpstreamClient,
+    models: Arc<ModelCatalog>,
+    base_urls: Arc<BTreeMap<String, String>>,
 }
 
-/// The edge's router and its authenticator (whose cache the caller keeps fresh from the bus).
-pub fn edge_router(identity: IdentityClient, options: &EdgeOptions) -> (Router, Arc<Authenticator>) {
-    let authenticator = Arc::new(Authenticator::new(identity.clone(), options.platform_admin_key.as_ref(), options.auth_cache_ttl));
-    let state = EdgeState { identity, authenticator: authenticator.clone() };
-    let router = Router::new()
+/// The edge: its router, and the caches the bus keeps fresh.
+pub struct Edge {
+    pub router: Router,
+    authenticator: Arc<Authenticator>,
+    routing: Arc<RoutingCache>,
+}
+
+impl Edge {
+    /// Builds the edge.
+    pub fn new(dependencies: EdgeDependencies, options: &EdgeOptions) -> Edge {
+        let authenticator = Arc::new(Authenticator::new(dependencies.identity.clone(), options.platform_admin_key.as_ref(), options.cache_ttl));
+        let routing = Arc::new(RoutingCache::new(dependencies.catalog.clone(), options.cache_ttl));
+        let state = EdgeState {
+            identity: dependencies.identity,
+            catalog: dependencies.catalog,
+            authenticator: authenticator.clone(),
+            routing: routing.clone(),
+            upstream: dependencies.upstream,
+            models: dependencies.models,
+            base_urls: Arc::new(options.base_urls.clone()),
+        };
+        Edge { router: router(state), authenticator, routing }
+    }
+
+    /// Follows identity and catalog changes on the bus (runs until the bus closes).
+    pub async fn follow_bus(&self, bus: Arc<dyn EventBus>, group: &str) {
+        tokio::join!(
+            self.authenticator.clone().follow_identity_events(bus.clone(), group.to_string()),
+            self.routing.clone().follow_catalog_events(bus, group.to_string()),
+        );
+    }
+}
+
+fn router(state: EdgeState) -> Router {
+    use routes::{admin, completions, identity, providers};
+    Router::new()
         .route("/health", get(routes::health))
-        .route("/v1/register", post(routes::identity::register))
-        .route("/v1/account", get(routes::identity::get_account).patch(routes::identity::update_account))
-        .route("/v1/account/users", get(routes::identity::list_users))
-        .route("/v1/account/users/invite", post(routes::identity::invite_user))
-        .route("/v1/account/users/{id}", delete(routes::identity::delete_user))
-        .route("/v1/tenant/claim-link", post(routes::identity::create_claim_link))
-        .route("/v1/api-keys", post(routes::identity::create_api_key).get(routes::identity::list_api_keys))
-        .route("/v1/api-keys/{id}", delete(routes::identity::revoke_api_key))
-        .route("/v1/admin/tenants", get(routes::admin::list_tenants))
-        .route("/v1/admin/tenants/{id}", get(routes::admin::get_tenant))
-        .route("/v1/admin/tenants/{id}/approve", post(routes::admin::approve_tenant))
-        .route("/v1/admin/tenants/{id}/reject", post(routes::admin::reject_tenant))
-        .route("/v1/admin/invite-codes", post(routes::admin::create_invite_code).get(routes::admin::list_invite_codes))
-        .route("/v1/admin/invite-codes/{id}", delete(routes::admin::delete_invite_code))
-        .route("/v1/admin/digest", get(routes::admin::digest))
-        .route("/v1/chat/completions", post(routes::completions::chat_completions))
-        .route("/v1/messages", post(routes::completions::messages))
-        .route("/v1/models", get(routes::completions::list_models))
+        .route("/v1/register", post(identity::register))
+        .route("/v1/account", get(identity::get_account).patch(identity::update_account))
+        .route("/v1/account/users", get(identity::list_users))
+        .route("/v1/account/users/invite", post(identity::invite_user))
+        .route("/v1/account/users/{id}", delete(identity::delete_user))
+        .route("/v1/tenant/claim-link", post(identity::create_claim_link))
+        .route("/v1/api-keys", post(identity::create_api_key).get(identity::list_api_keys))
+        .route("/v1/api-keys/{id}", delete(identity::revoke_api_key))
+        .route("/v1/admin/tenants", get(admin::list_tenants))
+        .route("/v1/admin/tenants/{id}", get(admin::get_tenant))
+        .route("/v1/admin/tenants/{id}/approve", post(admin::approve_tenant))
+        .route("/v1/admin/tenants/{id}/reject", post(admin::reject_tenant))
+        .route("/v1/admin/invite-codes", post(admin::create_invite_code).get(admin::list_invite_codes))
+        .route("/v1/admin/invite-codes/{id}", delete(admin::delete_invite_code))
+        .route("/v1/admin/digest", get(admin::digest))
+        .route("/v1/providers/catalog", get(providers::catalog))
+        .route("/v1/providers/test", post(providers::test_key))
+        .route("/v1/providers", post(providers::register_key).get(providers::list_keys))
+        .route("/v1/providers/{id}", delete(providers::deactivate_key))
+        .route("/v1/aliases", get(providers::get_aliases).put(providers::put_aliases))
+        .route("/v1/presets", post(providers::create_preset).get(providers::list_presets))
+        .route("/v1/presets/{slug}", get(providers::get_preset).put(providers::replace_preset).delete(providers::delete_preset))
+        .route("/v1/chat/completions", post(completions::chat_completions))
+        .route("/v1/messages", post(completions::messages))
+        .route("/v1/models", get(completions::list_models))
+        .route("/v1/catalog/runnable", get(completions::runnable))
         .fallback(route_not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(axum::middleware::from_fn(extract::assign_request_id))
-        .with_state(state);
-    (router, authenticator)
+        .with_state(state)
 }
 
 async fn route_not_found(method: Method, uri: Uri) -> ApiError {

@@ -3,6 +3,7 @@
 pub mod admin;
 pub mod completions;
 pub mod identity;
+pub mod providers;
 
 use axum::Json;
 use serde_json::{Value, json};
