@@ -1,0 +1,495 @@
+//! The Anthropic wire format: messages (plain and SSE events), the model list and the error body.
+
+use axum::response::Response;
+use bytes::{BufMut, BytesMut};
+use http::{HeaderMap, StatusCode};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::conversation::{Prompt, Provider, Reply, Step, Stop, StreamSteps, ToolArguments, count_words};
+use crate::openai;
+use crate::respond::{self, Render};
+
+pub(crate) const MODELS: [(&str, &str); 3] = [
+    ("claude-sonnet-4-20250514", "Claude Sonnet 4"),
+    ("claude-opus-4-20250514", "Claude Opus 4"),
+    ("claude-3-5-haiku-20241022", "Claude Haiku 3.5"),
+];
+const MODELS_CREATED_AT: &str = "2025-05-22T00:00:00Z";
+
+/// The key of `x-api-key`, or else of `Authorization: Bearer`.
+pub(crate) fn api_key(headers: &HeaderMap) -> Option<&str> {
+    headers.get("x-api-key").and_then(|value| value.to_str().ok()).or_else(|| openai::bearer(headers))
+}
+
+pub(crate) fn has_version(headers: &HeaderMap) -> bool {
+    headers.contains_key("anthropic-version")
+}
+
+pub(crate) fn error(status: StatusCode, message: &str) -> Response {
+    respond::json(status, &error_body(status, message))
+}
+
+pub(crate) fn error_body(status: StatusCode, message: &str) -> Value {
+    let kind = match status.as_u16() {
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        529 => "overloaded_error",
+        400..=499 => "invalid_request_error",
+        _ => "api_error",
+    };
+    json!({ "type": "error", "error": { "type": kind, "message": message } })
+}
+
+pub(crate) fn unauthorized(key_opt: Option<&str>) -> Response {
+    let message = match key_opt {
+        None => "x-api-key header is required",
+        Some(_) => "invalid x-api-key",
+    };
+    error(StatusCode::UNAUTHORIZED, message)
+}
+
+pub(crate) fn missing_version() -> Response {
+    error(StatusCode::BAD_REQUEST, "anthropic-version: header is required")
+}
+
+pub(crate) fn models() -> Response {
+    let data: Vec<Value> = MODELS.iter().map(|(id, display_name)| model_body(id, display_name)).collect();
+    let first_id = MODELS.first().map(|(id, _)| *id);
+    let last_id = MODELS.last().map(|(id, _)| *id);
+    respond::json(StatusCode::OK, &json!({ "data": data, "has_more": false, "first_id": first_id, "last_id": last_id }))
+}
+
+pub(crate) fn model(id: &str) -> Response {
+    let display_name = MODELS.iter().find(|(known, _)| *known == id).map_or(id, |(_, display_name)| display_name);
+    respond::json(StatusCode::OK, &model_body(id, display_name))
+}
+
+fn model_body(id: &str, display_name: &str) -> Value {
+    json!({ "type": "model", "id": id, "display_name": display_name, "created_at": MODELS_CREATED_AT })
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct MessagesRequest {
+    model: String,
+    max_tokens: Option<u64>,
+    messages: Vec<Message>,
+    system: Option<Content>,
+    stream: Option<bool>,
+    tools: Option<Vec<Tool>>,
+    tool_choice: Option<ToolChoice>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Message {
+    role: String,
+    content: Content,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Content {
+    Text(String),
+    Blocks(Vec<Block>),
+}
+
+#[derive(Debug, Deserialize)]
+struct Block {
+    #[serde(rename = "type")]
+    kind: String,
+    text: Option<String>,
+    /// The result of a `tool_result` block.
+    content: Option<Content>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Tool {
+    name: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct ToolChoice {
+    #[serde(rename = "type")]
+    kind: String,
+}
+
+impl Content {
+    /// The text blocks' text, when there is any.
+    fn text(&self) -> Option<String> {
+        match self {
+            Content::Text(text) => Some(text.clone()),
+            Content::Blocks(blocks) => {
+                let texts: Vec<&str> =
+                    blocks.iter().filter(|block| block.kind == "text").filter_map(|block| block.text.as_deref()).collect();
+                (!texts.is_empty()).then(|| texts.join("\n"))
+            }
+        }
+    }
+
+    /// Words of the text blocks and of the tool results' text.
+    fn words(&self) -> u64 {
+        match self {
+            Content::Text(text) => count_words(text),
+            Content::Blocks(blocks) => blocks
+                .iter()
+                .map(|block| block.text.as_deref().map_or(0, count_words) + block.content.as_ref().map_or(0, Content::words))
+                .sum(),
+        }
+    }
+
+    fn has_tool_result(&self) -> bool {
+        match self {
+            Content::Text(_) => false,
+            Content::Blocks(blocks) => blocks.iter().any(|block| block.kind == "tool_result"),
+        }
+    }
+}
+
+impl MessagesRequest {
+    /// The request, or why it is refused (a 400).
+    pub fn parse(body: &[u8]) -> Result<MessagesRequest, String> {
+        let request: MessagesRequest = serde_json::from_slice(body).map_err(|error| format!("invalid request body: {error}"))?;
+        if request.max_tokens.is_none() {
+            return Err("max_tokens: field required".to_string());
+        }
+        if request.messages.is_empty() {
+            return Err("messages: at least one message is required".to_string());
+        }
+        Ok(request)
+    }
+
+    pub fn is_stream(&self) -> bool {
+        self.stream.unwrap_or(false)
+    }
+
+    pub fn prompt(&self) -> Prompt {
+        let tools_allowed = self.tool_choice.as_ref().is_none_or(|choice| choice.kind != "none");
+        Prompt {
+            input_words: self.system.as_ref().map_or(0, Content::words)
+                + self.messages.iter().map(|message| message.content.words()).sum::<u64>(),
+            last_user_text: self
+                .messages
+                .iter()
+                .rev()
+                .filter(|message| message.role == "user")
+                .find_map(|message| message.content.text())
+                .unwrap_or_default(),
+            ends_with_tool_result: self.messages.last().is_some_and(|message| message.content.has_tool_result()),
+            first_tool: self.tools.iter().flatten().next().filter(|_| tools_allowed).map(|tool| tool.name.clone()),
+            max_tokens: self.max_tokens,
+        }
+    }
+
+    pub fn reply(&self) -> Reply {
+        Reply::to(Provider::Anthropic, &self.prompt())
+    }
+
+    pub fn complete(&self, seq: u64) -> Response {
+        let reply = self.reply();
+        let id = message_id(seq);
+        let tool_id = tool_use_id(seq);
+        let content = match &reply.tool_call {
+            Some(call) => ContentOut::ToolUse { id: &tool_id, name: &call.name, input: ToolArguments { query: &call.query } },
+            None => ContentOut::Text { text: &reply.text },
+        };
+        let message = MessageOut {
+            id: &id,
+            kind: "message",
+            role: "assistant",
+            model: &self.model,
+            content: [content],
+            stop_reason: Some(stop_reason(reply.stop)),
+            stop_sequence: None,
+            usage: UsageOut { input_tokens: reply.input_tokens, output_tokens: reply.output_tokens },
+        };
+        respond::json(StatusCode::OK, &message)
+    }
+
+    pub fn stream(&self, seq: u64) -> (StreamSteps, EventRenderer) {
+        (StreamSteps::new(self.reply()), EventRenderer { id: message_id(seq), tool_id: tool_use_id(seq), model: self.model.clone() })
+    }
+}
+
+fn message_id(seq: u64) -> String {
+    format!("msg_mock_{seq}")
+}
+
+fn tool_use_id(seq: u64) -> String {
+    format!("toolu_mock_{seq}")
+}
+
+fn stop_reason(stop: Stop) -> &'static str {
+    match stop {
+        Stop::Complete => "end_turn",
+        Stop::Length => "max_tokens",
+        Stop::ToolCall => "tool_use",
+    }
+}
+
+#[derive(Serialize)]
+struct MessageOut<'a, C> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    role: &'static str,
+    model: &'a str,
+    content: C,
+    stop_reason: Option<&'static str>,
+    stop_sequence: Option<()>,
+    usage: UsageOut,
+}
+
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum ContentOut<'a, I> {
+    Text { text: &'a str },
+    ToolUse { id: &'a str, name: &'a str, input: I },
+}
+
+#[derive(Serialize)]
+struct UsageOut {
+    input_tokens: u64,
+    output_tokens: u64,
+}
+
+#[derive(Serialize)]
+struct Empty {}
+
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Event<'a> {
+    MessageStart { message: MessageOut<'a, [(); 0]> },
+    ContentBlockStart { index: u32, content_block: ContentOut<'a, Empty> },
+    ContentBlockDelta { index: u32, delta: DeltaOut<'a> },
+    ContentBlockStop { index: u32 },
+    MessageDelta { delta: MessageDeltaOut, usage: OutputUsage },
+    MessageStop,
+}
+
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum DeltaOut<'a> {
+    TextDelta { text: &'a str },
+    InputJsonDelta { partial_json: &'a str },
+}
+
+#[derive(Serialize)]
+struct MessageDeltaOut {
+    stop_reason: &'static str,
+    stop_sequence: Option<()>,
+}
+
+#[derive(Serialize)]
+struct OutputUsage {
+    output_tokens: u64,
+}
+
+/// Renders the six Anthropic stream events as `event: X\ndata: {...}\n\n`.
+pub(crate) struct EventRenderer {
+    id: String,
+    tool_id: String,
+    model: String,
+}
+
+fn write_event(out: &mut BytesMut, name: &str, event: &Event<'_>) {
+    out.put_slice(b"event: ");
+    out.put_slice(name.as_bytes());
+    out.put_slice(b"\ndata: ");
+    respond::write_json(out, event);
+    out.put_slice(b"\n\n");
+}
+
+impl Render for EventRenderer {
+    fn render(&mut self, step: &Step, reply: &Reply, out: &mut BytesMut) {
+        match step {
+            Step::Open => {
+                let message = MessageOut {
+                    id: &self.id,
+                    kind: "message",
+                    role: "assistant",
+                    model: &self.model,
+                    content: [],
+                    stop_reason: None,
+                    stop_sequence: None,
+                    usage: UsageOut { input_tokens: reply.input_tokens, output_tokens: 0 },
+                };
+                write_event(out, "message_start", &Event::MessageStart { message });
+            }
+            Step::BlockStart => {
+                let content_block = match &reply.tool_call {
+                    Some(call) => ContentOut::ToolUse { id: &self.tool_id, name: &call.name, input: Empty {} },
+                    None => ContentOut::Text { text: "" },
+                };
+                write_event(out, "content_block_start", &Event::ContentBlockStart { index: 0, content_block });
+            }
+            Step::Delta(range) => {
+                let text = reply.streamed_text().get(range.clone()).unwrap_or_default();
+                let delta =
+                    if reply.tool_call.is_some() { DeltaOut::InputJsonDelta { partial_json: text } } else { DeltaOut::TextDelta { text } };
+                write_event(out, "content_block_delta", &Event::ContentBlockDelta { index: 0, delta });
+            }
+            Step::BlockStop => write_event(out, "content_block_stop", &Event::ContentBlockStop { index: 0 }),
+            Step::Finish => {
+                let event = Event::MessageDelta {
+                    delta: MessageDeltaOut { stop_reason: stop_reason(reply.stop), stop_sequence: None },
+                    usage: OutputUsage { output_tokens: reply.output_tokens },
+                };
+                write_event(out, "message_delta", &event);
+            }
+            Step::Close => write_event(out, "message_stop", &Event::MessageStop),
+            Step::Usage => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(value: Value) -> MessagesRequest {
+        MessagesRequest::parse(value.to_string().as_bytes()).unwrap()
+    }
+
+    async fn body_json(response: Response) -> Value {
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap();
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
+    /// (event name, data) of every event of the stream.
+    fn events(request: &MessagesRequest) -> Vec<(String, Value)> {
+        let (mut steps, mut renderer) = request.stream(2);
+        let mut out = BytesMut::new();
+        while let Some(step) = steps.next() {
+            renderer.render(&step, steps.reply(), &mut out);
+        }
+        let text = String::from_utf8(out.to_vec()).unwrap();
+        text.split_terminator("\n\n")
+            .map(|frame| {
+                let (event, data) = frame.split_once('\n').unwrap();
+                let data: Value = serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap();
+                let name = event.strip_prefix("event: ").unwrap().to_string();
+                assert_eq!(data["type"], name.as_str());
+                (name, data)
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_message_counts_the_system_prompt_and_tool_results() {
+        let messages = request(json!({
+            "model": "claude-x", "max_tokens": 100,
+            "system": [{"type": "text", "text": "be very brief"}],
+            "messages": [
+                {"role": "user", "content": "first question"},
+                {"role": "assistant", "content": [{"type": "text", "text": "an answer"}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "two words"}, {"type": "text", "text": "last one"}]},
+            ],
+        }));
+        let body = body_json(messages.complete(7)).await;
+        assert_eq!(body["id"], "msg_mock_7");
+        assert_eq!(body["type"], "message");
+        assert_eq!(body["role"], "assistant");
+        assert_eq!(body["model"], "claude-x");
+        assert_eq!(body["content"], json!([{"type": "text", "text": "mock anthropic reply to: last one"}]));
+        assert_eq!(body["stop_reason"], "end_turn");
+        assert_eq!(body["stop_sequence"], Value::Null);
+        assert_eq!(body["usage"], json!({"input_tokens": 11, "output_tokens": 6}));
+    }
+
+    #[tokio::test]
+    async fn max_tokens_stops_the_message() {
+        let messages = request(json!({"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]}));
+        let body = body_json(messages.complete(0)).await;
+        assert_eq!(body["content"][0]["text"], "mock");
+        assert_eq!(body["stop_reason"], "max_tokens");
+    }
+
+    #[tokio::test]
+    async fn a_tool_use_block_answers_when_asked() {
+        let messages = request(json!({
+            "model": "m", "max_tokens": 100,
+            "tools": [{"name": "search", "input_schema": {"type": "object"}}],
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "use a tool"}]}],
+        }));
+        let body = body_json(messages.complete(1)).await;
+        assert_eq!(
+            body["content"],
+            json!([{"type": "tool_use", "id": "toolu_mock_1", "name": "search", "input": {"query": "use a tool"}}])
+        );
+        assert_eq!(body["stop_reason"], "tool_use");
+        assert_eq!(body["usage"]["output_tokens"], 5);
+        let after = request(json!({
+            "model": "m", "max_tokens": 100,
+            "tools": [{"name": "search", "input_schema": {"type": "object"}}],
+            "messages": [
+                {"role": "user", "content": "use a tool"},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_mock_1", "name": "search", "input": {}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_mock_1", "content": [{"type": "text", "text": "sunny"}]}]},
+            ],
+        }));
+        let body = body_json(after.complete(2)).await;
+        assert_eq!(body["content"][0]["text"], "mock anthropic reply to: use a tool");
+    }
+
+    #[test]
+    fn a_stream_sends_the_six_events() {
+        let messages = request(json!({"model": "m", "max_tokens": 100, "stream": true, "messages": [{"role": "user", "content": "hi"}]}));
+        let events = events(&messages);
+        let names: Vec<&str> = events.iter().map(|(name, _)| name.as_str()).collect();
+        assert_eq!(names[..2], ["message_start", "content_block_start"]);
+        assert_eq!(names[names.len() - 3..], ["content_block_stop", "message_delta", "message_stop"]);
+        assert_eq!(events[0].1["message"]["id"], "msg_mock_2");
+        assert_eq!(events[0].1["message"]["content"], json!([]));
+        assert_eq!(events[0].1["message"]["usage"]["input_tokens"], 1);
+        assert_eq!(events[1].1["content_block"], json!({"type": "text", "text": ""}));
+        let text: Vec<&str> = events.iter().filter_map(|(_, data)| data["delta"]["text"].as_str()).collect();
+        assert_eq!(text, ["mock", " anthropic", " reply", " to:", " hi"]);
+        let message_delta = &events[events.len() - 2].1;
+        assert_eq!(message_delta["delta"], json!({"stop_reason": "end_turn", "stop_sequence": null}));
+        assert_eq!(message_delta["usage"], json!({"output_tokens": 5}));
+    }
+
+    #[test]
+    fn a_tool_stream_sends_input_json_deltas() {
+        let messages = request(json!({
+            "model": "m", "max_tokens": 100, "stream": true,
+            "tools": [{"name": "search"}],
+            "messages": [{"role": "user", "content": "now use a tool please"}],
+        }));
+        let events = events(&messages);
+        assert_eq!(events[1].1["content_block"], json!({"type": "tool_use", "id": "toolu_mock_2", "name": "search", "input": {}}));
+        let fragments: Vec<&str> = events
+            .iter()
+            .filter(|(_, data)| data["delta"]["type"] == "input_json_delta")
+            .map(|(_, data)| data["delta"]["partial_json"].as_str().unwrap())
+            .collect();
+        assert!(fragments.len() >= 2);
+        let input: Value = serde_json::from_str(&fragments.concat()).unwrap();
+        assert_eq!(input, json!({"query": "now use a tool please"}));
+        assert_eq!(events[events.len() - 2].1["delta"]["stop_reason"], "tool_use");
+    }
+
+    #[test]
+    fn bad_requests_are_refused() {
+        assert!(
+            MessagesRequest::parse(br#"{"model": "m", "messages": [{"role": "user", "content": "x"}]}"#).is_err(),
+            "max_tokens is required"
+        );
+        assert!(MessagesRequest::parse(br#"{"model": "m", "max_tokens": 5, "messages": []}"#).is_err());
+    }
+
+    #[test]
+    fn keys_and_errors_have_the_anthropic_shape() {
+        let mut headers = HeaderMap::new();
+        headers.insert(http::header::AUTHORIZATION, "Bearer b".parse().unwrap());
+        assert_eq!(api_key(&headers), Some("b"));
+        headers.insert("x-api-key", "k".parse().unwrap());
+        assert_eq!(api_key(&headers), Some("k"));
+        let body = error_body(StatusCode::UNAUTHORIZED, "invalid x-api-key");
+        assert_eq!(body, json!({"type": "error", "error": {"type": "authentication_error", "message": "invalid x-api-key"}}));
+        assert_eq!(error_body(StatusCode::from_u16(529).unwrap(), "busy")["error"]["type"], "overloaded_error");
+    }
+}

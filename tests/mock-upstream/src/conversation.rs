@@ -1,0 +1,360 @@
+//! The provider-neutral core: what a request asks, the deterministic reply, and the order of stream steps.
+
+use std::ops::Range;
+
+/// Which API a request speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Provider {
+    OpenAi,
+    Anthropic,
+    Gemini,
+}
+
+impl Provider {
+    pub fn name(self) -> &'static str {
+        match self {
+            Provider::OpenAi => "openai",
+            Provider::Anthropic => "anthropic",
+            Provider::Gemini => "gemini",
+        }
+    }
+}
+
+/// What the mock reads from a request, whatever its format.
+#[derive(Debug, Default)]
+pub(crate) struct Prompt {
+    /// Whitespace-separated words across the system prompt and every message text.
+    pub input_words: u64,
+    /// The text of the last user message that has text.
+    pub last_user_text: String,
+    /// The conversation ends with a tool result (the mock then answers in text, so tool loops end).
+    pub ends_with_tool_result: bool,
+    /// The first declared tool, unless the request forbids tool calls.
+    pub first_tool: Option<String>,
+    pub max_tokens: Option<u64>,
+}
+
+/// The number of whitespace-separated words in a text.
+pub(crate) fn count_words(text: &str) -> u64 {
+    text.split_whitespace().count() as u64
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stop {
+    Complete,
+    Length,
+    ToolCall,
+}
+
+#[derive(Debug)]
+pub(crate) struct ToolCall {
+    pub name: String,
+    /// The last user text, the only argument.
+    pub query: String,
+    /// `{"query": <query>}` as compact JSON.
+    pub arguments: String,
+}
+
+/// The arguments of every tool call.
+#[derive(Debug, serde::Serialize)]
+pub(crate) struct ToolArguments<'a> {
+    pub query: &'a str,
+}
+
+#[derive(Debug)]
+pub(crate) struct Reply {
+    /// The text answer (empty for a tool call).
+    pub text: String,
+    pub tool_call: Option<ToolCall>,
+    pub stop: Stop,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+}
+
+/// Output tokens reported for a tool call.
+const TOOL_CALL_TOKENS: u64 = 5;
+
+impl Reply {
+    pub fn to(provider: Provider, prompt: &Prompt) -> Reply {
+        if let Some(tool) = &prompt.first_tool
+            && !prompt.ends_with_tool_result
+            && asks_for_a_tool(&prompt.last_user_text)
+        {
+            let arguments = serde_json::to_string(&ToolArguments { query: &prompt.last_user_text }).unwrap_or_default();
+            return Reply {
+                text: String::new(),
+                tool_call: Some(ToolCall { name: tool.clone(), query: prompt.last_user_text.clone(), arguments }),
+                stop: Stop::ToolCall,
+                input_tokens: prompt.input_words,
+                output_tokens: TOOL_CALL_TOKENS,
+            };
+        }
+        let mut text = format!("mock {} reply to: {}", provider.name(), prompt.last_user_text);
+        let mut words = count_words(&text);
+        let mut stop = Stop::Complete;
+        if let Some(max_tokens) = prompt.max_tokens
+            && max_tokens < words
+        {
+            let end = WordSegments::new(&text).nth(usize::try_from(max_tokens).unwrap_or(usize::MAX)).map_or(text.len(), |s| s.start);
+            text.truncate(end);
+            // The next segment starts with the separating whitespace: the truncated text ends on a word.
+            words = max_tokens;
+            stop = Stop::Length;
+        }
+        Reply { text, tool_call: None, stop, input_tokens: prompt.input_words, output_tokens: words }
+    }
+
+    /// The text streamed in deltas: the reply, or the tool call's arguments.
+    pub fn streamed_text(&self) -> &str {
+        match &self.tool_call {
+            Some(call) => &call.arguments,
+            None => &self.text,
+        }
+    }
+}
+
+/// Whether the text contains the words `use a tool` (any case, punctuation ignored).
+fn asks_for_a_tool(text: &str) -> bool {
+    let mut previous: [&str; 2] = ["", ""];
+    for word in text.split_whitespace() {
+        let word = word.trim_matches(|c: char| !c.is_alphanumeric());
+        if previous[0].eq_ignore_ascii_case("use") && previous[1].eq_ignore_ascii_case("a") && word.eq_ignore_ascii_case("tool") {
+            return true;
+        }
+        previous = [previous[1], word];
+    }
+    false
+}
+
+/// Splits a text into one segment per word, each with the whitespace before it (trailing whitespace goes
+/// with the last word), so the segments concatenate back to the text.
+pub(crate) struct WordSegments<'a> {
+    text: &'a str,
+    cursor: usize,
+}
+
+impl<'a> WordSegments<'a> {
+    pub fn new(text: &'a str) -> WordSegments<'a> {
+        WordSegments { text, cursor: 0 }
+    }
+}
+
+impl Iterator for WordSegments<'_> {
+    type Item = Range<usize>;
+
+    fn next(&mut self) -> Option<Range<usize>> {
+        let rest = self.text.get(self.cursor..)?;
+        if rest.is_empty() {
+            return None;
+        }
+        let word_start = rest.find(|c: char| !c.is_whitespace()).unwrap_or(rest.len());
+        let word_end = rest[word_start..].find(char::is_whitespace).map_or(rest.len(), |end| word_start + end);
+        let end = if rest[word_end..].trim_start().is_empty() { rest.len() } else { word_end };
+        let segment = self.cursor..self.cursor + end;
+        self.cursor += end;
+        Some(segment)
+    }
+}
+
+/// Splits tool-call arguments into at least two fragments of at most 16 bytes, on character boundaries.
+pub(crate) struct Fragments<'a> {
+    text: &'a str,
+    cursor: usize,
+    size: usize,
+}
+
+impl<'a> Fragments<'a> {
+    pub fn new(text: &'a str) -> Fragments<'a> {
+        Fragments { text, cursor: 0, size: (text.len() / 2).clamp(1, 16) }
+    }
+}
+
+impl Iterator for Fragments<'_> {
+    type Item = Range<usize>;
+
+    fn next(&mut self) -> Option<Range<usize>> {
+        if self.cursor >= self.text.len() {
+            return None;
+        }
+        let mut end = (self.cursor + self.size).min(self.text.len());
+        while !self.text.is_char_boundary(end) {
+            end += 1;
+        }
+        let fragment = self.cursor..end;
+        self.cursor = end;
+        Some(fragment)
+    }
+}
+
+/// One step of a streamed answer; each format renders the steps it has (or skips them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// Before any content: OpenAI's role chunk, Anthropic's `message_start`.
+    Open,
+    /// The content block starts: Anthropic's `content_block_start`, OpenAI's tool-call header.
+    BlockStart,
+    /// A slice of `Reply::streamed_text`: one word of text, or a fragment of tool arguments.
+    Delta(Range<usize>),
+    BlockStop,
+    /// The stop reason (and, for Anthropic and Gemini, the usage).
+    Finish,
+    /// OpenAI's usage chunk.
+    Usage,
+    /// OpenAI's `[DONE]`, Anthropic's `message_stop`.
+    Close,
+}
+
+enum Phase {
+    Open,
+    BlockStart,
+    Words { cursor: usize },
+    Fragments { cursor: usize },
+    BlockStop,
+    Finish,
+    Usage,
+    Close,
+    Done,
+}
+
+/// The steps of a streamed answer, produced one at a time; owns the reply the steps refer to.
+pub(crate) struct StreamSteps {
+    reply: Reply,
+    phase: Phase,
+}
+
+impl StreamSteps {
+    pub fn new(reply: Reply) -> StreamSteps {
+        StreamSteps { reply, phase: Phase::Open }
+    }
+
+    pub fn reply(&self) -> &Reply {
+        &self.reply
+    }
+}
+
+impl Iterator for StreamSteps {
+    type Item = Step;
+
+    fn next(&mut self) -> Option<Step> {
+        loop {
+            let text = self.reply.streamed_text();
+            let (step, next_phase) = match &mut self.phase {
+                Phase::Open => (Some(Step::Open), Phase::BlockStart),
+                Phase::BlockStart => {
+                    let deltas = if self.reply.tool_call.is_some() { Phase::Fragments { cursor: 0 } } else { Phase::Words { cursor: 0 } };
+                    (Some(Step::BlockStart), deltas)
+                }
+                Phase::Words { cursor } => {
+                    let mut segments = WordSegments { text, cursor: *cursor };
+                    match segments.next() {
+                        Some(range) => {
+                            *cursor = segments.cursor;
+                            return Some(Step::Delta(range));
+                        }
+                        None => (None, Phase::BlockStop),
+                    }
+                }
+                Phase::Fragments { cursor } => {
+                    let mut fragments = Fragments { cursor: *cursor, ..Fragments::new(text) };
+                    match fragments.next() {
+                        Some(range) => {
+                            *cursor = fragments.cursor;
+                            return Some(Step::Delta(range));
+                        }
+                        None => (None, Phase::BlockStop),
+                    }
+                }
+                Phase::BlockStop => (Some(Step::BlockStop), Phase::Finish),
+                Phase::Finish => (Some(Step::Finish), Phase::Usage),
+                Phase::Usage => (Some(Step::Usage), Phase::Close),
+                Phase::Close => (Some(Step::Close), Phase::Done),
+                Phase::Done => return None,
+            };
+            self.phase = next_phase;
+            if step.is_some() {
+                return step;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prompt(text: &str) -> Prompt {
+        Prompt { input_words: 7, last_user_text: text.to_string(), ..Prompt::default() }
+    }
+
+    #[test]
+    fn the_reply_reflects_the_last_user_text() {
+        let reply = Reply::to(Provider::Gemini, &prompt("hello  there"));
+        assert_eq!(reply.text, "mock gemini reply to: hello  there");
+        assert_eq!((reply.input_tokens, reply.output_tokens, reply.stop), (7, 6, Stop::Complete));
+    }
+
+    #[test]
+    fn max_tokens_truncates_on_a_word() {
+        let reply = Reply::to(Provider::OpenAi, &Prompt { max_tokens: Some(3), ..prompt("hello there") });
+        assert_eq!((reply.text.as_str(), reply.output_tokens, reply.stop), ("mock openai reply", 3, Stop::Length));
+        let exact = Reply::to(Provider::OpenAi, &Prompt { max_tokens: Some(6), ..prompt("hello there") });
+        assert_eq!(exact.stop, Stop::Complete);
+        let zero = Reply::to(Provider::OpenAi, &Prompt { max_tokens: Some(0), ..prompt("hello") });
+        assert_eq!((zero.text.as_str(), zero.output_tokens), ("", 0));
+    }
+
+    #[test]
+    fn a_tool_is_called_when_asked_and_declared() {
+        let asking = Prompt { first_tool: Some("search".into()), ..prompt("Please USE a tool, now") };
+        let reply = Reply::to(Provider::Anthropic, &asking);
+        let call = reply.tool_call.as_ref().unwrap();
+        assert_eq!(call.name, "search");
+        assert_eq!(call.arguments, r#"{"query":"Please USE a tool, now"}"#);
+        assert_eq!((reply.stop, reply.output_tokens), (Stop::ToolCall, 5));
+        assert!(Reply::to(Provider::Anthropic, &prompt("use a tool")).tool_call.is_none(), "no tool declared");
+        let after_result = Prompt { ends_with_tool_result: true, ..asking };
+        assert!(Reply::to(Provider::Anthropic, &after_result).tool_call.is_none(), "the tool already answered");
+        assert!(!asks_for_a_tool("reuse a toolbox"));
+    }
+
+    #[test]
+    fn word_segments_keep_the_spaces() {
+        let text = "  one two\n three  ";
+        let segments: Vec<&str> = WordSegments::new(text).map(|range| &text[range]).collect();
+        assert_eq!(segments, ["  one", " two", "\n three  "]);
+        assert_eq!(WordSegments::new("").count(), 0);
+        assert_eq!(WordSegments::new("   ").map(|range| range.len()).collect::<Vec<_>>(), [3]);
+    }
+
+    #[test]
+    fn fragments_are_at_least_two_and_respect_characters() {
+        let text = r#"{"query":"é"}"#;
+        let fragments: Vec<&str> = Fragments::new(text).map(|range| &text[range]).collect();
+        assert!(fragments.len() >= 2);
+        assert_eq!(fragments.concat(), text);
+        let long = "x".repeat(100);
+        assert!(Fragments::new(&long).all(|range| range.len() <= 16));
+    }
+
+    #[test]
+    fn stream_steps_follow_the_reply() {
+        let steps: Vec<Step> = StreamSteps::new(Reply::to(Provider::OpenAi, &prompt("hi"))).collect();
+        assert_eq!(steps.first(), Some(&Step::Open));
+        assert_eq!(steps.iter().filter(|step| matches!(step, Step::Delta(_))).count(), 5);
+        assert_eq!(&steps[steps.len() - 4..], [Step::BlockStop, Step::Finish, Step::Usage, Step::Close]);
+        let asking = Prompt { first_tool: Some("search".into()), ..prompt("use a tool") };
+        let mut tool_steps = StreamSteps::new(Reply::to(Provider::OpenAi, &asking));
+        let deltas: Vec<String> = tool_steps
+            .by_ref()
+            .filter_map(|step| match step {
+                Step::Delta(range) => Some(range),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|range| tool_steps.reply().streamed_text()[range].to_string())
+            .collect();
+        assert!(deltas.len() >= 2);
+        assert_eq!(deltas.concat(), r#"{"query":"use a tool"}"#);
+    }
+}
