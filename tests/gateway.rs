@@ -419,7 +419,7 @@ async fn sandbox_completions_in_the_openai_format(shape: Shape) -> TestResult {
     let (prompt, completion, total) =
         (usage["prompt_tokens"].as_u64(), usage["completion_tokens"].as_u64(), usage["total_tokens"].as_u64());
     assert_eq!(prompt.zip(completion).map(|(prompt, completion)| prompt + completion), total);
-    assert_eq!(usage["cost_usd"], json!(0.0));
+    assert_eq!(usage["cost_usd"].as_f64(), Some(0.0));
     assert!(usage["routing_strategy"].is_string());
     assert_eq!(reply.header("x-br-routed-model"), Some("brainstorm/sandbox"));
     assert_eq!(reply.header("x-br-actual-cost"), Some("0.000000"));

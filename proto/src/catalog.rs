@@ -5,9 +5,9 @@ mod v1 {
     tonic::include_proto!("brainstorm.catalog.v1");
 }
 
-pub use v1::*;
 use v1::catalog_service_client::CatalogServiceClient;
 use v1::catalog_service_server::CatalogServiceServer;
+pub use v1::*;
 
 crate::grpc::service_contract! {
     service CatalogService;

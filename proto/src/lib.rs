@@ -3,8 +3,8 @@
 //! Callers hold a client (`IdentityClient`, ...) and never know whether the service runs in this process
 //! (`local`) or behind a tonic channel (`grpc`). Errors keep their kind and reason across the hop.
 
-mod error;
 pub mod catalog;
+mod error;
 pub mod events;
 mod grpc;
 pub mod identity;

@@ -17,12 +17,17 @@ pub enum Shape {
     Distributed,
 }
 
+/// The master key the distributed test gateways seal provider keys with.
+pub const MASTER_KEY: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+
 /// The platform administrator key every test gateway is started with.
 pub const PLATFORM_ADMIN_KEY: &str = "br_live_platform_admin_key_for_tests_0001";
 
 /// A running gateway; its processes are killed when it is dropped.
 pub struct Gateway {
     pub base_url: String,
+    /// The database the gateway stores into (SQLite file or PostgreSQL).
+    pub database_url: String,
     pub outbox: PathBuf,
     pub work_dir: PathBuf,
     pub client: reqwest::Client,
@@ -98,7 +103,14 @@ impl Gateway {
         let edge_port = free_port()?;
         let base_url = format!("http://127.0.0.1:{edge_port}");
         let client = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
-        let mut gateway = Gateway { base_url, outbox: outbox.clone(), work_dir: work_dir.clone(), client, processes: Vec::new() };
+        let mut gateway = Gateway {
+            base_url,
+            database_url: String::new(),
+            outbox: outbox.clone(),
+            work_dir: work_dir.clone(),
+            client,
+            processes: Vec::new(),
+        };
         let outbox_text = outbox.display().to_string();
         let mut common: Vec<(String, String)> = vec![
             ("BR_PLATFORM_ADMIN_KEY".to_string(), PLATFORM_ADMIN_KEY.to_string()),
@@ -109,7 +121,9 @@ impl Gateway {
         common.extend(env.iter().map(|(name, value)| (name.to_string(), value.to_string())));
         match shape {
             Shape::Embedded => {
-                let data_dir = work_dir.join("data").display().to_string();
+                let data_dir = work_dir.join("data");
+                gateway.database_url = format!("sqlite://{}", data_dir.join("brainstorm.db").display());
+                let data_dir = data_dir.display().to_string();
                 let listen = format!("127.0.0.1:{edge_port}");
                 gateway.spawn("up", &["up", "--listen", &listen, "--data-dir", &data_dir], &common)?;
                 gateway.wait_healthy(edge_port).await?;
@@ -120,20 +134,21 @@ impl Gateway {
                 if !migrated {
                     bail!("brainstorm migrate failed:\n{output}");
                 }
-                let grpc_port = free_port()?;
-                let identity_health_port = free_port()?;
-                let mut identity_env = common.clone();
-                identity_env.push(("BR_DATABASE_URL".to_string(), database_url));
-                let grpc_listen = format!("127.0.0.1:{grpc_port}");
-                let identity_listen = format!("127.0.0.1:{identity_health_port}");
-                gateway.spawn(
-                    "identity",
-                    &["serve", "identity", "--grpc-listen", &grpc_listen, "--listen", &identity_listen],
-                    &identity_env,
-                )?;
-                gateway.wait_healthy(identity_health_port).await?;
+                gateway.database_url = database_url.clone();
+                common.push(("BR_DATABASE_URL".to_string(), database_url));
+                common.push(("BR_MASTER_KEY".to_string(), MASTER_KEY.to_string()));
                 let mut edge_env = common.clone();
-                edge_env.push(("BR_IDENTITY_URL".to_string(), format!("http://{grpc_listen}")));
+                for (label, service) in [("identity", "identity"), ("catalog", "catalog-health-sentinel")] {
+                    let grpc_listen = format!("127.0.0.1:{}", free_port()?);
+                    let health_port = free_port()?;
+                    let health_listen = format!("127.0.0.1:{health_port}");
+                    gateway.spawn(label, &["serve", service, "--grpc-listen", &grpc_listen, "--listen", &health_listen], &common)?;
+                    gateway.wait_healthy(health_port).await?;
+                    let variable = format!("BR_{}_URL", service.to_uppercase().replace('-', "_"));
+                    edge_env.push((variable, format!("http://{grpc_listen}")));
+                }
+                // The edge holds no database and no master key: it reaches both services over gRPC.
+                edge_env.retain(|(name, _)| name != "BR_DATABASE_URL" && name != "BR_MASTER_KEY");
                 let edge_listen = format!("127.0.0.1:{edge_port}");
                 gateway.spawn("edge-router", &["serve", "edge-router", "--listen", &edge_listen], &edge_env)?;
                 gateway.wait_healthy(edge_port).await?;
@@ -245,6 +260,25 @@ impl Gateway {
         }
         let key = reply.body["api_key"]["key"].as_str().context("no key in registration")?.to_string();
         Ok((key, reply.body))
+    }
+
+    /// Every text value stored in a table, for leak checks.
+    pub async fn table_text(&self, table: &str) -> anyhow::Result<String> {
+        sqlx::any::install_default_drivers();
+        let mut connection = sqlx::AnyConnection::connect(&self.database_url).await?;
+        // The table name comes from the test itself, never from input.
+        let rows = sqlx::query(&format!("SELECT * FROM {table}")).fetch_all(&mut connection).await?;
+        let mut text = String::new();
+        for row in rows {
+            use sqlx::Row;
+            for index in 0..row.len() {
+                if let Ok(Some(value)) = row.try_get::<Option<String>, _>(index) {
+                    text.push_str(&value);
+                    text.push('\n');
+                }
+            }
+        }
+        Ok(text)
     }
 
     /// Mail files written to the outbox so far, parsed.

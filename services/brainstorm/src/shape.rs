@@ -42,7 +42,9 @@ const MASTER_KEY_FILE: &str = "master.key";
 pub async fn up(settings: Settings) -> anyhow::Result<()> {
     let database = match &settings.database_url {
         Some(url) => Database::connect(url.expose()).await?,
-        None => Database::open_embedded(&settings.data_dir).await.with_context(|| format!("cannot open the data dir {}", settings.data_dir.display()))?,
+        None => Database::open_embedded(&settings.data_dir)
+            .await
+            .with_context(|| format!("cannot open the data dir {}", settings.data_dir.display()))?,
     };
     database.migrate().await?;
     let bus: Arc<dyn EventBus> = Arc::new(InProcessBus::new());
@@ -78,7 +80,10 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
     let hosts_edge = hosted.contains(&ServiceName::EdgeRouter);
     let needs_database = hosted.contains(&ServiceName::Identity) || hosted.contains(&ServiceName::CatalogHealthSentinel);
     let database = if needs_database {
-        let url = settings.database_url.as_ref().context("identity and catalog-health-sentinel need a database: set BR_DATABASE_URL (or --database-url)")?;
+        let url = settings
+            .database_url
+            .as_ref()
+            .context("identity and catalog-health-sentinel need a database: set BR_DATABASE_URL (or --database-url)")?;
         let connected = Database::connect(url.expose()).await?;
         connected.ensure_migrated().await?;
         Some(connected)
@@ -94,7 +99,10 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
     };
     let catalog = match (&database, hosted.contains(&ServiceName::CatalogHealthSentinel)) {
         (Some(database), true) => {
-            let master_key = settings.master_key.as_ref().context("catalog-health-sentinel needs BR_MASTER_KEY (64 hex characters) to seal provider keys")?;
+            let master_key = settings
+                .master_key
+                .as_ref()
+                .context("catalog-health-sentinel needs BR_MASTER_KEY (64 hex characters) to seal provider keys")?;
             let master_key = MasterKey::from_hex(master_key.expose())?;
             Some(CatalogClient::local(catalog_service(&settings, database.clone(), bus.clone(), upstream.clone(), master_key)))
         }
@@ -120,7 +128,9 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
         let address = settings.grpc_listen;
         let stop = shutdown.clone();
         tracing::info!(%address, services = ?hosted, "serving gRPC");
-        tasks.spawn(async move { router.serve_with_shutdown(address, stop.requested()).await.with_context(|| format!("gRPC server on {address} failed")) });
+        tasks.spawn(async move {
+            router.serve_with_shutdown(address, stop.requested()).await.with_context(|| format!("gRPC server on {address} failed"))
+        });
     }
     match (hosts_edge, identity, catalog) {
         (true, Some(identity), Some(catalog)) => {
@@ -170,7 +180,13 @@ fn identity_service(settings: &Settings, database: Database, bus: Arc<dyn EventB
     IdentityServiceImpl::new(database, bus, options)
 }
 
-fn catalog_service(settings: &Settings, database: Database, bus: Arc<dyn EventBus>, upstream: UpstreamClient, master_key: MasterKey) -> CatalogServiceImpl {
+fn catalog_service(
+    settings: &Settings,
+    database: Database,
+    bus: Arc<dyn EventBus>,
+    upstream: UpstreamClient,
+    master_key: MasterKey,
+) -> CatalogServiceImpl {
     let options = CatalogOptions { master_key, base_urls: settings.provider_base_urls.clone() };
     CatalogServiceImpl::new(database, bus, upstream, options)
 }
@@ -229,7 +245,11 @@ fn remote(settings: &Settings, service: ServiceName) -> anyhow::Result<Channel> 
 }
 
 async fn serve_edge(settings: &Settings, dependencies: EdgeDependencies, bus: Arc<dyn EventBus>, shutdown: Shutdown) -> anyhow::Result<()> {
-    let options = EdgeOptions { platform_admin_key: settings.platform_admin_key.clone(), cache_ttl: CACHE_TTL, base_urls: settings.provider_base_urls.clone() };
+    let options = EdgeOptions {
+        platform_admin_key: settings.platform_admin_key.clone(),
+        cache_ttl: CACHE_TTL,
+        base_urls: settings.provider_base_urls.clone(),
+    };
     let edge = Arc::new(Edge::new(dependencies, &options));
     let follower = {
         let edge = edge.clone();

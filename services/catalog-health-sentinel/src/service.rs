@@ -52,8 +52,9 @@ impl CatalogServiceImpl {
     }
 
     async fn validate(&self, provider_id: &str, api_key: &str) -> ServiceResult<Result<(), UpstreamError>> {
-        let provider = provider_by_id(provider_id)
-            .ok_or_else(|| ServiceError::invalid("unknown_provider", format!("unknown provider `{provider_id}`: see GET /v1/providers/catalog")))?;
+        let provider = provider_by_id(provider_id).ok_or_else(|| {
+            ServiceError::invalid("unknown_provider", format!("unknown provider `{provider_id}`: see GET /v1/providers/catalog"))
+        })?;
         if api_key.trim().is_empty() && provider.auth != brainstorm_providers::catalog::AuthStyle::None {
             return Err(ServiceError::invalid("missing_field", "api_key is required"));
         }
@@ -82,10 +83,16 @@ impl CatalogService for CatalogServiceImpl {
         match self.validate(&request.provider, &request.api_key).await? {
             Ok(()) => {}
             Err(UpstreamError::Status { status: status @ (401 | 403), message }) => {
-                return Err(ServiceError::invalid("invalid_provider_key", format!("{} refused the key ({status}): {message}", request.provider)));
+                return Err(ServiceError::invalid(
+                    "invalid_provider_key",
+                    format!("{} refused the key ({status}): {message}", request.provider),
+                ));
             }
             Err(error) => {
-                return Err(ServiceError::unavailable("provider_unreachable", format!("could not validate the key with {}: {error}", request.provider)));
+                return Err(ServiceError::unavailable(
+                    "provider_unreachable",
+                    format!("could not validate the key with {}: {error}", request.provider),
+                ));
             }
         }
         let api_key = request.api_key.trim();
@@ -128,7 +135,9 @@ impl CatalogService for CatalogServiceImpl {
             .deactivate(&request.tenant_id, &request.provider_or_key_id, &now_timestamp())
             .await
             .map_err(store_failure)?
-            .ok_or_else(|| ServiceError::not_found("provider_key_not_found", format!("no active key `{}` for this tenant", request.provider_or_key_id)))?;
+            .ok_or_else(|| {
+                ServiceError::not_found("provider_key_not_found", format!("no active key `{}` for this tenant", request.provider_or_key_id))
+            })?;
         tracing::info!(tenant_id = %key.tenant_id, provider = %key.provider, key_id = %key.id, "provider key deactivated");
         self.changed(&request.tenant_id).await;
         Ok(key)
@@ -140,9 +149,18 @@ impl CatalogService for CatalogServiceImpl {
             if stored.key.status != "active" {
                 continue;
             }
-            let api_key = vault::open(&self.options.master_key, &stored.sealed, &binding(&stored.key.tenant_id, &stored.key.provider, &stored.key.id))
-                .map_err(|error| ServiceError::internal(format!("provider key {} cannot be opened: {error}", stored.key.id)))?;
-            credentials.push(Credential { key_id: stored.key.id, provider: stored.key.provider, api_key, created_at: stored.key.created_at });
+            let api_key = vault::open(
+                &self.options.master_key,
+                &stored.sealed,
+                &binding(&stored.key.tenant_id, &stored.key.provider, &stored.key.id),
+            )
+            .map_err(|error| ServiceError::internal(format!("provider key {} cannot be opened: {error}", stored.key.id)))?;
+            credentials.push(Credential {
+                key_id: stored.key.id,
+                provider: stored.key.provider,
+                api_key,
+                created_at: stored.key.created_at,
+            });
         }
         let aliases = self.store.aliases(&request.tenant_id).await.map_err(store_failure)?.into_iter().collect();
         let presets = self.store.presets(&request.tenant_id).await.map_err(store_failure)?;
@@ -164,7 +182,10 @@ impl CatalogService for CatalogServiceImpl {
                 return Err(ServiceError::invalid("empty_alias", "alias names and targets must not be empty"));
             }
             if alias.chars().any(char::is_whitespace) || alias.len() > 128 || target.len() > 256 {
-                return Err(ServiceError::invalid("invalid_alias", format!("alias `{alias}` must be at most 128 characters without spaces")));
+                return Err(ServiceError::invalid(
+                    "invalid_alias",
+                    format!("alias `{alias}` must be at most 128 characters without spaces"),
+                ));
             }
             if alias == "auto" || alias.starts_with('@') {
                 return Err(ServiceError::invalid("reserved_alias", format!("`{alias}` is reserved")));
@@ -172,7 +193,10 @@ impl CatalogService for CatalogServiceImpl {
             aliases.insert(alias.to_string(), target.to_string());
         }
         if let Some((alias, target)) = aliases.iter().find(|(_, target)| aliases.contains_key(target.as_str())) {
-            return Err(ServiceError::invalid("alias_chain", format!("alias `{alias}` points at another alias `{target}`: point it at a model")));
+            return Err(ServiceError::invalid(
+                "alias_chain",
+                format!("alias `{alias}` points at another alias `{target}`: point it at a model"),
+            ));
         }
         self.store.replace_aliases(&request.tenant_id, &aliases).await.map_err(store_failure)?;
         self.changed(&request.tenant_id).await;
@@ -193,14 +217,22 @@ impl CatalogService for CatalogServiceImpl {
         let now = now_timestamp();
         preset.updated_at = now.clone();
         if request.replace {
-            let existing = self.store.preset(&preset.tenant_id, &preset.slug).await.map_err(store_failure)?.ok_or_else(|| preset_not_found(&preset.slug))?;
+            let existing = self
+                .store
+                .preset(&preset.tenant_id, &preset.slug)
+                .await
+                .map_err(store_failure)?
+                .ok_or_else(|| preset_not_found(&preset.slug))?;
             preset.created_at = existing.created_at;
             self.store.update_preset(&preset).await.map_err(store_failure)?;
         } else {
             preset.created_at = now;
             if let Err(error) = self.store.insert_preset(&preset).await {
                 return Err(if is_unique_violation(&error) {
-                    ServiceError::conflict("preset_exists", format!("preset `{}` already exists: PUT /v1/presets/{} replaces it", preset.slug, preset.slug))
+                    ServiceError::conflict(
+                        "preset_exists",
+                        format!("preset `{}` already exists: PUT /v1/presets/{} replaces it", preset.slug, preset.slug),
+                    )
                 } else {
                     store_failure(error)
                 });
@@ -211,7 +243,12 @@ impl CatalogService for CatalogServiceImpl {
     }
 
     async fn delete_preset(&self, request: PresetRef) -> ServiceResult<Preset> {
-        let preset = self.store.preset(&request.tenant_id, &request.slug).await.map_err(store_failure)?.ok_or_else(|| preset_not_found(&request.slug))?;
+        let preset = self
+            .store
+            .preset(&request.tenant_id, &request.slug)
+            .await
+            .map_err(store_failure)?
+            .ok_or_else(|| preset_not_found(&request.slug))?;
         self.store.delete_preset(&request.tenant_id, &request.slug).await.map_err(store_failure)?;
         self.changed(&request.tenant_id).await;
         Ok(preset)

@@ -21,7 +21,8 @@ pub struct CatalogStore {
     database: Database,
 }
 
-const KEY_COLUMNS: &str = "id, tenant_id, provider, name, masked_key, ciphertext, nonce, wrapped_key, key_nonce, status, created_at, deactivated_at";
+const KEY_COLUMNS: &str =
+    "id, tenant_id, provider, name, masked_key, ciphertext, nonce, wrapped_key, key_nonce, status, created_at, deactivated_at";
 
 impl CatalogStore {
     pub fn new(database: Database) -> Self {
@@ -93,7 +94,10 @@ impl CatalogStore {
     }
 
     pub async fn aliases(&self, tenant_id: &str) -> StoreResult<BTreeMap<String, String>> {
-        let rows = sqlx::query("SELECT alias, target FROM model_aliases WHERE tenant_id = $1").bind(tenant_id).fetch_all(self.database.pool()).await?;
+        let rows = sqlx::query("SELECT alias, target FROM model_aliases WHERE tenant_id = $1")
+            .bind(tenant_id)
+            .fetch_all(self.database.pool())
+            .await?;
         rows.iter().map(|row| Ok((row.try_get("alias")?, row.try_get("target")?))).collect()
     }
 
@@ -165,7 +169,11 @@ impl CatalogStore {
     }
 
     pub async fn delete_preset(&self, tenant_id: &str, slug: &str) -> StoreResult<bool> {
-        let result = sqlx::query("DELETE FROM routing_presets WHERE tenant_id = $1 AND slug = $2").bind(tenant_id).bind(slug).execute(self.database.pool()).await?;
+        let result = sqlx::query("DELETE FROM routing_presets WHERE tenant_id = $1 AND slug = $2")
+            .bind(tenant_id)
+            .bind(slug)
+            .execute(self.database.pool())
+            .await?;
         Ok(result.rows_affected() == 1)
     }
 }

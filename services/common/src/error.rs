@@ -152,7 +152,10 @@ impl ApiError {
 
     /// The upstream provider failed: its status is forwarded, as `provider_error` naming the provider.
     pub fn provider_error(status: u16, provider: &str, message: impl Into<String>) -> Self {
-        let status = StatusCode::from_u16(status).ok().filter(|status| status.is_client_error() || status.is_server_error()).unwrap_or(StatusCode::BAD_GATEWAY);
+        let status = StatusCode::from_u16(status)
+            .ok()
+            .filter(|status| status.is_client_error() || status.is_server_error())
+            .unwrap_or(StatusCode::BAD_GATEWAY);
         let recovery = Recovery::same_endpoint("retry_with_fallback", "retry, or name fallback models in route.models");
         let mut error = Self::new(status, "provider_error", Some("upstream_error"), message, recovery);
         error.provider = Some(provider.to_string());

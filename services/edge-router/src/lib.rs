@@ -73,7 +73,8 @@ pub struct Edge {
 impl Edge {
     /// Builds the edge.
     pub fn new(dependencies: EdgeDependencies, options: &EdgeOptions) -> Edge {
-        let authenticator = Arc::new(Authenticator::new(dependencies.identity.clone(), options.platform_admin_key.as_ref(), options.cache_ttl));
+        let authenticator =
+            Arc::new(Authenticator::new(dependencies.identity.clone(), options.platform_admin_key.as_ref(), options.cache_ttl));
         let routing = Arc::new(RoutingCache::new(dependencies.catalog.clone(), options.cache_ttl));
         let state = EdgeState {
             identity: dependencies.identity,

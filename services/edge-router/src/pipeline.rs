@@ -46,7 +46,13 @@ fn route_error(error: RouteError) -> ApiError {
 }
 
 /// Serves one completion.
-pub async fn complete(state: &EdgeState, caller: &Caller, request_id: &RequestId, body: &Value, format: ClientFormat) -> Result<Response, ApiError> {
+pub async fn complete(
+    state: &EdgeState,
+    caller: &Caller,
+    request_id: &RequestId,
+    body: &Value,
+    format: ClientFormat,
+) -> Result<Response, ApiError> {
     let started = Instant::now();
     let chat = match format {
         ClientFormat::OpenAi => openai::parse_request(body),
@@ -82,8 +88,15 @@ pub async fn complete(state: &EdgeState, caller: &Caller, request_id: &RequestId
     let last = route.candidates.len() - 1;
     for (index, candidate) in route.candidates.iter().enumerate() {
         let Some(api_key) = config.credential(candidate.provider.id) else { continue };
-        let default_max_tokens = candidate.entry.as_ref().map_or(anthropic::DEFAULT_MAX_TOKENS, |entry| entry.max_output.min(anthropic::DEFAULT_MAX_TOKENS));
-        let target = Target { provider: candidate.provider, base_url: base_url(candidate.provider, &state.base_urls), api_key, model: &candidate.model, default_max_tokens };
+        let default_max_tokens =
+            candidate.entry.as_ref().map_or(anthropic::DEFAULT_MAX_TOKENS, |entry| entry.max_output.min(anthropic::DEFAULT_MAX_TOKENS));
+        let target = Target {
+            provider: candidate.provider,
+            base_url: base_url(candidate.provider, &state.base_urls),
+            api_key,
+            model: &candidate.model,
+            default_max_tokens,
+        };
         let provider_started = Instant::now();
         let mut headers = route_headers(&route, candidate, &failures, &chat);
         let outcome = if chat.stream {
@@ -170,12 +183,14 @@ fn route_headers(route: &Route, candidate: &Candidate, failures: &[(String, Upst
         set(&mut headers, "x-br-complexity-level", &tier.to_string());
         set(&mut headers, "x-br-complexity-score", &score.to_string());
     }
-    if chat.model != "auto" {
-        if let Some(estimate) = candidate.estimated_cost {
-            set(&mut headers, "x-br-estimated-cost", &dollars(estimate));
-            let usage = routing::estimate_usage(chat, candidate.entry.as_ref());
-            set(&mut headers, "x-br-estimated-cost-basis", &format!("input~{} tokens, output<={} tokens", usage.input_tokens, usage.output_tokens));
-        }
+    if let (true, Some(estimate)) = (chat.model != "auto", candidate.estimated_cost) {
+        set(&mut headers, "x-br-estimated-cost", &dollars(estimate));
+        let usage = routing::estimate_usage(chat, candidate.entry.as_ref());
+        set(
+            &mut headers,
+            "x-br-estimated-cost-basis",
+            &format!("input~{} tokens, output<={} tokens", usage.input_tokens, usage.output_tokens),
+        );
     }
     if let Some((first_failed, _)) = failures.first() {
         set(&mut headers, "x-br-failover-from", first_failed);
@@ -194,7 +209,9 @@ fn deprecation_headers(headers: &mut HeaderMap, entry: &Model) {
         notice.push_str(&format!("; use {replacement}"));
     }
     set(headers, "x-br-deprecation", &notice);
-    let midnight = |date: &str| chrono::NaiveDate::parse_from_str(date, "%Y-%m-%d").ok().and_then(|day| day.and_hms_opt(0, 0, 0)).map(|time| time.and_utc());
+    let midnight = |date: &str| {
+        chrono::NaiveDate::parse_from_str(date, "%Y-%m-%d").ok().and_then(|day| day.and_hms_opt(0, 0, 0)).map(|time| time.and_utc())
+    };
     if let Some(deprecated_at) = midnight(&deprecation.date) {
         set(headers, "deprecation", &format!("@{}", deprecated_at.timestamp()));
     }
@@ -207,7 +224,14 @@ fn price_of(candidate: &Candidate) -> Option<Price> {
     candidate.entry.as_ref().map(|entry| entry.price)
 }
 
-fn reply_response(mut reply: ChatReply, mut headers: HeaderMap, candidate: &Candidate, route: &Route, id: String, format: ClientFormat) -> Response {
+fn reply_response(
+    mut reply: ChatReply,
+    mut headers: HeaderMap,
+    candidate: &Candidate,
+    route: &Route,
+    id: String,
+    format: ClientFormat,
+) -> Response {
     reply.id = id;
     reply.model = candidate.id();
     let cost = price_of(candidate).map(|price| price.cost(reply.usage));
@@ -244,7 +268,18 @@ fn sandbox_response(chat: &ChatRequest, id: String, format: ClientFormat, starte
     if chat.stream {
         let events = futures::stream::iter(reply_events(&reply).into_iter().map(Ok)).boxed();
         let model = reply.model.clone();
-        return relay(events, headers, RelaySpec { id: reply.id, model, price: Some(Price::default()), format, input_estimate: reply.usage.input_tokens, stream_usage: chat.stream_usage });
+        return relay(
+            events,
+            headers,
+            RelaySpec {
+                id: reply.id,
+                model,
+                price: Some(Price::default()),
+                format,
+                input_estimate: reply.usage.input_tokens,
+                stream_usage: chat.stream_usage,
+            },
+        );
     }
     let body = match format {
         ClientFormat::OpenAi => {
@@ -258,9 +293,20 @@ fn sandbox_response(chat: &ChatRequest, id: String, format: ClientFormat, starte
     (headers, Json(body)).into_response()
 }
 
-fn stream_response(events: EventStream, headers: HeaderMap, candidate: &Candidate, id: String, format: ClientFormat, chat: &ChatRequest) -> Response {
+fn stream_response(
+    events: EventStream,
+    headers: HeaderMap,
+    candidate: &Candidate,
+    id: String,
+    format: ClientFormat,
+    chat: &ChatRequest,
+) -> Response {
     let input_estimate = routing::estimate_usage(chat, candidate.entry.as_ref()).input_tokens;
-    relay(events, headers, RelaySpec { id, model: candidate.id(), price: price_of(candidate), format, input_estimate, stream_usage: chat.stream_usage })
+    relay(
+        events,
+        headers,
+        RelaySpec { id, model: candidate.id(), price: price_of(candidate), format, input_estimate, stream_usage: chat.stream_usage },
+    )
 }
 
 struct RelaySpec {
@@ -295,7 +341,9 @@ impl Writer {
     fn error(&self, message: &str) -> String {
         match self {
             Writer::OpenAi(_) => format!("data: {}\n\n", json!({"error": {"message": message, "type": "provider_error"}})),
-            Writer::Anthropic(_) => format!("event: error\ndata: {}\n\n", json!({"type": "error", "error": {"type": "api_error", "message": message}})),
+            Writer::Anthropic(_) => {
+                format!("event: error\ndata: {}\n\n", json!({"type": "error", "error": {"type": "api_error", "message": message}}))
+            }
         }
     }
 }
@@ -355,7 +403,9 @@ fn relay(events: EventStream, mut headers: HeaderMap, spec: RelaySpec) -> Respon
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     let writer = match spec.format {
-        ClientFormat::OpenAi => Writer::OpenAi(openai::StreamWriter::new(spec.id, spec.model.clone(), chrono::Utc::now().timestamp(), spec.stream_usage)),
+        ClientFormat::OpenAi => {
+            Writer::OpenAi(openai::StreamWriter::new(spec.id, spec.model.clone(), chrono::Utc::now().timestamp(), spec.stream_usage))
+        }
         ClientFormat::Anthropic => Writer::Anthropic(anthropic::StreamWriter::new(spec.id, spec.model.clone(), spec.input_estimate)),
     };
     let state = RelayState {

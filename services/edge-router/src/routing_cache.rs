@@ -132,9 +132,10 @@ pub fn route_options(route: &Value) -> Result<RouteOptions, String> {
     let strings = |field: &str| -> Result<Vec<String>, String> {
         match route.get(field) {
             None | Some(Value::Null) => Ok(Vec::new()),
-            Some(Value::Array(items)) => {
-                items.iter().map(|item| item.as_str().map(str::to_string).ok_or_else(|| format!("route.{field} must hold strings"))).collect()
-            }
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|item| item.as_str().map(str::to_string).ok_or_else(|| format!("route.{field} must hold strings")))
+                .collect(),
             Some(_) => Err(format!("route.{field} must be an array of strings")),
         }
     };

@@ -27,7 +27,8 @@ pub fn sandbox_reply(request: &ChatRequest, id: String) -> ChatReply {
         }
         _ => (full_text, FinishReason::Stop),
     };
-    let input_tokens = (request.prompt_characters() as u64).div_ceil(4) + 3 * (request.messages.len() as u64 + u64::from(request.system.is_some()));
+    let input_tokens =
+        (request.prompt_characters() as u64).div_ceil(4) + 3 * (request.messages.len() as u64 + u64::from(request.system.is_some()));
     ChatReply {
         id,
         model: SANDBOX_MODEL.to_string(),

@@ -483,7 +483,6 @@ impl IdentityService for IdentityServiceImpl {
     }
 }
 
-
 fn validated_name(field: &str, name: &str) -> ServiceResult<String> {
     let trimmed = name.trim();
     if trimmed.is_empty() {

@@ -42,7 +42,11 @@ pub fn parse_request(body: &Value) -> Result<ChatRequest, InvalidRequest> {
     };
     let mut tools = Vec::new();
     for tool in body.get("tools").and_then(Value::as_array).into_iter().flatten() {
-        let name = tool.get("name").and_then(Value::as_str).filter(|name| !name.is_empty()).ok_or_else(|| InvalidRequest::new("every tool needs a name"))?;
+        let name = tool
+            .get("name")
+            .and_then(Value::as_str)
+            .filter(|name| !name.is_empty())
+            .ok_or_else(|| InvalidRequest::new("every tool needs a name"))?;
         tools.push(Tool {
             name: name.to_string(),
             description: tool.get("description").and_then(Value::as_str).map(str::to_string),
@@ -147,12 +151,12 @@ fn tool_input(arguments: &str) -> Value {
 fn content_json(parts: &[Part]) -> Vec<Value> {
     parts
         .iter()
-        .filter_map(|part| match part {
-            Part::Text(text) => Some(json!({"type": "text", "text": text})),
-            Part::ToolCall { id, name, arguments } => Some(json!({"type": "tool_use", "id": id, "name": name, "input": tool_input(arguments)})),
-            Part::Image { url } => Some(image_block(url)),
+        .map(|part| match part {
+            Part::Text(text) => json!({"type": "text", "text": text}),
+            Part::ToolCall { id, name, arguments } => json!({"type": "tool_use", "id": id, "name": name, "input": tool_input(arguments)}),
+            Part::Image { url } => image_block(url),
             Part::ToolResult { call_id, content, is_error } => {
-                Some(json!({"type": "tool_result", "tool_use_id": call_id, "content": content, "is_error": is_error}))
+                json!({"type": "tool_result", "tool_use_id": call_id, "content": content, "is_error": is_error})
             }
         })
         .collect()
@@ -455,7 +459,10 @@ mod tests {
         let code = |body: Value| parse_request(&body).err().map(|error| error.code);
         assert_eq!(code(json!({"model": "claude", "messages": [{"role": "user", "content": "hi"}]})), Some("missing_field"));
         assert!(parse_request(&json!({"model": "c", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]})).is_err());
-        assert!(parse_request(&json!({"model": "c", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "temperature": 1.5})).is_err());
+        assert!(
+            parse_request(&json!({"model": "c", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "temperature": 1.5}))
+                .is_err()
+        );
     }
 
     #[test]
@@ -478,7 +485,10 @@ mod tests {
         assert_eq!(built["temperature"], 1.0);
         let roles: Vec<&str> = built["messages"].as_array().into_iter().flatten().filter_map(|message| message["role"].as_str()).collect();
         assert_eq!(roles, vec!["user", "assistant", "user"]);
-        assert_eq!(built["messages"][1]["content"][1], json!({"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Oslo"}}));
+        assert_eq!(
+            built["messages"][1]["content"][1],
+            json!({"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Oslo"}})
+        );
         assert_eq!(built["messages"][2]["content"][0]["type"], "tool_result");
         assert_eq!(built["messages"][2]["content"][1], json!({"type": "text", "text": "thanks"}));
         assert_eq!(built["tools"][0]["input_schema"], json!({"type": "object"}));
@@ -493,14 +503,18 @@ mod tests {
         let reply = ChatReply {
             id: "msg_1".to_string(),
             model: "m".to_string(),
-            parts: vec![Part::Text("let me look".to_string()), Part::ToolCall { id: "toolu_9".to_string(), name: "f".to_string(), arguments: "{\"a\":1}".to_string() }],
+            parts: vec![
+                Part::Text("let me look".to_string()),
+                Part::ToolCall { id: "toolu_9".to_string(), name: "f".to_string(), arguments: "{\"a\":1}".to_string() },
+            ],
             finish: FinishReason::ToolCalls,
             usage: Usage { input_tokens: 4, output_tokens: 6 },
         };
         let mut writer = StreamWriter::new(reply.id.clone(), reply.model.clone(), 4);
         let mut frames: Vec<String> = reply_events(&reply).iter().flat_map(|event| writer.write(event)).collect();
         frames.extend(writer.end());
-        let names: Vec<&str> = frames.iter().filter_map(|frame| frame.lines().next()).map(|line| line.trim_start_matches("event: ")).collect();
+        let names: Vec<&str> =
+            frames.iter().filter_map(|frame| frame.lines().next()).map(|line| line.trim_start_matches("event: ")).collect();
         assert_eq!(names.first(), Some(&"message_start"));
         assert_eq!(names.last(), Some(&"message_stop"));
         assert_eq!(names.iter().filter(|name| **name == "content_block_start").count(), 2);

@@ -253,7 +253,9 @@ impl ModelCatalog {
             if provider_by_id(&entry.provider).is_none() {
                 return Err(CatalogError::Invalid(format!("unknown provider `{}`", entry.provider)));
             }
-            let price = |text: &str| Usd::parse_decimal(text).map_err(|error| CatalogError::Invalid(format!("{}/{}: {error}", entry.provider, entry.model)));
+            let price = |text: &str| {
+                Usd::parse_decimal(text).map_err(|error| CatalogError::Invalid(format!("{}/{}: {error}", entry.provider, entry.model)))
+            };
             let price = Price { input_per_million: price(&entry.input)?, output_per_million: price(&entry.output)? };
             if price.input_per_million < Usd::ZERO || price.output_per_million < Usd::ZERO {
                 return Err(CatalogError::Invalid(format!("{}/{}: negative price", entry.provider, entry.model)));
@@ -296,7 +298,22 @@ mod tests {
     #[test]
     fn the_bundled_catalog_covers_the_required_providers() -> Result<(), CatalogError> {
         let catalog = ModelCatalog::bundled()?;
-        for id in ["openai", "anthropic", "google", "mistral", "groq", "deepseek", "xai", "together", "fireworks", "openrouter", "cohere", "perplexity", "azure-openai", "ollama"] {
+        for id in [
+            "openai",
+            "anthropic",
+            "google",
+            "mistral",
+            "groq",
+            "deepseek",
+            "xai",
+            "together",
+            "fireworks",
+            "openrouter",
+            "cohere",
+            "perplexity",
+            "azure-openai",
+            "ollama",
+        ] {
             assert!(provider_by_id(id).is_some(), "{id} missing from the provider catalog");
             assert!(catalog.models().iter().any(|model| model.provider == id), "{id} has no model");
         }
@@ -321,8 +338,14 @@ mod tests {
 
     #[test]
     fn bad_catalogs_are_refused() {
-        assert!(ModelCatalog::parse(r#"{"models":[{"provider":"nobody","model":"m","input":"1","output":"1","context":1,"max_output":1}]}"#).is_err());
-        assert!(ModelCatalog::parse(r#"{"models":[{"provider":"openai","model":"m","input":"1e3","output":"1","context":1,"max_output":1}]}"#).is_err());
+        assert!(
+            ModelCatalog::parse(r#"{"models":[{"provider":"nobody","model":"m","input":"1","output":"1","context":1,"max_output":1}]}"#)
+                .is_err()
+        );
+        assert!(
+            ModelCatalog::parse(r#"{"models":[{"provider":"openai","model":"m","input":"1e3","output":"1","context":1,"max_output":1}]}"#)
+                .is_err()
+        );
         assert!(ModelCatalog::parse("not json").is_err());
     }
 }

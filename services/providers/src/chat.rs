@@ -16,11 +16,21 @@ pub enum Role {
 pub enum Part {
     Text(String),
     /// An image by URL or `data:` URL (passed through where the provider accepts it).
-    Image { url: String },
+    Image {
+        url: String,
+    },
     /// The model asked for a tool; `arguments` is JSON text.
-    ToolCall { id: String, name: String, arguments: String },
+    ToolCall {
+        id: String,
+        name: String,
+        arguments: String,
+    },
     /// The answer to a tool call.
-    ToolResult { call_id: String, content: String, is_error: bool },
+    ToolResult {
+        call_id: String,
+        content: String,
+        is_error: bool,
+    },
 }
 
 /// One message.

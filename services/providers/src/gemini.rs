@@ -188,8 +188,15 @@ impl StreamReader {
                     let index = self.tool_calls;
                     self.tool_calls += 1;
                     let id = call.get("id").and_then(Value::as_str).map_or_else(|| format!("call_{}", index + 1), str::to_string);
-                    events.push(ChatEvent::ToolCallStart { index, id, name: call.get("name").and_then(Value::as_str).unwrap_or_default().to_string() });
-                    events.push(ChatEvent::ToolCallDelta { index, arguments: call.get("args").map_or_else(|| "{}".to_string(), Value::to_string) });
+                    events.push(ChatEvent::ToolCallStart {
+                        index,
+                        id,
+                        name: call.get("name").and_then(Value::as_str).unwrap_or_default().to_string(),
+                    });
+                    events.push(ChatEvent::ToolCallDelta {
+                        index,
+                        arguments: call.get("args").map_or_else(|| "{}".to_string(), Value::to_string),
+                    });
                 }
             }
             if let Some(reason) = candidate.get("finishReason").and_then(Value::as_str) {
@@ -223,7 +230,10 @@ mod tests {
         }))?;
         let built = build_request(&request);
         assert_eq!(built["systemInstruction"], json!({"parts": [{"text": "sys"}]}));
-        assert_eq!(built["contents"][1], json!({"role": "model", "parts": [{"functionCall": {"name": "weather", "args": {"city": "Oslo"}}}]}));
+        assert_eq!(
+            built["contents"][1],
+            json!({"role": "model", "parts": [{"functionCall": {"name": "weather", "args": {"city": "Oslo"}}}]})
+        );
         assert_eq!(built["contents"][2]["parts"][0]["functionResponse"]["name"], "weather");
         assert!(built["tools"][0]["functionDeclarations"][0]["parameters"].get("additionalProperties").is_none());
         assert_eq!(built["generationConfig"]["maxOutputTokens"], 50);

@@ -3,7 +3,9 @@
 
 use serde_json::{Map, Value, json};
 
-use crate::chat::fields::{optional_bool, optional_number_in, optional_positive_u32, optional_string, required_array, required_string, stop_list};
+use crate::chat::fields::{
+    optional_bool, optional_number_in, optional_positive_u32, optional_string, required_array, required_string, stop_list,
+};
 use crate::chat::{ChatEvent, ChatReply, ChatRequest, FinishReason, InvalidRequest, Message, Part, Role, Tool, ToolChoice, Usage};
 
 /// Reads a client's chat completions body.
@@ -16,7 +18,10 @@ pub fn parse_request(body: &Value) -> Result<ChatRequest, InvalidRequest> {
     let mut system = Vec::new();
     let mut messages = Vec::new();
     for (position, message) in raw_messages.iter().enumerate() {
-        let role = message.get("role").and_then(Value::as_str).ok_or_else(|| InvalidRequest::new(format!("messages[{position}].role is required")))?;
+        let role = message
+            .get("role")
+            .and_then(Value::as_str)
+            .ok_or_else(|| InvalidRequest::new(format!("messages[{position}].role is required")))?;
         match role {
             "system" | "developer" => system.push(content_text(message.get("content"), position)?),
             "user" => messages.push(Message { role: Role::User, parts: content_parts(message.get("content"), position)? }),
@@ -24,7 +29,10 @@ pub fn parse_request(body: &Value) -> Result<ChatRequest, InvalidRequest> {
                 let mut parts = content_parts(message.get("content"), position)?;
                 for call in message.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
                     let function = call.get("function").unwrap_or(&Value::Null);
-                    let name = function.get("name").and_then(Value::as_str).ok_or_else(|| InvalidRequest::new(format!("messages[{position}].tool_calls[].function.name is required")))?;
+                    let name = function
+                        .get("name")
+                        .and_then(Value::as_str)
+                        .ok_or_else(|| InvalidRequest::new(format!("messages[{position}].tool_calls[].function.name is required")))?;
                     parts.push(Part::ToolCall {
                         id: call.get("id").and_then(Value::as_str).unwrap_or_default().to_string(),
                         name: name.to_string(),
@@ -38,11 +46,16 @@ pub fn parse_request(body: &Value) -> Result<ChatRequest, InvalidRequest> {
                 messages.push(Message { role: Role::Assistant, parts });
             }
             "tool" | "function" => {
-                let call_id = message.get("tool_call_id").or_else(|| message.get("name")).and_then(Value::as_str).unwrap_or_default().to_string();
+                let call_id =
+                    message.get("tool_call_id").or_else(|| message.get("name")).and_then(Value::as_str).unwrap_or_default().to_string();
                 let content = content_text(message.get("content"), position)?;
                 messages.push(Message { role: Role::Tool, parts: vec![Part::ToolResult { call_id, content, is_error: false }] });
             }
-            other => return Err(InvalidRequest::new(format!("messages[{position}].role `{other}` is not one of system, developer, user, assistant, tool"))),
+            other => {
+                return Err(InvalidRequest::new(format!(
+                    "messages[{position}].role `{other}` is not one of system, developer, user, assistant, tool"
+                )));
+            }
         }
     }
     let mut tools = Vec::new();
@@ -87,7 +100,11 @@ pub fn parse_request(body: &Value) -> Result<ChatRequest, InvalidRequest> {
 }
 
 fn tool_of(function: &Value) -> Result<Tool, InvalidRequest> {
-    let name = function.get("name").and_then(Value::as_str).filter(|name| !name.is_empty()).ok_or_else(|| InvalidRequest::new("every tool needs a function name"))?;
+    let name = function
+        .get("name")
+        .and_then(Value::as_str)
+        .filter(|name| !name.is_empty())
+        .ok_or_else(|| InvalidRequest::new("every tool needs a function name"))?;
     Ok(Tool {
         name: name.to_string(),
         description: function.get("description").and_then(Value::as_str).map(str::to_string),
@@ -118,7 +135,8 @@ fn content_parts(content: Option<&Value>, position: usize) -> Result<Vec<Part>, 
                 match item.get("type").and_then(Value::as_str) {
                     Some("text") => parts.push(Part::Text(item.get("text").and_then(Value::as_str).unwrap_or_default().to_string())),
                     Some("image_url") => {
-                        let url = item.pointer("/image_url/url").or_else(|| item.get("image_url")).and_then(Value::as_str).unwrap_or_default();
+                        let url =
+                            item.pointer("/image_url/url").or_else(|| item.get("image_url")).and_then(Value::as_str).unwrap_or_default();
                         parts.push(Part::Image { url: url.to_string() });
                     }
                     Some(_) => {}
@@ -155,7 +173,9 @@ fn tool_calls_json(reply: &ChatReply) -> Vec<Value> {
         .parts
         .iter()
         .filter_map(|part| match part {
-            Part::ToolCall { id, name, arguments } => Some(json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}})),
+            Part::ToolCall { id, name, arguments } => {
+                Some(json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}}))
+            }
             _ => None,
         })
         .collect()
@@ -165,7 +185,8 @@ fn tool_calls_json(reply: &ChatReply) -> Vec<Value> {
 pub fn render_reply(reply: &ChatReply, created: i64, usage_extra: Map<String, Value>) -> Value {
     let text = reply.text();
     let tool_calls = tool_calls_json(reply);
-    let mut message = json!({"role": "assistant", "content": if text.is_empty() && !tool_calls.is_empty() { Value::Null } else { json!(text) }});
+    let mut message =
+        json!({"role": "assistant", "content": if text.is_empty() && !tool_calls.is_empty() { Value::Null } else { json!(text) }});
     if let (false, Some(object)) = (tool_calls.is_empty(), message.as_object_mut()) {
         object.insert("tool_calls".to_string(), json!(tool_calls));
     }
@@ -275,11 +296,14 @@ pub fn build_request(request: &ChatRequest, upstream_model: &str) -> Value {
                     .parts
                     .iter()
                     .filter_map(|part| match part {
-                        Part::ToolCall { id, name, arguments } => Some(json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}})),
+                        Part::ToolCall { id, name, arguments } => {
+                            Some(json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}}))
+                        }
                         _ => None,
                     })
                     .collect();
-                let mut assistant = json!({"role": "assistant", "content": if text.is_empty() && !calls.is_empty() { Value::Null } else { json!(text) }});
+                let mut assistant =
+                    json!({"role": "assistant", "content": if text.is_empty() && !calls.is_empty() { Value::Null } else { json!(text) }});
                 if let (false, Some(object)) = (calls.is_empty(), assistant.as_object_mut()) {
                     object.insert("tool_calls".to_string(), json!(calls));
                 }
@@ -409,7 +433,9 @@ impl StreamReader {
                     let id = call.get("id").and_then(Value::as_str).unwrap_or_default().to_string();
                     events.push(ChatEvent::ToolCallStart { index, id, name: name.to_string() });
                 }
-                if let Some(arguments) = call.pointer("/function/arguments").and_then(Value::as_str).filter(|arguments| !arguments.is_empty()) {
+                if let Some(arguments) =
+                    call.pointer("/function/arguments").and_then(Value::as_str).filter(|arguments| !arguments.is_empty())
+                {
                     events.push(ChatEvent::ToolCallDelta { index, arguments: arguments.to_string() });
                 }
             }
@@ -470,7 +496,10 @@ mod tests {
         let reply = ChatReply {
             id: "chatcmpl-1".to_string(),
             model: "m".to_string(),
-            parts: vec![Part::Text("hi there".to_string()), Part::ToolCall { id: "call_9".to_string(), name: "f".to_string(), arguments: "{\"a\":1}".to_string() }],
+            parts: vec![
+                Part::Text("hi there".to_string()),
+                Part::ToolCall { id: "call_9".to_string(), name: "f".to_string(), arguments: "{\"a\":1}".to_string() },
+            ],
             finish: FinishReason::ToolCalls,
             usage: Usage { input_tokens: 4, output_tokens: 6 },
         };

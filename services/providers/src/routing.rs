@@ -172,16 +172,16 @@ pub fn split_variant(model: &str) -> (&str, Option<&'static str>) {
 
 /// Candidates for one model spec (no presets, no `auto`): explicit `provider/model` or a bare id.
 fn resolve_spec(spec: &str, tenant: &TenantRouting, catalog: &ModelCatalog, request: &ChatRequest) -> Result<Vec<Candidate>, RouteError> {
-    if let Some((provider_id, model)) = spec.split_once('/') {
-        if let Some(provider) = provider_by_id(provider_id) {
-            if !tenant.has_key(provider.id) {
-                return Err(RouteError::ByokRequired { provider: provider.id.to_string(), model: spec.to_string() });
-            }
-            if catalog.find(provider.id, model).is_some() || provider.discoverable {
-                return Ok(vec![candidate(provider, model, catalog, request)]);
-            }
-            return Err(RouteError::ModelNotFound(spec.to_string()));
+    if let Some((provider, model)) =
+        spec.split_once('/').and_then(|(provider_id, model)| provider_by_id(provider_id).map(|provider| (provider, model)))
+    {
+        if !tenant.has_key(provider.id) {
+            return Err(RouteError::ByokRequired { provider: provider.id.to_string(), model: spec.to_string() });
         }
+        if catalog.find(provider.id, model).is_some() || provider.discoverable {
+            return Ok(vec![candidate(provider, model, catalog, request)]);
+        }
+        return Err(RouteError::ModelNotFound(spec.to_string()));
     }
     let entries: Vec<&Model> = catalog.by_model_id(spec).collect();
     let runnable: Vec<Candidate> = entries
@@ -226,7 +226,13 @@ pub fn complexity(request: &ChatRequest) -> (u8, u8) {
 /// `auto` rule (until learned scores arrive): judge the tier the prompt needs (`complexity`), keep the
 /// tenant's catalog models that have the needed capabilities (tools, vision), are not deprecated and are
 /// at or above that tier, and try them cheapest first (higher quality breaks ties).
-pub fn resolve(requested: &str, tenant: &TenantRouting, catalog: &ModelCatalog, request: &ChatRequest, route: &RouteOptions) -> Result<Resolution, RouteError> {
+pub fn resolve(
+    requested: &str,
+    tenant: &TenantRouting,
+    catalog: &ModelCatalog,
+    request: &ChatRequest,
+    route: &RouteOptions,
+) -> Result<Resolution, RouteError> {
     if requested == SANDBOX_MODEL || tenant.providers.is_empty() {
         return Ok(Resolution::Sandbox);
     }
@@ -243,7 +249,8 @@ pub fn resolve(requested: &str, tenant: &TenantRouting, catalog: &ModelCatalog, 
             .collect();
         (candidates, SelectionMethod::CapabilityMatched, "price", format!("auto: complexity tier {tier}, cheapest capable model first"))
     } else if let Some(slug) = requested.strip_prefix("@preset/") {
-        let preset = tenant.presets.iter().find(|preset| preset.slug == slug).ok_or_else(|| RouteError::PresetNotFound(slug.to_string()))?;
+        let preset =
+            tenant.presets.iter().find(|preset| preset.slug == slug).ok_or_else(|| RouteError::PresetNotFound(slug.to_string()))?;
         options = options.over(&preset.options);
         options.strategy = options.strategy.or_else(|| Some(preset.strategy.clone()));
         let mut candidates = Vec::new();
@@ -306,7 +313,11 @@ pub fn resolve(requested: &str, tenant: &TenantRouting, catalog: &ModelCatalog, 
         candidates.retain(|candidate| candidate.entry.as_ref().is_none_or(|entry| entry.can("vision")));
     }
     if candidates.is_empty() {
-        let why = if before == 0 { "no candidate model" } else { "every candidate was filtered out by providerAllow/providerDeny, maxCostPerRequest or capabilities" };
+        let why = if before == 0 {
+            "no candidate model"
+        } else {
+            "every candidate was filtered out by providerAllow/providerDeny, maxCostPerRequest or capabilities"
+        };
         return Err(RouteError::NoRunnableModel(why.to_string()));
     }
 
@@ -342,7 +353,9 @@ fn order(candidates: &mut [Candidate], strategy: &str, tenant: &TenantRouting) {
             candidates.sort_by(|a, b| tier(a).cmp(&tier(b)).then(cost_key(a).cmp(&cost_key(b))));
         }
         "priority" => {
-            let rank = |candidate: &Candidate| tenant.providers.iter().position(|provider| provider == candidate.provider.id).unwrap_or(usize::MAX);
+            let rank = |candidate: &Candidate| {
+                tenant.providers.iter().position(|provider| provider == candidate.provider.id).unwrap_or(usize::MAX)
+            };
             candidates.sort_by_key(rank);
         }
         "smart" => {
@@ -395,9 +408,18 @@ mod tests {
             resolve("openai/gpt-4o", &anthropic_only, &catalog, &request("hi"), &RouteOptions::default()),
             Err(RouteError::ByokRequired { provider: "openai".to_string(), model: "openai/gpt-4o".to_string() })
         );
-        assert_eq!(ids(resolve("anthropic/claude-haiku-4-5", &anthropic_only, &catalog, &request("hi"), &RouteOptions::default())), vec!["anthropic/claude-haiku-4-5"]);
-        assert_eq!(resolve("anthropic/claude-nonexistent", &anthropic_only, &catalog, &request("hi"), &RouteOptions::default()), Err(RouteError::ModelNotFound("anthropic/claude-nonexistent".to_string())));
-        assert_eq!(resolve("no-such-model", &anthropic_only, &catalog, &request("hi"), &RouteOptions::default()), Err(RouteError::ModelNotFound("no-such-model".to_string())));
+        assert_eq!(
+            ids(resolve("anthropic/claude-haiku-4-5", &anthropic_only, &catalog, &request("hi"), &RouteOptions::default())),
+            vec!["anthropic/claude-haiku-4-5"]
+        );
+        assert_eq!(
+            resolve("anthropic/claude-nonexistent", &anthropic_only, &catalog, &request("hi"), &RouteOptions::default()),
+            Err(RouteError::ModelNotFound("anthropic/claude-nonexistent".to_string()))
+        );
+        assert_eq!(
+            resolve("no-such-model", &anthropic_only, &catalog, &request("hi"), &RouteOptions::default()),
+            Err(RouteError::ModelNotFound("no-such-model".to_string()))
+        );
         Ok(())
     }
 
@@ -406,14 +428,19 @@ mod tests {
         let catalog = ModelCatalog::bundled()?;
         let mut both = tenant(&["azure-openai", "openai", "anthropic"]);
         // A bare id served by two providers: priority follows registration order.
-        assert_eq!(ids(resolve("gpt-4o-mini", &both, &catalog, &request("hi"), &RouteOptions::default())), vec!["azure-openai/gpt-4o-mini", "openai/gpt-4o-mini"]);
+        assert_eq!(
+            ids(resolve("gpt-4o-mini", &both, &catalog, &request("hi"), &RouteOptions::default())),
+            vec!["azure-openai/gpt-4o-mini", "openai/gpt-4o-mini"]
+        );
         both.aliases.insert("fast".to_string(), "anthropic/claude-haiku-4-5".to_string());
         let aliased = resolve("fast", &both, &catalog, &request("hi"), &RouteOptions::default());
         assert!(matches!(&aliased, Ok(Resolution::Route(route)) if route.method == SelectionMethod::Alias));
         let route = RouteOptions { models: vec!["openai/gpt-4o".to_string()], ..RouteOptions::default() };
         assert_eq!(ids(resolve("fast", &both, &catalog, &request("hi"), &route)), vec!["anthropic/claude-haiku-4-5", "openai/gpt-4o"]);
         let no_fallback = RouteOptions { allow_fallback: Some(false), ..route.clone() };
-        assert!(matches!(resolve("fast", &both, &catalog, &request("hi"), &no_fallback), Ok(Resolution::Route(route)) if !route.allow_fallback));
+        assert!(
+            matches!(resolve("fast", &both, &catalog, &request("hi"), &no_fallback), Ok(Resolution::Route(route)) if !route.allow_fallback)
+        );
         let denied = RouteOptions { provider_deny: vec!["anthropic".to_string()], ..route };
         assert_eq!(ids(resolve("fast", &both, &catalog, &request("hi"), &denied)), vec!["openai/gpt-4o"]);
         let (base, strategy) = split_variant("gpt-4o-mini:floor");
@@ -432,19 +459,32 @@ mod tests {
             strategy: "price".to_string(),
             options: RouteOptions::default(),
         });
-        assert_eq!(ids(resolve("@preset/cheap", &keys, &catalog, &request("hi"), &RouteOptions::default())), vec!["openai/gpt-4o-mini", "anthropic/claude-opus-4-5"]);
-        assert_eq!(resolve("@preset/missing", &keys, &catalog, &request("hi"), &RouteOptions::default()), Err(RouteError::PresetNotFound("missing".to_string())));
+        assert_eq!(
+            ids(resolve("@preset/cheap", &keys, &catalog, &request("hi"), &RouteOptions::default())),
+            vec!["openai/gpt-4o-mini", "anthropic/claude-opus-4-5"]
+        );
+        assert_eq!(
+            resolve("@preset/missing", &keys, &catalog, &request("hi"), &RouteOptions::default()),
+            Err(RouteError::PresetNotFound("missing".to_string()))
+        );
         let ceiling = RouteOptions { max_cost_per_request: Some(Usd::from_nanos(1_000_000)), ..RouteOptions::default() };
-        assert!(matches!(resolve("anthropic/claude-opus-4-5", &keys, &catalog, &request("hi"), &ceiling), Err(RouteError::NoRunnableModel(_))));
+        assert!(matches!(
+            resolve("anthropic/claude-opus-4-5", &keys, &catalog, &request("hi"), &ceiling),
+            Err(RouteError::NoRunnableModel(_))
+        ));
         // auto picks the cheapest capable model at or above the needed tier.
         let simple = resolve("auto", &keys, &catalog, &request("what is 2+2?"), &RouteOptions::default());
         assert_eq!(ids(simple).first().map(String::as_str), Some("openai/gpt-4.1-nano"));
         let hard = request(&format!("prove step by step {}", "x".repeat(25_000)));
         let hard_route = resolve("auto", &keys, &catalog, &hard, &RouteOptions::default());
-        assert!(matches!(&hard_route, Ok(Resolution::Route(route)) if route.candidates.iter().all(|candidate| candidate.entry.as_ref().is_some_and(|entry| entry.tier == 3))));
+        assert!(
+            matches!(&hard_route, Ok(Resolution::Route(route)) if route.candidates.iter().all(|candidate| candidate.entry.as_ref().is_some_and(|entry| entry.tier == 3)))
+        );
         let mut with_tools = request("hi");
         with_tools.tools.push(Tool { name: "t".to_string(), description: None, parameters: serde_json::json!({}) });
-        assert!(matches!(resolve("auto", &keys, &catalog, &with_tools, &RouteOptions::default()), Ok(Resolution::Route(route)) if route.candidates.iter().all(|candidate| candidate.entry.as_ref().is_some_and(|entry| entry.can("tools")))));
+        assert!(
+            matches!(resolve("auto", &keys, &catalog, &with_tools, &RouteOptions::default()), Ok(Resolution::Route(route)) if route.candidates.iter().all(|candidate| candidate.entry.as_ref().is_some_and(|entry| entry.can("tools"))))
+        );
         Ok(())
     }
 }

@@ -91,7 +91,9 @@ impl UpstreamClient {
         let base = target.base_url.trim_end_matches('/');
         let (url, body) = match target.provider.format {
             WireFormat::OpenAi => (format!("{base}/chat/completions"), openai::build_request(chat, target.model)),
-            WireFormat::Anthropic => (format!("{base}/v1/messages"), anthropic::build_request(chat, target.model, target.default_max_tokens)),
+            WireFormat::Anthropic => {
+                (format!("{base}/v1/messages"), anthropic::build_request(chat, target.model, target.default_max_tokens))
+            }
             WireFormat::Gemini => {
                 let method = if chat.stream { "streamGenerateContent?alt=sse" } else { "generateContent" };
                 (format!("{base}/v1beta/models/{}:{method}", target.model), gemini::build_request(chat))
@@ -104,7 +106,8 @@ impl UpstreamClient {
     pub async fn complete(&self, target: &Target<'_>, chat: &ChatRequest) -> Result<ChatReply, UpstreamError> {
         let mut chat = chat.clone();
         chat.stream = false;
-        let response = self.request(target, &chat).timeout(REPLY_TIMEOUT).send().await.map_err(|error| transport(&error, target.api_key))?;
+        let response =
+            self.request(target, &chat).timeout(REPLY_TIMEOUT).send().await.map_err(|error| transport(&error, target.api_key))?;
         let response = checked(response, target.api_key).await?;
         let body: Value = response.json().await.map_err(|error| UpstreamError::Decode(scrub(&error.to_string(), target.api_key)))?;
         let reply = match target.provider.format {
@@ -127,7 +130,13 @@ impl UpstreamClient {
             WireFormat::Anthropic => FormatReader::Anthropic(anthropic::StreamReader::default()),
             WireFormat::Gemini => FormatReader::Gemini(gemini::StreamReader::default()),
         };
-        let state = StreamState { bytes: Box::pin(response.bytes_stream()), parser: SseParser::default(), reader, pending: VecDeque::new(), done: false };
+        let state = StreamState {
+            bytes: Box::pin(response.bytes_stream()),
+            parser: SseParser::default(),
+            reader,
+            pending: VecDeque::new(),
+            done: false,
+        };
         Ok(Box::pin(futures::stream::unfold(state, next_event)))
     }
 
@@ -145,7 +154,11 @@ impl UpstreamClient {
             (WireFormat::Anthropic, _) => self.http.get(format!("{base}/v1/models")),
             (WireFormat::Gemini, _) => self.http.get(format!("{base}/v1beta/models")),
         };
-        let response = authorize(request, provider, api_key).timeout(Duration::from_secs(20)).send().await.map_err(|error| transport(&error, api_key))?;
+        let response = authorize(request, provider, api_key)
+            .timeout(Duration::from_secs(20))
+            .send()
+            .await
+            .map_err(|error| transport(&error, api_key))?;
         checked(response, api_key).await.map(|_| ())
     }
 }
@@ -174,7 +187,11 @@ async fn checked(response: reqwest::Response, api_key: &str) -> Result<reqwest::
     let message = serde_json::from_str::<Value>(&text)
         .ok()
         .and_then(|body| {
-            body.pointer("/error/message").or_else(|| body.get("message")).or_else(|| body.get("error")).and_then(Value::as_str).map(str::to_string)
+            body.pointer("/error/message")
+                .or_else(|| body.get("message"))
+                .or_else(|| body.get("error"))
+                .and_then(Value::as_str)
+                .map(str::to_string)
         })
         .unwrap_or_else(|| text.chars().take(300).collect());
     Err(UpstreamError::Status { status, message: scrub(&message, api_key) })

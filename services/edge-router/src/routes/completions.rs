@@ -17,13 +17,23 @@ use crate::pipeline::{self, ClientFormat};
 const CATALOG_CREATED: i64 = 1_761_955_200;
 
 /// `POST /v1/chat/completions` (router.write).
-pub async fn chat_completions(State(state): State<EdgeState>, caller: Caller, Extension(request_id): Extension<RequestId>, JsonBody(body): JsonBody<Value>) -> Result<Response, ApiError> {
+pub async fn chat_completions(
+    State(state): State<EdgeState>,
+    caller: Caller,
+    Extension(request_id): Extension<RequestId>,
+    JsonBody(body): JsonBody<Value>,
+) -> Result<Response, ApiError> {
     caller.require("router.write")?;
     pipeline::complete(&state, &caller, &request_id, &body, ClientFormat::OpenAi).await
 }
 
 /// `POST /v1/messages` (router.write).
-pub async fn messages(State(state): State<EdgeState>, caller: Caller, Extension(request_id): Extension<RequestId>, JsonBody(body): JsonBody<Value>) -> Result<Response, ApiError> {
+pub async fn messages(
+    State(state): State<EdgeState>,
+    caller: Caller,
+    Extension(request_id): Extension<RequestId>,
+    JsonBody(body): JsonBody<Value>,
+) -> Result<Response, ApiError> {
     caller.require("router.write")?;
     pipeline::complete(&state, &caller, &request_id, &body, ClientFormat::Anthropic).await
 }

@@ -45,7 +45,10 @@ pub struct KeyBody {
 }
 
 fn provider_and_key(body: KeyBody) -> Result<(String, String, Option<String>), ApiError> {
-    let provider = body.provider.filter(|provider| !provider.trim().is_empty()).ok_or_else(|| ApiError::invalid_request("missing_field", "provider is required"))?;
+    let provider = body
+        .provider
+        .filter(|provider| !provider.trim().is_empty())
+        .ok_or_else(|| ApiError::invalid_request("missing_field", "provider is required"))?;
     Ok((provider.trim().to_string(), body.api_key.unwrap_or_default(), body.name))
 }
 
@@ -73,11 +76,23 @@ fn key_view(key: &ProviderKey) -> Value {
 }
 
 /// `POST /v1/providers` (config.write): validates live, encrypts, stores; rotates a previous key.
-pub async fn register_key(State(state): State<EdgeState>, caller: Caller, JsonBody(body): JsonBody<KeyBody>) -> Result<(StatusCode, Json<Value>), ApiError> {
+pub async fn register_key(
+    State(state): State<EdgeState>,
+    caller: Caller,
+    JsonBody(body): JsonBody<KeyBody>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
     caller.require("config.write")?;
     let tenant_id = caller.tenant_id()?.to_string();
     let (provider, api_key, name) = provider_and_key(body)?;
-    let key = state.catalog.register_provider_key(RegisterProviderKeyRequest { tenant_id: tenant_id.clone(), provider, api_key, name: name.unwrap_or_default() }).await?;
+    let key = state
+        .catalog
+        .register_provider_key(RegisterProviderKeyRequest {
+            tenant_id: tenant_id.clone(),
+            provider,
+            api_key,
+            name: name.unwrap_or_default(),
+        })
+        .await?;
     state.routing.evict(&tenant_id);
     Ok((StatusCode::CREATED, Json(key_view(&key))))
 }
@@ -94,7 +109,8 @@ pub async fn list_keys(State(state): State<EdgeState>, caller: Caller) -> Answer
 pub async fn deactivate_key(State(state): State<EdgeState>, caller: Caller, Path(provider_or_key_id): Path<String>) -> Answer {
     caller.require("config.write")?;
     let tenant_id = caller.tenant_id()?.to_string();
-    let key = state.catalog.deactivate_provider_key(DeactivateProviderKeyRequest { tenant_id: tenant_id.clone(), provider_or_key_id }).await?;
+    let key =
+        state.catalog.deactivate_provider_key(DeactivateProviderKeyRequest { tenant_id: tenant_id.clone(), provider_or_key_id }).await?;
     state.routing.evict(&tenant_id);
     Ok(Json(json!({"deactivated": true, "provider": key_view(&key)})))
 }
@@ -115,7 +131,10 @@ pub async fn put_aliases(State(state): State<EdgeState>, caller: Caller, JsonBod
     let mut aliases = HashMap::new();
     for (alias, target) in map {
         let Value::String(target) = target else {
-            return Err(ApiError::invalid_request("invalid_aliases", format!("alias `{alias}` must map to a model id string (flat map, no nesting)")));
+            return Err(ApiError::invalid_request(
+                "invalid_aliases",
+                format!("alias `{alias}` must map to a model id string (flat map, no nesting)"),
+            ));
         };
         if alias.trim().is_empty() || target.trim().is_empty() {
             return Err(ApiError::invalid_request("empty_alias", "alias names and targets must not be empty"));
@@ -153,7 +172,8 @@ fn preset_view(preset: &Preset) -> Value {
 
 fn preset_of(tenant_id: &str, slug: String, body: PresetBody) -> Result<Preset, ApiError> {
     let options = body.options.unwrap_or_else(|| json!({}));
-    crate::routing_cache::route_options(&options).map_err(|message| ApiError::invalid_request("invalid_options", message.replace("route.", "options.")))?;
+    crate::routing_cache::route_options(&options)
+        .map_err(|message| ApiError::invalid_request("invalid_options", message.replace("route.", "options.")))?;
     Ok(Preset {
         tenant_id: tenant_id.to_string(),
         slug,
@@ -167,7 +187,11 @@ fn preset_of(tenant_id: &str, slug: String, body: PresetBody) -> Result<Preset, 
 }
 
 /// `POST /v1/presets` (config.write).
-pub async fn create_preset(State(state): State<EdgeState>, caller: Caller, JsonBody(mut body): JsonBody<PresetBody>) -> Result<(StatusCode, Json<Value>), ApiError> {
+pub async fn create_preset(
+    State(state): State<EdgeState>,
+    caller: Caller,
+    JsonBody(mut body): JsonBody<PresetBody>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
     caller.require("config.write")?;
     let tenant_id = caller.tenant_id()?.to_string();
     let slug = body.slug.take().ok_or_else(|| ApiError::invalid_request("missing_field", "slug is required"))?;
@@ -192,7 +216,12 @@ pub async fn get_preset(State(state): State<EdgeState>, caller: Caller, Path(slu
 }
 
 /// `PUT /v1/presets/{slug}` (config.write): replaces an existing preset.
-pub async fn replace_preset(State(state): State<EdgeState>, caller: Caller, Path(slug): Path<String>, JsonBody(body): JsonBody<PresetBody>) -> Answer {
+pub async fn replace_preset(
+    State(state): State<EdgeState>,
+    caller: Caller,
+    Path(slug): Path<String>,
+    JsonBody(body): JsonBody<PresetBody>,
+) -> Answer {
     caller.require("config.write")?;
     let tenant_id = caller.tenant_id()?.to_string();
     if body.slug.as_ref().is_some_and(|body_slug| *body_slug != slug) {

@@ -1,0 +1,548 @@
+//! Bring your own keys, end to end in both shapes: the provider catalog, the vault, both client formats
+//! served by any provider format (streaming and tool calls included), model resolution, fallback and
+//! exact costs, against a mock upstream that records what it received.
+
+use brainstorm_e2e::{Gateway, Reply, Shape};
+use brainstorm_mock_upstream::{FailSpec, MockConfig, MockUpstream, RecordedRequest};
+use reqwest::Method;
+use serde_json::{Value, json};
+
+type TestResult = anyhow::Result<()>;
+
+const OPENAI_KEY: &str = "sk-openai-test-0123456789abcdefghijklmnop";
+const ANTHROPIC_KEY: &str = "sk-ant-test-0123456789abcdefghijklmnopqr";
+const GOOGLE_KEY: &str = "AIza-test-0123456789abcdefghijklmnopqrstu";
+
+macro_rules! in_both_shapes {
+    ($($test:ident),* $(,)?) => {
+        mod embedded {
+            $( #[tokio::test] async fn $test() -> super::TestResult { super::$test(brainstorm_e2e::Shape::Embedded).await } )*
+        }
+        mod distributed {
+            $( #[tokio::test] async fn $test() -> super::TestResult { super::$test(brainstorm_e2e::Shape::Distributed).await } )*
+        }
+    };
+}
+
+in_both_shapes!(
+    the_provider_catalog_is_public,
+    the_vault_validates_encrypts_masks_rotates_and_never_leaks,
+    openai_clients_reach_anthropic_and_gemini_models_with_exact_costs,
+    anthropic_clients_reach_openai_models,
+    streams_are_translated_event_by_event_with_tool_calls,
+    upstream_errors_are_forwarded_and_fallbacks_tried_in_order,
+    aliases_presets_and_model_resolution_errors,
+    models_runnable_allowlists_and_deprecations,
+    a_client_disconnect_cancels_the_upstream_stream,
+);
+
+struct Setup {
+    gateway: Gateway,
+    mock: MockUpstream,
+    key: String,
+}
+
+async fn setup_with(shape: Shape, config: MockConfig, providers: &[(&str, &str)]) -> anyhow::Result<Setup> {
+    let mock = MockUpstream::start(MockConfig {
+        valid_keys: vec![OPENAI_KEY.to_string(), ANTHROPIC_KEY.to_string(), GOOGLE_KEY.to_string()],
+        ..config
+    })
+    .await?;
+    let openai_base = format!("{}/v1", mock.base_url());
+    let env = [
+        ("BR_PROVIDER_OPENAI_BASE_URL", openai_base.as_str()),
+        ("BR_PROVIDER_ANTHROPIC_BASE_URL", mock.base_url()),
+        ("BR_PROVIDER_GOOGLE_BASE_URL", mock.base_url()),
+        ("RUST_LOG", "debug,h2=info,hyper=info,tower=info"),
+    ];
+    let gateway = Gateway::start_with(shape, &env).await?;
+    let (key, _) = gateway.register("Acme").await?;
+    for (provider, api_key) in providers {
+        let reply =
+            gateway.call(Method::POST, "/v1/providers", Some(&key), Some(json!({"provider": provider, "api_key": api_key}))).await?;
+        anyhow::ensure!(reply.status == 201, "registering {provider}: {} {}", reply.status, reply.text);
+    }
+    mock.clear();
+    Ok(Setup { gateway, mock, key })
+}
+
+async fn setup(shape: Shape) -> anyhow::Result<Setup> {
+    setup_with(shape, MockConfig::default(), &[("openai", OPENAI_KEY), ("anthropic", ANTHROPIC_KEY), ("google", GOOGLE_KEY)]).await
+}
+
+fn completion(model: &str, text: &str) -> Value {
+    json!({"model": model, "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": text}]})
+}
+
+fn last_request(mock: &MockUpstream) -> anyhow::Result<RecordedRequest> {
+    mock.requests().into_iter().last().ok_or_else(|| anyhow::anyhow!("the mock received nothing"))
+}
+
+/// The exact cost, as the headers show it, of `usage` at per-million prices given in nano-dollars per token.
+fn expected_cost(input_tokens: u64, output_tokens: u64, input_nanos_per_token: u64, output_nanos_per_token: u64) -> String {
+    let nanos = input_tokens * input_nanos_per_token + output_tokens * output_nanos_per_token;
+    format!("{}.{:06}", nanos / 1_000_000_000, (nanos % 1_000_000_000) / 1_000)
+}
+
+fn assert_provider_error(reply: &Reply, status: u16, provider: &str) {
+    assert_eq!(reply.status, status, "{}", reply.text);
+    assert_eq!(reply.body["error"]["type"], "provider_error", "{}", reply.text);
+    assert_eq!(reply.body["error"]["provider"], provider, "{}", reply.text);
+    assert!(reply.body["recovery"]["action"].is_string());
+}
+
+async fn the_provider_catalog_is_public(shape: Shape) -> TestResult {
+    let gateway = Gateway::start(shape).await?;
+    let reply = gateway.call(Method::GET, "/v1/providers/catalog", None, None).await?;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    let providers = reply.body["providers"].as_array().cloned().unwrap_or_default();
+    assert_eq!(reply.body["total"], providers.len());
+    for id in [
+        "openai",
+        "anthropic",
+        "google",
+        "mistral",
+        "groq",
+        "deepseek",
+        "xai",
+        "together",
+        "fireworks",
+        "openrouter",
+        "cohere",
+        "perplexity",
+        "azure-openai",
+        "ollama",
+    ] {
+        let provider = providers.iter().find(|provider| provider["id"] == id).ok_or_else(|| anyhow::anyhow!("{id} missing"))?;
+        for field in ["name", "api", "base_url", "env_key", "discoverable", "auth"] {
+            assert!(provider.get(field).is_some(), "{id}.{field} missing");
+        }
+    }
+    let groq = providers.iter().find(|provider| provider["id"] == "groq").cloned().unwrap_or_default();
+    assert_eq!(groq["api"], "openai", "OpenAI-compatible providers share the OpenAI adapter");
+    Ok(())
+}
+
+async fn the_vault_validates_encrypts_masks_rotates_and_never_leaks(shape: Shape) -> TestResult {
+    let setup = setup_with(shape, MockConfig::default(), &[]).await?;
+    let (gateway, mock, key) = (&setup.gateway, &setup.mock, setup.key.as_str());
+
+    let valid = gateway.call(Method::POST, "/v1/providers/test", None, Some(json!({"provider": "openai", "api_key": OPENAI_KEY}))).await?;
+    assert_eq!(valid.body, json!({"valid": true, "provider": "openai", "name": "OpenAI", "status": "valid"}));
+    let wrong = "sk-openai-wrong-0123456789abcdefghijklmnop";
+    let invalid = gateway.call(Method::POST, "/v1/providers/test", None, Some(json!({"provider": "openai", "api_key": wrong}))).await?;
+    assert_eq!((invalid.body["valid"].clone(), invalid.body["status"].clone()), (json!(false), json!("invalid")));
+    let unknown = gateway.call(Method::POST, "/v1/providers/test", None, Some(json!({"provider": "nope", "api_key": "x"}))).await?;
+    assert_eq!(unknown.status, 400);
+    // The test endpoint stored nothing.
+    assert_eq!(gateway.call(Method::GET, "/v1/providers", Some(key), None).await?.body["total"], 0);
+    // The live validation carried the key to the provider the way it expects it.
+    let probe =
+        mock.requests().into_iter().find(|request| request.path == "/v1/models").ok_or_else(|| anyhow::anyhow!("no validation call"))?;
+    assert_eq!(probe.headers.get("authorization").map(String::as_str), Some(format!("Bearer {OPENAI_KEY}").as_str()));
+
+    // A provider error echoing the key must not carry it back to the client.
+    mock.fail_next(FailSpec {
+        count: 1,
+        status: 401,
+        body: Some(json!({"error": {"message": format!("Incorrect API key provided: {wrong}"), "type": "invalid_request_error"}})),
+        path_contains: None,
+    });
+    let refused = gateway.call(Method::POST, "/v1/providers", Some(key), Some(json!({"provider": "openai", "api_key": wrong}))).await?;
+    assert_eq!(refused.status, 400, "{}", refused.text);
+    assert!(refused.body["recovery"].is_object());
+
+    let registered = gateway
+        .call(Method::POST, "/v1/providers", Some(key), Some(json!({"provider": "openai", "api_key": OPENAI_KEY, "name": "prod"})))
+        .await?;
+    assert_eq!(registered.status, 201, "{}", registered.text);
+    assert_eq!(registered.body["status"], "active");
+    assert_eq!(registered.body["provider"], "openai");
+    assert!(registered.body["masked_key"].as_str().is_some_and(|masked| masked.ends_with("mnop") && masked.len() < 12));
+    let first_id = registered.body["id"].as_str().unwrap_or_default().to_string();
+
+    // Re-registering rotates: the old key is kept, inactive, and the new one serves.
+    mock.clear();
+    let rotation =
+        gateway.call(Method::POST, "/v1/providers", Some(key), Some(json!({"provider": "openai", "api_key": OPENAI_KEY}))).await?;
+    assert_eq!(rotation.status, 201, "{}", rotation.text);
+    let listed = gateway.call(Method::GET, "/v1/providers", Some(key), None).await?;
+    let keys = listed.body["providers"].as_array().cloned().unwrap_or_default();
+    assert_eq!(keys.len(), 2);
+    assert_eq!(keys.iter().filter(|entry| entry["status"] == "active").count(), 1);
+    assert!(keys.iter().any(|entry| entry["id"] == first_id.as_str() && entry["status"] == "inactive"));
+
+    let served =
+        gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(completion("openai/gpt-4o-mini", "hello vault"))).await?;
+    assert_eq!(served.status, 200, "{}", served.text);
+    assert_eq!(last_request(mock)?.headers.get("authorization").map(String::as_str), Some(format!("Bearer {OPENAI_KEY}").as_str()));
+
+    // Never in a response, never in the database, never in a log line.
+    for reply in [&valid, &invalid, &refused, &registered, &rotation, &listed, &served] {
+        assert!(!reply.text.contains(OPENAI_KEY) && !reply.text.contains(wrong), "a response leaked a key: {}", reply.text);
+    }
+    let stored = gateway.table_text("provider_keys").await?;
+    assert!(!stored.is_empty());
+    assert!(!stored.contains(OPENAI_KEY) && !stored.contains("0123456789abcdefghij"), "the database holds the plaintext");
+    let logs = gateway.logs();
+    assert!(logs.contains("provider key registered"), "the logs were captured");
+    assert!(!logs.contains(OPENAI_KEY) && !logs.contains(wrong) && !logs.contains("0123456789abcdefghij"), "a log line leaked a key");
+
+    // Deactivating keeps the record; with no key left the sandbox answers again.
+    let deactivated = gateway.call(Method::DELETE, "/v1/providers/openai", Some(key), None).await?;
+    assert_eq!(deactivated.status, 200, "{}", deactivated.text);
+    assert_eq!(deactivated.body["provider"]["status"], "inactive");
+    let after = gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(completion("openai/gpt-4o-mini", "hi"))).await?;
+    assert_eq!(after.body["model"], "brainstorm/sandbox");
+    assert_eq!(gateway.call(Method::GET, "/v1/providers", Some(key), None).await?.body["total"], 2);
+    assert_eq!(gateway.call(Method::DELETE, "/v1/providers/openai", Some(key), None).await?.status, 404);
+    Ok(())
+}
+
+async fn openai_clients_reach_anthropic_and_gemini_models_with_exact_costs(shape: Shape) -> TestResult {
+    let setup = setup(shape).await?;
+    let (gateway, mock, key) = (&setup.gateway, &setup.mock, setup.key.as_str());
+
+    let reply = gateway
+        .call(Method::POST, "/v1/chat/completions", Some(key), Some(completion("anthropic/claude-haiku-4-5", "hello from openai format")))
+        .await?;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    let upstream = last_request(mock)?;
+    assert_eq!(upstream.path, "/v1/messages");
+    assert_eq!(upstream.headers.get("x-api-key").map(String::as_str), Some(ANTHROPIC_KEY));
+    assert!(upstream.headers.contains_key("anthropic-version"));
+    assert_eq!(upstream.body["model"], "claude-haiku-4-5");
+    assert_eq!(upstream.body["system"], "be brief");
+    assert_eq!(upstream.body["messages"], json!([{"role": "user", "content": [{"type": "text", "text": "hello from openai format"}]}]));
+    assert!(upstream.body["max_tokens"].as_u64().is_some());
+
+    assert_eq!(reply.body["object"], "chat.completion");
+    assert_eq!(reply.body["model"], "anthropic/claude-haiku-4-5");
+    assert_eq!(reply.body["choices"][0]["message"]["content"], "mock anthropic reply to: hello from openai format");
+    assert_eq!(reply.body["choices"][0]["finish_reason"], "stop");
+    let (input, output) =
+        (reply.body["usage"]["prompt_tokens"].as_u64().unwrap_or(0), reply.body["usage"]["completion_tokens"].as_u64().unwrap_or(0));
+    assert_eq!((input, output), (6, 8), "the mock counts words");
+    // claude-haiku-4-5: $1/M input (1000 nano-dollars a token), $5/M output (5000).
+    let cost = expected_cost(input, output, 1_000, 5_000);
+    assert_eq!(reply.header("x-br-actual-cost"), Some(cost.as_str()));
+    assert_eq!(reply.body["usage"]["cost_usd"].to_string(), cost.trim_end_matches('0'));
+    assert!(reply.header("x-br-estimated-cost").is_some_and(|estimate| estimate.len() == 8));
+    assert!(reply.header("x-br-efficiency").is_some());
+    assert_eq!(reply.header("x-br-routed-model"), Some("anthropic/claude-haiku-4-5"));
+    assert_eq!(reply.header("x-br-selection-method"), Some("explicit"));
+
+    let gemini =
+        gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(completion("google/gemini-2.5-flash", "hello gemini"))).await?;
+    assert_eq!(gemini.status, 200, "{}", gemini.text);
+    let upstream = last_request(mock)?;
+    assert_eq!(upstream.path, "/v1beta/models/gemini-2.5-flash:generateContent");
+    assert_eq!(upstream.headers.get("x-goog-api-key").map(String::as_str), Some(GOOGLE_KEY));
+    assert_eq!(upstream.body["systemInstruction"], json!({"parts": [{"text": "be brief"}]}));
+    assert_eq!(gemini.body["choices"][0]["message"]["content"], "mock gemini reply to: hello gemini");
+    // gemini-2.5-flash: $0.30/M input, $2.50/M output.
+    let cost = expected_cost(
+        gemini.body["usage"]["prompt_tokens"].as_u64().unwrap_or(0),
+        gemini.body["usage"]["completion_tokens"].as_u64().unwrap_or(0),
+        300,
+        2_500,
+    );
+    assert_eq!(gemini.header("x-br-actual-cost"), Some(cost.as_str()));
+
+    // `auto` picks a model itself and shows no estimate.
+    let auto = gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(completion("auto", "what is 2+2?"))).await?;
+    assert_eq!(auto.status, 200, "{}", auto.text);
+    assert!(auto.header("x-br-estimated-cost").is_none());
+    assert_eq!(auto.header("x-br-selection-method"), Some("capability-matched"));
+    assert!(auto.header("x-br-complexity-level").is_some());
+    Ok(())
+}
+
+async fn anthropic_clients_reach_openai_models(shape: Shape) -> TestResult {
+    let setup = setup(shape).await?;
+    let (gateway, mock, key) = (&setup.gateway, &setup.mock, setup.key.as_str());
+    let body = json!({"model": "openai/gpt-4o-mini", "max_tokens": 100, "system": "be brief", "messages": [{"role": "user", "content": "hello from anthropic format"}]});
+    let reply = gateway
+        .request(Method::POST, "/v1/messages", None)
+        .header("x-api-key", key)
+        .header("anthropic-version", "2023-06-01")
+        .json(&body)
+        .send()
+        .await?;
+    let status = reply.status().as_u16();
+    let actual_cost = reply.headers().get("x-br-actual-cost").and_then(|value| value.to_str().ok()).map(str::to_string);
+    let message: Value = reply.json().await?;
+    assert_eq!(status, 200, "{message}");
+    let upstream = last_request(mock)?;
+    assert_eq!(upstream.path, "/v1/chat/completions");
+    assert_eq!(upstream.headers.get("authorization").map(String::as_str), Some(format!("Bearer {OPENAI_KEY}").as_str()));
+    assert_eq!(upstream.body["model"], "gpt-4o-mini");
+    assert_eq!(upstream.body["messages"][0], json!({"role": "system", "content": "be brief"}));
+    assert_eq!(upstream.body["max_tokens"], 100);
+    assert_eq!(message["type"], "message");
+    assert_eq!(message["content"][0], json!({"type": "text", "text": "mock openai reply to: hello from anthropic format"}));
+    assert_eq!(message["stop_reason"], "end_turn");
+    // gpt-4o-mini: $0.15/M input (150), $0.60/M output (600).
+    let cost = expected_cost(
+        message["usage"]["input_tokens"].as_u64().unwrap_or(0),
+        message["usage"]["output_tokens"].as_u64().unwrap_or(0),
+        150,
+        600,
+    );
+    assert_eq!(actual_cost.as_deref(), Some(cost.as_str()));
+    Ok(())
+}
+
+fn sse_data(text: &str) -> Vec<Value> {
+    text.lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .filter(|data| *data != "[DONE]")
+        .filter_map(|data| serde_json::from_str(data).ok())
+        .collect()
+}
+
+async fn streams_are_translated_event_by_event_with_tool_calls(shape: Shape) -> TestResult {
+    let setup = setup(shape).await?;
+    let (gateway, mock, key) = (&setup.gateway, &setup.mock, setup.key.as_str());
+    let tools = json!([{"type": "function", "function": {"name": "lookup", "description": "search", "parameters": {"type": "object", "properties": {"query": {"type": "string"}}}}}]);
+
+    // OpenAI client, Anthropic upstream: text.
+    let body = json!({"model": "anthropic/claude-haiku-4-5", "stream": true, "stream_options": {"include_usage": true}, "messages": [{"role": "user", "content": "stream some words"}]});
+    let streamed = gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(body)).await?;
+    assert_eq!(streamed.status, 200, "{}", streamed.text);
+    assert_eq!(last_request(mock)?.body["stream"], true);
+    assert!(streamed.text.trim_end().ends_with("data: [DONE]"));
+    let chunks = sse_data(&streamed.text);
+    let text: String = chunks.iter().filter_map(|chunk| chunk["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(text, "mock anthropic reply to: stream some words");
+    let usage = chunks.iter().find(|chunk| chunk["usage"].is_object()).map(|chunk| chunk["usage"].clone()).unwrap_or_default();
+    assert!(usage["completion_tokens"].as_u64().is_some_and(|tokens| tokens > 0));
+    let cost = expected_cost(usage["prompt_tokens"].as_u64().unwrap_or(0), usage["completion_tokens"].as_u64().unwrap_or(0), 1_000, 5_000);
+    assert!(streamed.text.contains(&format!(": x-br-actual-cost={cost}")), "the stream carries its exact cost");
+
+    // OpenAI client, Anthropic upstream: a tool call streamed as argument fragments.
+    let body = json!({"model": "anthropic/claude-haiku-4-5", "stream": true, "tools": tools, "messages": [{"role": "user", "content": "please use a tool now"}]});
+    let streamed = gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(body)).await?;
+    let chunks = sse_data(&streamed.text);
+    assert_eq!(last_request(mock)?.body["tools"][0]["name"], "lookup");
+    let calls: Vec<&Value> = chunks.iter().filter_map(|chunk| chunk["choices"][0]["delta"]["tool_calls"].get(0)).collect();
+    assert!(calls.len() >= 3, "a start and at least two argument fragments: {}", streamed.text);
+    assert_eq!(calls[0]["function"]["name"], "lookup");
+    let arguments: String = calls.iter().filter_map(|call| call["function"]["arguments"].as_str()).collect();
+    assert_eq!(serde_json::from_str::<Value>(&arguments)?, json!({"query": "please use a tool now"}));
+    let finish = chunks.iter().filter_map(|chunk| chunk["choices"][0]["finish_reason"].as_str()).next_back();
+    assert_eq!(finish, Some("tool_calls"));
+
+    // Anthropic client, OpenAI upstream: a tool call as input_json_delta events.
+    let body = json!({"model": "openai/gpt-4o-mini", "max_tokens": 200, "stream": true,
+        "tools": [{"name": "lookup", "description": "search", "input_schema": {"type": "object", "properties": {"query": {"type": "string"}}}}],
+        "messages": [{"role": "user", "content": "please use a tool now"}]});
+    let streamed = gateway.call(Method::POST, "/v1/messages", Some(key), Some(body)).await?;
+    assert_eq!(last_request(mock)?.body["tools"][0]["function"]["name"], "lookup");
+    let events = sse_data(&streamed.text);
+    let names: Vec<&str> = streamed.text.lines().filter_map(|line| line.strip_prefix("event: ")).collect();
+    assert_eq!(names.first(), Some(&"message_start"));
+    assert_eq!(names.last(), Some(&"message_stop"));
+    let start = events.iter().find(|event| event["content_block"]["type"] == "tool_use").cloned().unwrap_or_default();
+    assert_eq!(start["content_block"]["name"], "lookup");
+    let partial: String = events.iter().filter_map(|event| event["delta"]["partial_json"].as_str()).collect();
+    assert_eq!(serde_json::from_str::<Value>(&partial)?, json!({"query": "please use a tool now"}));
+    let stop = events.iter().find(|event| event["type"] == "message_delta").map(|event| event["delta"]["stop_reason"].clone());
+    assert_eq!(stop, Some(json!("tool_use")));
+
+    // Anthropic client, Gemini upstream: streamed text.
+    let body = json!({"model": "google/gemini-2.5-flash", "max_tokens": 200, "stream": true, "messages": [{"role": "user", "content": "gemini stream"}]});
+    let streamed = gateway.call(Method::POST, "/v1/messages", Some(key), Some(body)).await?;
+    assert!(last_request(mock)?.path.ends_with(":streamGenerateContent"));
+    let text: String = sse_data(&streamed.text).iter().filter_map(|event| event["delta"]["text"].as_str()).collect();
+    assert_eq!(text, "mock gemini reply to: gemini stream");
+    Ok(())
+}
+
+async fn upstream_errors_are_forwarded_and_fallbacks_tried_in_order(shape: Shape) -> TestResult {
+    let setup = setup(shape).await?;
+    let (gateway, mock, key) = (&setup.gateway, &setup.mock, setup.key.as_str());
+    // One model, no fallback configured: the provider's status comes back as provider_error.
+    mock.fail_next(FailSpec { count: 1, status: 503, body: None, path_contains: Some("/v1/messages".to_string()) });
+    let failed =
+        gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(completion("anthropic/claude-haiku-4-5", "hi"))).await?;
+    assert_provider_error(&failed, 503, "anthropic");
+    mock.fail_next(FailSpec { count: 1, status: 429, body: None, path_contains: None });
+    let limited = gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(completion("openai/gpt-4o-mini", "hi"))).await?;
+    assert_provider_error(&limited, 429, "openai");
+
+    // With fallback models, the next one is tried in order.
+    mock.clear();
+    mock.fail_next(FailSpec { count: 1, status: 500, body: None, path_contains: Some("/v1/messages".to_string()) });
+    let mut body = completion("anthropic/claude-haiku-4-5", "fall back please");
+    body["route"] = json!({"models": ["google/gemini-2.5-flash", "openai/gpt-4o-mini"]});
+    let served = gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(body.clone())).await?;
+    assert_eq!(served.status, 200, "{}", served.text);
+    assert_eq!(served.header("x-br-routed-model"), Some("google/gemini-2.5-flash"));
+    assert_eq!(served.header("x-br-failover-from"), Some("anthropic/claude-haiku-4-5"));
+    assert_eq!(served.header("x-br-failover-path"), Some("anthropic/claude-haiku-4-5,google/gemini-2.5-flash"));
+    let paths: Vec<String> = mock.requests().into_iter().map(|request| request.path).collect();
+    assert_eq!(paths, vec!["/v1/messages".to_string(), "/v1beta/models/gemini-2.5-flash:generateContent".to_string()]);
+
+    // A bad request is not retried elsewhere; allowFallback false stops after the first.
+    mock.clear();
+    mock.fail_next(FailSpec { count: 1, status: 400, body: None, path_contains: None });
+    let bad = gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(body.clone())).await?;
+    assert_provider_error(&bad, 400, "anthropic");
+    assert_eq!(mock.requests().len(), 1);
+    mock.clear();
+    mock.fail_next(FailSpec { count: 1, status: 500, body: None, path_contains: None });
+    body["route"]["allowFallback"] = json!(false);
+    let no_fallback = gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(body.clone())).await?;
+    assert_provider_error(&no_fallback, 500, "anthropic");
+    assert_eq!(mock.requests().len(), 1);
+
+    // Cascade over a provider filter.
+    body["route"] = json!({"strategy": "cascade", "models": ["openai/gpt-4o-mini"], "providerDeny": ["anthropic"]});
+    let filtered = gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(body)).await?;
+    assert_eq!(filtered.header("x-br-routed-model"), Some("openai/gpt-4o-mini"));
+    Ok(())
+}
+
+async fn aliases_presets_and_model_resolution_errors(shape: Shape) -> TestResult {
+    let setup = setup_with(shape, MockConfig::default(), &[("openai", OPENAI_KEY), ("anthropic", ANTHROPIC_KEY)]).await?;
+    let (gateway, mock, key) = (&setup.gateway, &setup.mock, setup.key.as_str());
+    for bad in [
+        json!(["not", "a", "map"]),
+        json!({"fast": {"nested": true}}),
+        json!({"": "openai/gpt-4o-mini"}),
+        json!({"fast": ""}),
+        json!({"fast": 3}),
+    ] {
+        let reply = gateway.call(Method::PUT, "/v1/aliases", Some(key), Some(bad.clone())).await?;
+        assert_eq!(reply.status, 400, "{bad}: {}", reply.text);
+    }
+    let put = gateway
+        .call(Method::PUT, "/v1/aliases", Some(key), Some(json!({"fast": "anthropic/claude-haiku-4-5", "cheap": "gpt-4o-mini:floor"})))
+        .await?;
+    assert_eq!(put.status, 200, "{}", put.text);
+    assert_eq!(
+        gateway.call(Method::GET, "/v1/aliases", Some(key), None).await?.body,
+        json!({"fast": "anthropic/claude-haiku-4-5", "cheap": "gpt-4o-mini:floor"})
+    );
+    let aliased = gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(completion("fast", "via alias"))).await?;
+    assert_eq!(aliased.header("x-br-routed-model"), Some("anthropic/claude-haiku-4-5"));
+    assert_eq!(aliased.header("x-br-selection-method"), Some("alias"));
+    let variant = gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(completion("gpt-4o-mini:floor", "variant"))).await?;
+    assert_eq!(variant.header("x-br-routed-model"), Some("openai/gpt-4o-mini"));
+    assert_eq!(last_request(mock)?.body["model"], "gpt-4o-mini", "the suffix never reaches the provider");
+
+    let preset = json!({"slug": "resilient", "models": ["anthropic/claude-haiku-4-5", "openai/gpt-4o-mini"], "strategy": "price"});
+    let created = gateway.call(Method::POST, "/v1/presets", Some(key), Some(preset.clone())).await?;
+    assert_eq!(created.status, 201, "{}", created.text);
+    assert_eq!(gateway.call(Method::POST, "/v1/presets", Some(key), Some(preset)).await?.status, 409);
+    assert_eq!(gateway.call(Method::POST, "/v1/presets", Some(key), Some(json!({"slug": "Bad Slug", "models": ["x"]}))).await?.status, 400);
+    assert_eq!(
+        gateway
+            .call(Method::POST, "/v1/presets", Some(key), Some(json!({"slug": "s", "models": ["x"], "strategy": "fastest"})))
+            .await?
+            .status,
+        400
+    );
+    let by_preset = gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(completion("@preset/resilient", "preset"))).await?;
+    assert_eq!(by_preset.header("x-br-routed-model"), Some("openai/gpt-4o-mini"), "price orders the cheaper model first");
+    assert_eq!(by_preset.header("x-br-selection-method"), Some("preset"));
+    let replaced = gateway
+        .call(
+            Method::PUT,
+            "/v1/presets/resilient",
+            Some(key),
+            Some(json!({"models": ["anthropic/claude-haiku-4-5"], "strategy": "cascade"})),
+        )
+        .await?;
+    assert_eq!(replaced.status, 200, "{}", replaced.text);
+    assert_eq!(gateway.call(Method::GET, "/v1/presets", Some(key), None).await?.body["total"], 1);
+    assert_eq!(gateway.call(Method::DELETE, "/v1/presets/resilient", Some(key), None).await?.status, 200);
+    assert_eq!(gateway.call(Method::GET, "/v1/presets/resilient", Some(key), None).await?.status, 404);
+
+    let unknown = gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(completion("openai/gpt-nonexistent", "hi"))).await?;
+    assert_eq!(unknown.status, 404, "{}", unknown.text);
+    assert_eq!(unknown.body["error"]["code"], "model_not_found");
+    assert_eq!(unknown.body["recovery"]["action"], "use_alternative_model");
+    let missing_key =
+        gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(completion("google/gemini-2.5-flash", "hi"))).await?;
+    assert_eq!(missing_key.body["error"]["type"], "byok_required", "{}", missing_key.text);
+    assert_eq!(missing_key.body["recovery"]["action"], "register_provider");
+    assert_eq!(missing_key.body["recovery"]["endpoint"], "/v1/providers");
+    let preset_missing = gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(completion("@preset/none", "hi"))).await?;
+    assert_eq!(preset_missing.status, 404);
+    Ok(())
+}
+
+async fn models_runnable_allowlists_and_deprecations(shape: Shape) -> TestResult {
+    let setup = setup_with(shape, MockConfig::default(), &[("openai", OPENAI_KEY)]).await?;
+    let (gateway, key) = (&setup.gateway, setup.key.as_str());
+    let models = gateway.call(Method::GET, "/v1/models", Some(key), None).await?;
+    let ids: Vec<&str> = models.body["data"].as_array().into_iter().flatten().filter_map(|model| model["id"].as_str()).collect();
+    assert!(ids.contains(&"openai/gpt-4o-mini") && !ids.iter().any(|id| id.starts_with("anthropic/")), "{ids:?}");
+    let runnable = gateway.call(Method::GET, "/v1/catalog/runnable", Some(key), None).await?;
+    assert_eq!(runnable.status, 200, "{}", runnable.text);
+    assert!(
+        runnable.body["filtered_out"]["no_provider_key"]
+            .as_array()
+            .is_some_and(|ids| ids.iter().any(|id| id == "anthropic/claude-haiku-4-5"))
+    );
+    assert!(runnable.body["data"][0]["x_model_router"]["pricing"]["input"].is_number());
+    assert_eq!(runnable.body["total_available"], runnable.body["data"].as_array().map(Vec::len).unwrap_or(0));
+
+    let created = gateway
+        .call(Method::POST, "/v1/api-keys", Some(key), Some(json!({"role": "developer", "allowed_models": ["openai/gpt-4o-mini"]})))
+        .await?;
+    let limited = created.body["api_key"]["key"].as_str().unwrap_or_default().to_string();
+    let limited_models = gateway.call(Method::GET, "/v1/models", Some(&limited), None).await?;
+    assert_eq!(limited_models.body["data"].as_array().map(Vec::len), Some(1));
+    let refused = gateway.call(Method::POST, "/v1/chat/completions", Some(&limited), Some(completion("openai/gpt-4o", "hi"))).await?;
+    assert_eq!(refused.status, 403, "{}", refused.text);
+    assert_eq!(
+        gateway.call(Method::POST, "/v1/chat/completions", Some(&limited), Some(completion("gpt-4o-mini", "hi"))).await?.status,
+        200
+    );
+
+    let deprecated =
+        gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(completion("openai/gpt-3.5-turbo", "old model"))).await?;
+    assert_eq!(deprecated.status, 200, "{}", deprecated.text);
+    assert!(deprecated.header("x-br-deprecation").is_some_and(|notice| notice.contains("sunset 2027-03-31")));
+    assert!(deprecated.header("deprecation").is_some_and(|value| value.starts_with('@')));
+    assert_eq!(deprecated.header("sunset"), Some("Wed, 31 Mar 2027 00:00:00 GMT"));
+    assert!(
+        gateway
+            .call(Method::POST, "/v1/chat/completions", Some(key), Some(completion("openai/gpt-4o-mini", "new")))
+            .await?
+            .header("sunset")
+            .is_none()
+    );
+    Ok(())
+}
+
+async fn a_client_disconnect_cancels_the_upstream_stream(shape: Shape) -> TestResult {
+    let setup = setup_with(
+        shape,
+        MockConfig { chunk_delay: std::time::Duration::from_millis(100), ..MockConfig::default() },
+        &[("openai", OPENAI_KEY)],
+    )
+    .await?;
+    let (gateway, mock, key) = (&setup.gateway, &setup.mock, setup.key.as_str());
+    let body = json!({"model": "openai/gpt-4o-mini", "stream": true, "messages": [{"role": "user", "content": "a b c d e f g h i j k l m n o p q r s t u v w x y z"}]});
+    let mut response = gateway.request(Method::POST, "/v1/chat/completions", Some(key)).json(&body).send().await?;
+    assert_eq!(response.status().as_u16(), 200);
+    // Time to first byte comes long before the whole reply: the stream is not buffered.
+    let first = response.chunk().await?;
+    assert!(first.is_some_and(|chunk| !chunk.is_empty()));
+    drop(response);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let request = last_request(mock)?;
+        if request.client_disconnected {
+            assert!(!request.completed);
+            return Ok(());
+        }
+        anyhow::ensure!(!request.completed, "the upstream stream ran to its end although the client left");
+        anyhow::ensure!(std::time::Instant::now() < deadline, "the upstream never saw the disconnect");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
