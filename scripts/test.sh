@@ -14,11 +14,11 @@ drop_test_databases
 trap drop_test_databases EXIT
 
 echo "== cargo build (binary)"
-cargo build -p brainstorm
+cargo build -p brainstorm -p brainstorm-mock-upstream
 echo "== cargo test (unit, store suites on SQLite and PostgreSQL, end-to-end in both shapes)"
 cargo test --workspace
 echo "== SDK end-to-end tests (official openai and anthropic clients)"
-BR_BINARY="$CARGO_TARGET_DIR/debug/brainstorm" tests/sdk/run.sh
+BR_BINARY="$CARGO_TARGET_DIR/debug/brainstorm" BR_MOCK_UPSTREAM="$CARGO_TARGET_DIR/debug/mock-upstream" tests/sdk/run.sh
 if [ -x tests/deploy/check_chart.sh ]; then
   echo "== Helm chart and manifests"
   tests/deploy/check_chart.sh

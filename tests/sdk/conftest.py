@@ -13,12 +13,15 @@ import uuid
 import pytest
 
 POSTGRES_ADMIN_URL = os.environ.get("BR_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres")
+MASTER_KEY = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
+OPENAI_KEY = "sk-openai-sdk-test-0123456789abcdefghijkl"
+ANTHROPIC_KEY = "sk-ant-sdk-test-0123456789abcdefghijklmn"
 
 
-def binary():
-    path = os.environ.get("BR_BINARY")
+def binary(variable="BR_BINARY"):
+    path = os.environ.get(variable)
     if not path or not os.path.exists(path):
-        raise RuntimeError("set BR_BINARY to the built brainstorm binary (make test does)")
+        raise RuntimeError(f"set {variable} to the built binary (make test does)")
     return path
 
 
@@ -49,36 +52,57 @@ def fresh_database():
     return POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
 
 
+def post_json(url, body, key=None):
+    headers = {"content-type": "application/json"}
+    if key:
+        headers["authorization"] = f"Bearer {key}"
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
+    with urllib.request.urlopen(request) as response:
+        return json.load(response)
+
+
 @pytest.fixture(scope="module", params=["embedded", "distributed"])
 def gateway(request):
     work_dir = tempfile.mkdtemp(prefix="brainstorm-sdk-")
-    env = dict(os.environ, BR_MAIL_OUTBOX=os.path.join(work_dir, "outbox"), RUST_LOG="warn")
-    edge_port = free_port()
     processes = []
     logs = []
 
-    def spawn(label, arguments, extra_env):
+    def spawn(label, command, extra_env):
         log = open(os.path.join(work_dir, f"{label}.log"), "w")
         logs.append(log)
-        processes.append(subprocess.Popen([binary(), *arguments], env={**env, **extra_env}, stdout=subprocess.DEVNULL, stderr=log, cwd=work_dir))
+        processes.append(subprocess.Popen(command, env={**env, **extra_env}, stdout=subprocess.DEVNULL, stderr=log, cwd=work_dir))
 
+    mock_port = free_port()
+    env = dict(os.environ, RUST_LOG="warn")
+    spawn("mock", [binary("BR_MOCK_UPSTREAM"), "--listen", f"127.0.0.1:{mock_port}", "--valid-key", OPENAI_KEY, "--valid-key", ANTHROPIC_KEY], {})
+    mock_url = f"http://127.0.0.1:{mock_port}"
+    env.update(
+        BR_MAIL_OUTBOX=os.path.join(work_dir, "outbox"),
+        BR_PROVIDER_OPENAI_BASE_URL=f"{mock_url}/v1",
+        BR_PROVIDER_ANTHROPIC_BASE_URL=mock_url,
+    )
+    edge_port = free_port()
     try:
         if request.param == "embedded":
-            spawn("up", ["up", "--listen", f"127.0.0.1:{edge_port}", "--data-dir", os.path.join(work_dir, "data")], {})
+            spawn("up", [binary(), "up", "--listen", f"127.0.0.1:{edge_port}", "--data-dir", os.path.join(work_dir, "data")], {})
         else:
             database_url = fresh_database()
             subprocess.run([binary(), "migrate", "--database-url", database_url], check=True, env=env, capture_output=True)
-            grpc_port, identity_port = free_port(), free_port()
-            spawn("identity", ["serve", "identity", "--grpc-listen", f"127.0.0.1:{grpc_port}", "--listen", f"127.0.0.1:{identity_port}"], {"BR_DATABASE_URL": database_url})
-            wait_healthy(identity_port, processes)
-            spawn("edge", ["serve", "edge-router", "--listen", f"127.0.0.1:{edge_port}"], {"BR_IDENTITY_URL": f"http://127.0.0.1:{grpc_port}"})
+            edge_env = {}
+            for label, service in [("identity", "identity"), ("catalog", "catalog-health-sentinel")]:
+                grpc_port, health_port = free_port(), free_port()
+                spawn(label, [binary(), "serve", service, "--grpc-listen", f"127.0.0.1:{grpc_port}", "--listen", f"127.0.0.1:{health_port}"],
+                      {"BR_DATABASE_URL": database_url, "BR_MASTER_KEY": MASTER_KEY})
+                wait_healthy(health_port, processes)
+                edge_env[f"BR_{service.upper().replace('-', '_')}_URL"] = f"http://127.0.0.1:{grpc_port}"
+            spawn("edge", [binary(), "serve", "edge-router", "--listen", f"127.0.0.1:{edge_port}"], edge_env)
         wait_healthy(edge_port, processes)
         base_url = f"http://127.0.0.1:{edge_port}"
-        body = json.dumps({"tenant_name": f"sdk-{request.param}", "accept_tos": True}).encode()
-        registration = urllib.request.Request(f"{base_url}/v1/register", data=body, headers={"content-type": "application/json"})
-        with urllib.request.urlopen(registration) as response:
-            key = json.load(response)["api_key"]["key"]
-        yield {"base_url": base_url, "key": key, "shape": request.param}
+        sandbox_key = post_json(f"{base_url}/v1/register", {"tenant_name": f"sdk-{request.param}", "accept_tos": True})["api_key"]["key"]
+        byok_key = post_json(f"{base_url}/v1/register", {"tenant_name": f"byok-{request.param}", "accept_tos": True})["api_key"]["key"]
+        for provider, api_key in [("openai", OPENAI_KEY), ("anthropic", ANTHROPIC_KEY)]:
+            post_json(f"{base_url}/v1/providers", {"provider": provider, "api_key": api_key}, key=byok_key)
+        yield {"base_url": base_url, "key": sandbox_key, "byok_key": byok_key, "mock_url": mock_url, "shape": request.param}
     finally:
         for process in processes:
             process.terminate()

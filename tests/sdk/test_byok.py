@@ -1,0 +1,82 @@
+"""The official SDKs reach real provider models through the gateway, across formats, with exact costs."""
+
+import json
+from decimal import Decimal
+
+import anthropic
+import openai
+
+TOOL_OPENAI = {"type": "function", "function": {"name": "lookup", "description": "search", "parameters": {"type": "object", "properties": {"query": {"type": "string"}}}}}
+TOOL_ANTHROPIC = {"name": "lookup", "description": "search", "input_schema": {"type": "object", "properties": {"query": {"type": "string"}}}}
+
+
+def openai_client(gateway):
+    return openai.OpenAI(base_url=gateway["base_url"] + "/v1", api_key=gateway["byok_key"], max_retries=0)
+
+
+def anthropic_client(gateway):
+    return anthropic.Anthropic(base_url=gateway["base_url"], api_key=gateway["byok_key"], max_retries=0)
+
+
+def exact_cost(input_tokens, output_tokens, input_per_million, output_per_million):
+    cost = (Decimal(input_tokens) * Decimal(input_per_million) + Decimal(output_tokens) * Decimal(output_per_million)) / Decimal(1_000_000)
+    return f"{cost:.6f}"
+
+
+def test_openai_sdk_calls_an_anthropic_model(gateway):
+    raw = openai_client(gateway).chat.completions.with_raw_response.create(
+        model="anthropic/claude-haiku-4-5", messages=[{"role": "user", "content": "hello claude from openai"}])
+    completion = raw.parse()
+    assert completion.choices[0].message.content == "mock anthropic reply to: hello claude from openai"
+    assert completion.model == "anthropic/claude-haiku-4-5"
+    assert raw.headers["x-br-actual-cost"] == exact_cost(completion.usage.prompt_tokens, completion.usage.completion_tokens, "1.00", "5.00")
+
+
+def test_openai_sdk_streams_an_anthropic_model_with_tools(gateway):
+    stream = openai_client(gateway).chat.completions.create(
+        model="anthropic/claude-haiku-4-5", stream=True, tools=[TOOL_OPENAI],
+        messages=[{"role": "user", "content": "please use a tool for me"}])
+    name, arguments, finish = None, "", None
+    for chunk in stream:
+        for choice in chunk.choices:
+            for call in choice.delta.tool_calls or []:
+                name = call.function.name or name
+                arguments += call.function.arguments or ""
+            finish = choice.finish_reason or finish
+    assert name == "lookup"
+    assert json.loads(arguments) == {"query": "please use a tool for me"}
+    assert finish == "tool_calls"
+
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in openai_client(gateway).chat.completions.create(
+        model="anthropic/claude-haiku-4-5", stream=True, messages=[{"role": "user", "content": "plain stream"}]) if chunk.choices)
+    assert text == "mock anthropic reply to: plain stream"
+
+
+def test_anthropic_sdk_calls_an_openai_model(gateway):
+    raw = anthropic_client(gateway).messages.with_raw_response.create(
+        model="openai/gpt-4o-mini", max_tokens=200, messages=[{"role": "user", "content": "hello gpt from anthropic"}])
+    message = raw.parse()
+    assert message.content[0].text == "mock openai reply to: hello gpt from anthropic"
+    assert message.stop_reason == "end_turn"
+    assert raw.headers["x-br-actual-cost"] == exact_cost(message.usage.input_tokens, message.usage.output_tokens, "0.15", "0.60")
+
+    tool_message = anthropic_client(gateway).messages.create(
+        model="openai/gpt-4o-mini", max_tokens=200, tools=[TOOL_ANTHROPIC], messages=[{"role": "user", "content": "please use a tool"}])
+    assert tool_message.stop_reason == "tool_use"
+    tool_use = next(block for block in tool_message.content if block.type == "tool_use")
+    assert tool_use.name == "lookup" and tool_use.input == {"query": "please use a tool"}
+
+
+def test_anthropic_sdk_streams_an_openai_model(gateway):
+    with anthropic_client(gateway).messages.stream(model="openai/gpt-4o-mini", max_tokens=200, messages=[{"role": "user", "content": "stream gpt"}]) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == "mock openai reply to: stream gpt"
+    assert final.stop_reason == "end_turn"
+    assert final.usage.output_tokens > 0
+
+    with anthropic_client(gateway).messages.stream(model="openai/gpt-4o-mini", max_tokens=200, tools=[TOOL_ANTHROPIC],
+                                                   messages=[{"role": "user", "content": "use a tool please"}]) as stream:
+        final = stream.get_final_message()
+    tool_use = next(block for block in final.content if block.type == "tool_use")
+    assert tool_use.input == {"query": "use a tool please"}
