@@ -38,7 +38,8 @@ PRODUCTION_VALUES = HERE / "values-production.yaml"
 
 RELEASE = "brainstorm"
 NAMESPACE = "brainstorm"
-SERVICES_TODAY = {"identity", "edge-router"}
+SERVICES_TODAY = {"identity", "catalog-health-sentinel", "edge-router"}
+GRPC_TODAY = {"identity", "catalog-health-sentinel"}
 GRPC_PORT = 50051
 HTTP_PORT = 8080
 
@@ -344,8 +345,8 @@ def check_migrate_job(rendered: Render, existing_secret: str | None) -> None:
 def check_default_render(rendered: Render, app_version: str) -> None:
     kinds = sorted(f"{doc.kind}/{doc.name}" for doc in rendered.documents)
     expected_kinds = sorted([
-        f"Deployment/{fullname('edge-router')}", f"Deployment/{fullname('identity')}",
-        f"Service/{fullname('edge-router')}", f"Service/{fullname('identity')}",
+        f"Deployment/{fullname('edge-router')}", f"Deployment/{fullname('identity')}", f"Deployment/{fullname('catalog-health-sentinel')}",
+        f"Service/{fullname('edge-router')}", f"Service/{fullname('identity')}", f"Service/{fullname('catalog-health-sentinel')}",
         f"Job/{fullname('migrate')}", f"Secret/{fullname('secrets')}", f"Secret/{fullname('migrate')}",
         f"ServiceAccount/{RELEASE}",
     ])
@@ -358,6 +359,9 @@ def check_default_render(rendered: Render, app_version: str) -> None:
     identity = container(rendered.one("Deployment", fullname("identity")))
     ref = secret_ref(identity, "BR_DATABASE_URL")
     expect(ref == {"name": fullname("secrets"), "key": "database-url"}, f"identity BR_DATABASE_URL comes from {ref}")
+    catalog = container(rendered.one("Deployment", fullname("catalog-health-sentinel")))
+    ref = secret_ref(catalog, "BR_MASTER_KEY")
+    expect(ref is not None and ref.get("key") == "master-key", f"catalog-health-sentinel BR_MASTER_KEY comes from {ref}")
     edge = container(rendered.one("Deployment", fullname("edge-router")))
     expect(env_value(edge, "BR_IDENTITY_URL") == f"http://{fullname('identity')}:{GRPC_PORT}", f"edge-router BR_IDENTITY_URL is {env_value(edge, 'BR_IDENTITY_URL')}")
     expect(secret_ref(edge, "BR_DATABASE_URL") is None, "edge-router must not receive the database URL")
@@ -378,7 +382,7 @@ def check_production_render(rendered: Render) -> None:
     expect((hpa["minReplicas"], hpa["maxReplicas"]) == (3, 12), f"HPA bounds {hpa['minReplicas']}-{hpa['maxReplicas']}, expected 3-12")
     expect(sorted(metric["resource"]["name"] for metric in hpa["metrics"]) == ["cpu", "memory"], f"HPA metrics {hpa['metrics']}")
     pdbs = {doc.name: doc.obj["spec"] for doc in rendered.of_kind("PodDisruptionBudget")}
-    expect(sorted(pdbs) == sorted([fullname("edge-router"), fullname("identity")]), f"PDBs {sorted(pdbs)}")
+    expect(sorted(pdbs) == sorted(fullname(name) for name in SERVICES_TODAY), f"PDBs {sorted(pdbs)}")
     expect(pdbs[fullname("edge-router")].get("maxUnavailable") == 1 and "minAvailable" not in pdbs[fullname("edge-router")], f"edge-router PDB {pdbs[fullname('edge-router')]}, expected maxUnavailable 1 only")
     expect(pdbs[fullname("identity")].get("minAvailable") == 2, f"identity PDB {pdbs[fullname('identity')]}")
     for name in SERVICES_TODAY:
@@ -400,7 +404,7 @@ def check_third_service(chart: helm.Chart, kube_version: str) -> None:
              "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}}
     rendered = render(chart, "budget-ledger added", {"services": {"budget-ledger": entry}})
     services = SERVICES_TODAY | {"budget-ledger"}
-    grpc = {"identity", "budget-ledger"}
+    grpc = GRPC_TODAY | {"budget-ledger"}
     check_kubernetes_schemas(rendered, kube_version)
     check_workloads(rendered, services, chart.metadata["appVersion"])
     check_services(rendered, services, grpc)
@@ -477,10 +481,10 @@ def main() -> int:
     default, production = renders.get("default"), renders.get("production")
     if default:
         checker.check("default: Kubernetes schemas (strict)", lambda: check_kubernetes_schemas(default, kube_version))
-        checker.check("default: objects (2 Deployments, 2 Services, Secrets, migrate hook, nothing else)", lambda: check_default_render(default, app_version))
+        checker.check("default: objects (3 Deployments, 3 Services, Secrets, migrate hook, nothing else)", lambda: check_default_render(default, app_version))
         checker.check("default: Deployments (serve <name>, probes, securityContext, resources, outbox)", lambda: check_workloads(default, SERVICES_TODAY, app_version))
-        checker.check("default: Services (edge http 8080; identity grpc 50051 + http 8080)", lambda: check_services(default, SERVICES_TODAY, {"identity"}))
-        checker.check("default: edge-router BR_IDENTITY_URL points at the identity Service", lambda: check_grpc_wiring(default, SERVICES_TODAY, {"identity"}))
+        checker.check("default: Services (edge http 8080; identity and catalog grpc 50051 + http 8080)", lambda: check_services(default, SERVICES_TODAY, GRPC_TODAY))
+        checker.check("default: gRPC services are wired to each other (BR_<SERVICE>_URL)", lambda: check_grpc_wiring(default, SERVICES_TODAY, GRPC_TODAY))
         checker.check("default: secret references", lambda: check_secret_references(default, None))
         checker.check("default: migrate Job is a pre-install/pre-upgrade hook", lambda: check_migrate_job(default, None))
         checker.check(f"{MANIFEST.relative_to(ROOT)} {'written' if arguments.write else 'equals the default render'}", lambda: check_manifest(manifest_text(default), arguments.write))
@@ -490,7 +494,7 @@ def main() -> int:
         checker.check("production: Kubernetes schemas (strict)", lambda: check_kubernetes_schemas(production, kube_version))
         checker.check("production: existingSecret, HPA, PDBs, Ingress, config", lambda: check_production_render(production))
         checker.check("production: Deployments", lambda: check_workloads(production, SERVICES_TODAY, app_version, digest_image))
-        checker.check("production: edge-router BR_IDENTITY_URL points at the identity Service", lambda: check_grpc_wiring(production, SERVICES_TODAY, {"identity"}))
+        checker.check("production: gRPC services are wired to each other (BR_<SERVICE>_URL)", lambda: check_grpc_wiring(production, SERVICES_TODAY, GRPC_TODAY))
         checker.check("production: secret references use the existing Secret", lambda: check_secret_references(production, existing))
         checker.check("production: migrate Job reads the existing Secret", lambda: check_migrate_job(production, existing))
     checker.check("a third service is one values entry (budget-ledger)", lambda: check_third_service(chart, kube_version))
