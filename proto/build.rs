@@ -2,7 +2,8 @@
 
 use std::error::Error;
 
-const PROTOS: &[&str] = &["brainstorm/identity/v1/identity.proto", "brainstorm/events/v1/events.proto", "brainstorm/budget/v1/budget.proto"];
+const PROTOS: &[&str] =
+    &["brainstorm/identity/v1/identity.proto", "brainstorm/events/v1/events.proto", "brainstorm/budget/v1/budget.proto"];
 
 fn main() -> Result<(), Box<dyn Error>> {
     for proto in PROTOS {
