@@ -97,7 +97,7 @@ async fn reservations_are_all_or_nothing_across_scopes(counters: Vec<Arc<dyn Spe
 
     // The key would pass its limit: nothing is added anywhere.
     let refused = counters.reserve(&scopes, usage(15 * CENT)).await;
-    let Err(CounterError::Exhausted(exhausted)) = refused else { panic!("expected exhaustion, got {refused:?}") };
+    let Err(CounterError::Exhausted(exhausted)) = refused else { return Err(format!("expected exhaustion, got {refused:?}").into()) };
     assert_eq!((exhausted.scope.clone(), exhausted.limit, exhausted.spent), (key.clone(), 30 * CENT, 20 * CENT));
     for scope in [&tenant, &key, &agent] {
         assert_eq!(counters.spent(scope).await?, 20 * CENT, "{}", scope.counter_key());
@@ -180,12 +180,12 @@ async fn token_and_request_caps_count_like_money(counters: Vec<Arc<dyn SpendCoun
     let second = counters.reserve(&scopes, estimate).await?;
     assert_eq!(second.levels.iter().map(|level| level.spent).collect::<Vec<_>>(), vec![2, 500]);
     let Err(CounterError::Exhausted(tokens)) = counters.reserve(&scopes, Usage { tokens: 501, ..estimate }).await else {
-        panic!("the token cap must refuse 501 more tokens")
+        return Err("the token cap must refuse 501 more tokens".into());
     };
     assert_eq!(tokens.scope.kind, ScopeKind::PlanTokensDaily);
     counters.reserve(&scopes, Usage { tokens: 1, ..estimate }).await?;
     let Err(CounterError::Exhausted(requests)) = counters.reserve(&scopes, estimate).await else {
-        panic!("the request cap must refuse a 4th")
+        return Err("the request cap must refuse a 4th".into());
     };
     assert_eq!((requests.scope.kind, requests.limit, requests.spent), (ScopeKind::PlanRequestsDaily, 3, 3));
     Ok(())

@@ -70,7 +70,7 @@ async fn an_exhausted_tenant_budget_answers_402_with_the_budget_headers() -> Tes
     context.tenant_daily_limit = Some(dollars(10 * CENT));
     let first = reserve_ok(&guard, &context, 6 * CENT).await?;
     let denial = guard.reserve(&context, &estimate(6 * CENT, 100)).await.err().ok_or("second reservation admitted")?;
-    let BudgetDenial::BudgetExceeded(exceeded) = &denial else { panic!("expected 402, got {denial:?}") };
+    let BudgetDenial::BudgetExceeded(exceeded) = &denial else { return Err(format!("expected 402, got {denial:?}").into()) };
     assert_eq!((exceeded.scope, exceeded.limit, exceeded.spent), (ScopeKind::TenantDaily, dollars(10 * CENT), dollars(6 * CENT)));
 
     let error = denial.to_api_error();
@@ -115,7 +115,7 @@ async fn the_key_rate_limit_answers_429_with_retry_after() -> TestResult {
     let second = reserve_ok(&guard, &context, 0).await?;
     assert_eq!(second.remaining().rate_limit_remaining, Some(0));
     let denial = guard.reserve(&context, &estimate(0, 0)).await.err().ok_or("third request admitted at 2 rpm")?;
-    let BudgetDenial::RateLimited(limited) = &denial else { panic!("expected 429, got {denial:?}") };
+    let BudgetDenial::RateLimited(limited) = &denial else { return Err(format!("expected 429, got {denial:?}").into()) };
     assert_eq!((limited.cap_scope, limited.limit), (None, 2));
     assert!(limited.retry_after_ms > 29_000 && limited.retry_after_ms <= 30_000);
     let error = denial.to_api_error();
@@ -137,7 +137,7 @@ async fn the_sandbox_plan_caps_requests_and_tokens_per_day() -> TestResult {
     }
     assert_eq!(header(&held[99].remaining().headers(), "x-br-tokens-remaining"), Some("99000"));
     let denial = guard.reserve(&context, &estimate(0, 10)).await.err().ok_or("101st request admitted")?;
-    let BudgetDenial::RateLimited(limited) = denial else { panic!("expected the request cap, got {denial:?}") };
+    let BudgetDenial::RateLimited(limited) = denial else { return Err(format!("expected the request cap, got {denial:?}").into()) };
     assert_eq!((limited.cap_scope, limited.limit), (Some(ScopeKind::PlanRequestsDaily), 100));
     assert!(limited.retry_after_ms > 0 && limited.retry_after_ms <= 86_400_000, "retry at the next UTC midnight");
 
@@ -173,7 +173,7 @@ async fn an_agent_with_downgrade_is_downgraded_and_one_with_stop_is_stopped() ->
     let context = tenant.clone().with_agent("planner", Some(&downgrading));
     reserve_ok(&guard, &context, 4 * CENT).await?.settle(actual(4 * CENT)).await?;
     let denial = guard.reserve(&context, &estimate(2 * CENT, 100)).await.err().ok_or("agent budget ignored")?;
-    let BudgetDenial::Downgrade(exceeded) = denial else { panic!("expected a downgrade, got {denial:?}") };
+    let BudgetDenial::Downgrade(exceeded) = denial else { return Err(format!("expected a downgrade, got {denial:?}").into()) };
     assert_eq!((exceeded.scope, exceeded.spent, exceeded.limit), (ScopeKind::AgentDaily, dollars(4 * CENT), dollars(5 * CENT)));
     // The cheaper model's request still counts against the agent, but is not refused by it.
     let downgraded = guard.reserve_downgraded(&context, &estimate(2 * CENT, 100)).await.map_err(|denial| format!("{denial:?}"))?;
@@ -226,7 +226,9 @@ async fn settling_publishes_the_settlement_and_reports_the_remaining_budget() ->
     assert_eq!(view.budget_remaining(), Some(dollars(70 * CENT)));
     assert_eq!(view.warning(), None);
 
-    let Some(budget_event::Kind::Settlement(settlement)) = next_event(&mut events).await?.kind else { panic!("expected a settlement") };
+    let Some(budget_event::Kind::Settlement(settlement)) = next_event(&mut events).await?.kind else {
+        return Err("expected a settlement".into());
+    };
     assert_eq!(settlement.request_id, request.request_id);
     assert_eq!(
         (settlement.tenant_id.as_str(), settlement.plan.as_str(), settlement.key_id.as_deref(), settlement.agent_id.as_deref()),

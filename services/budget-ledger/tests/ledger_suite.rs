@@ -263,7 +263,7 @@ async fn agent_budgets_and_the_agents_view(database: Database) -> TestResult {
     assert_eq!(ids, vec!["planner", "writer"]);
     let planner = &view.agents[0];
     assert_eq!(planner.config.as_ref().map(|config| config.per_day_nanos), Some(2 * USD));
-    let status = planner.status.clone().ok_or("no status")?;
+    let status = planner.status.ok_or("no status")?;
     assert_eq!(
         (status.total_spend_nanos, status.spent_today_nanos, status.active_conversations, status.downgrade_count, status.stop_count),
         (100 * CENT, 80 * CENT, 2, 2, 1)
