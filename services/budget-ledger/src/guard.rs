@@ -607,6 +607,22 @@ impl Reservation {
         Ok(RemainingView { levels, rate_limit_remaining: self.view.rate_limit_remaining })
     }
 
+    /// Settles in a spawned task, for paths that cannot await: a stream body's drop when the client
+    /// disconnects mid-stream (settle what the upstream consumed, with `Outcome::ClientDisconnected`).
+    pub fn settle_in_background(self, actual: ActualUsage) {
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    if let Err(error) = self.settle(actual).await {
+                        tracing::warn!(%error, "could not settle a reservation in the background");
+                    }
+                });
+            }
+            // Without a runtime the drop below can only log; the estimate stays counted.
+            Err(_) => drop(self),
+        }
+    }
+
     /// Takes the estimate back: the upstream call failed and cost nothing.
     pub async fn release(mut self) -> Result<(), CounterError> {
         match self.inner.take() {

@@ -340,3 +340,20 @@ fn contexts_build_the_scopes_in_check_order() {
         ]
     );
 }
+
+#[tokio::test]
+async fn a_disconnected_stream_settles_in_the_background() -> TestResult {
+    let (guard, bus) = guard_with_bus();
+    let mut events = bus.subscribe(budget::SETTLEMENTS_TOPIC, "ledger").await?;
+    let context = standard_tenant();
+    let reservation = reserve_ok(&guard, &context, 50 * CENT).await?;
+    // What a stream body's drop does when the client goes away after consuming part of the answer.
+    reservation.settle_in_background(ActualUsage { outcome: Outcome::ClientDisconnected, ..actual(7 * CENT) });
+    let Some(budget_event::Kind::Settlement(settlement)) = next_event(&mut events).await?.kind else {
+        return Err("expected a settlement".into());
+    };
+    assert_eq!((settlement.cost_nanos, settlement.outcome.as_str()), (7 * CENT, "client_disconnected"));
+    let scope = Scope::at(ScopeKind::TenantDaily, &context.tenant_id, Utc::now());
+    assert_eq!(guard.counters().spent(&scope).await?, 7 * CENT, "the actual replaced the estimate, it was not released");
+    Ok(())
+}
