@@ -3,8 +3,8 @@
 //! Atomicity: Redis runs a script to completion before serving any other command, so the check of every
 //! scope and the increment of every scope in `reserve` happen with no other client's write in between;
 //! two edge replicas calling `reserve` concurrently are serialised by the server. The scripts are
-//! invoked with EVALSHA; on `NOSCRIPT` (a restarted or flushed server) the client loads the script and
-//! retries, which `redis::Script` does for us.
+//! invoked with EVALSHA; on `NOSCRIPT` (a restarted or flushed server) the same call is sent with EVAL,
+//! which runs the script whatever the cache holds and caches it again for the next EVALSHA.
 //!
 //! Exactness: Lua numbers are doubles, so the scripts never do arithmetic on money. Comparisons are done
 //! on the decimal text of int64 values (`cmp` below), the threshold `limit - amount` is computed in Rust
@@ -16,7 +16,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::Utc;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{AsyncCommands, Script};
+use redis::{AsyncCommands, FromRedisValue, Script, ServerErrorKind};
 
 use crate::counters::{
     CounterError, Exhausted, RESERVATION_TTL_SECONDS, ReservationId, Reserved, Scope, ScopeLevel, ScopeLimit, SpendCounters, Usage,
@@ -113,6 +113,39 @@ redis.call('SET', KEYS[1], string.format('%.0f', new_tat), 'PX', string.format('
 return {1, math.floor((window - ahead) / interval), 0}
 "#;
 
+/// A Lua script called by its SHA1 (EVALSHA), falling back to EVAL when the server does not have it.
+#[derive(Clone)]
+struct LuaScript {
+    code: String,
+    sha1: String,
+}
+
+impl LuaScript {
+    fn new(code: String) -> Self {
+        let sha1 = Script::new(&code).get_hash().to_string();
+        LuaScript { code, sha1 }
+    }
+
+    async fn call<T: FromRedisValue>(
+        &self,
+        connection: &mut ConnectionManager,
+        keys: &[String],
+        args: &[String],
+    ) -> Result<T, CounterError> {
+        let command = |verb: &str, script: &str| {
+            let mut command = redis::cmd(verb);
+            command.arg(script).arg(keys.len()).arg(keys).arg(args);
+            command
+        };
+        match command("EVALSHA", &self.sha1).query_async(connection).await {
+            Err(error) if error.kind() == redis::ErrorKind::Server(ServerErrorKind::NoScript) => {
+                command("EVAL", &self.code).query_async(connection).await.map_err(backend)
+            }
+            result => result.map_err(backend),
+        }
+    }
+}
+
 /// Opens a reconnecting Redis connection (`redis://host:port[/db]`), shared by counters and limiter.
 pub async fn connect_redis(url: &str) -> Result<ConnectionManager, CounterError> {
     let client = redis::Client::open(url).map_err(backend)?;
@@ -136,8 +169,8 @@ fn parse_level(text: &str) -> Result<i64, CounterError> {
 pub struct RedisCounters {
     connection: ConnectionManager,
     prefix: String,
-    reserve_script: Script,
-    settle_script: Script,
+    reserve_script: LuaScript,
+    settle_script: LuaScript,
 }
 
 impl RedisCounters {
@@ -146,8 +179,8 @@ impl RedisCounters {
         RedisCounters {
             connection,
             prefix: prefix.into(),
-            reserve_script: Script::new(&format!("{LUA_CMP}{LUA_RESERVE}")),
-            settle_script: Script::new(LUA_SETTLE),
+            reserve_script: LuaScript::new(format!("{LUA_CMP}{LUA_RESERVE}")),
+            settle_script: LuaScript::new(LUA_SETTLE.to_string()),
         }
     }
 
@@ -182,22 +215,20 @@ impl SpendCounters for RedisCounters {
         validate_scopes(scopes, amount)?;
         let now = Utc::now();
         let reservation = ReservationId::new(scopes, amount);
-        let mut invocation = self.reserve_script.prepare_invoke();
-        invocation.key(self.marker_key(&reservation));
-        invocation.arg(RESERVATION_TTL_SECONDS);
-        invocation.arg(format!("{}:{}:{}", amount.cost.nanos(), amount.tokens, amount.requests));
+        let mut keys = vec![self.marker_key(&reservation)];
+        let mut args = vec![RESERVATION_TTL_SECONDS.to_string(), format!("{}:{}:{}", amount.cost.nanos(), amount.tokens, amount.requests)];
         for scope in scopes {
             let scope_amount = amount.amount_for(scope.scope.kind.meter());
-            invocation.key(self.counter_key(&scope.scope));
-            invocation.arg(scope_amount);
+            keys.push(self.counter_key(&scope.scope));
+            args.push(scope_amount.to_string());
             match scope.limit {
-                Some(limit) => invocation.arg(limit).arg(limit.saturating_sub(scope_amount)),
-                None => invocation.arg("").arg(""),
-            };
-            invocation.arg(counter_ttl_seconds(&scope.scope.period_key, now));
+                Some(limit) => args.extend([limit.to_string(), limit.saturating_sub(scope_amount).to_string()]),
+                None => args.extend([String::new(), String::new()]),
+            }
+            args.push(counter_ttl_seconds(&scope.scope.period_key, now).to_string());
         }
         let mut connection = self.connection.clone();
-        let reply: Vec<String> = invocation.invoke_async(&mut connection).await.map_err(backend)?;
+        let reply: Vec<String> = self.reserve_script.call(&mut connection, &keys, &args).await?;
         match reply.split_first() {
             Some((status, levels)) if status == "1" => Ok(Reserved { levels: Self::levels_from(scopes, levels)?, reservation }),
             Some((status, refusal)) if status == "0" => {
@@ -217,14 +248,14 @@ impl SpendCounters for RedisCounters {
 
     async fn settle(&self, reservation: &ReservationId, actual: Usage) -> Result<Vec<ScopeLevel>, CounterError> {
         let now = Utc::now();
-        let mut invocation = self.settle_script.prepare_invoke();
-        invocation.key(self.marker_key(reservation));
+        let mut keys = vec![self.marker_key(reservation)];
+        let mut args = Vec::with_capacity(reservation.scopes().len() * 2);
         for (scope, delta) in reservation.scopes().iter().zip(reservation.deltas(actual)) {
-            invocation.key(self.counter_key(&scope.scope));
-            invocation.arg(delta).arg(counter_ttl_seconds(&scope.scope.period_key, now));
+            keys.push(self.counter_key(&scope.scope));
+            args.extend([delta.to_string(), counter_ttl_seconds(&scope.scope.period_key, now).to_string()]);
         }
         let mut connection = self.connection.clone();
-        let reply: Vec<String> = invocation.invoke_async(&mut connection).await.map_err(backend)?;
+        let reply: Vec<String> = self.settle_script.call(&mut connection, &keys, &args).await?;
         match reply.split_first() {
             Some((_, levels)) => Self::levels_from(reservation.scopes(), levels),
             None => Err(CounterError::Backend("empty reply from the settle script".to_string())),
@@ -273,23 +304,23 @@ impl SpendCounters for RedisCounters {
 pub struct RedisRateLimiter {
     connection: ConnectionManager,
     prefix: String,
-    script: Script,
+    script: LuaScript,
 }
 
 impl RedisRateLimiter {
     /// A limiter under keys `<prefix>:rl:<key id>`.
     pub fn new(connection: ConnectionManager, prefix: impl Into<String>) -> Self {
-        RedisRateLimiter { connection, prefix: prefix.into(), script: Script::new(LUA_RATE_LIMIT) }
+        RedisRateLimiter { connection, prefix: prefix.into(), script: LuaScript::new(LUA_RATE_LIMIT.to_string()) }
     }
 }
 
 #[async_trait]
 impl RateLimiter for RedisRateLimiter {
     async fn check(&self, key_id: &str, rpm: u32) -> Result<RateDecision, CounterError> {
-        let mut invocation = self.script.prepare_invoke();
-        invocation.key(format!("{}:rl:{key_id}", self.prefix)).arg(emission_interval_micros(rpm)).arg(WINDOW_MICROS);
+        let keys = [format!("{}:rl:{key_id}", self.prefix)];
+        let args = [emission_interval_micros(rpm).to_string(), WINDOW_MICROS.to_string()];
         let mut connection = self.connection.clone();
-        let (allowed, remaining, retry_after_ms): (i64, i64, i64) = invocation.invoke_async(&mut connection).await.map_err(backend)?;
+        let (allowed, remaining, retry_after_ms): (i64, i64, i64) = self.script.call(&mut connection, &keys, &args).await?;
         Ok(RateDecision {
             allowed: allowed == 1,
             remaining: u32::try_from(remaining.max(0)).unwrap_or(u32::MAX),

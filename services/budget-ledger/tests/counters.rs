@@ -309,7 +309,8 @@ async fn scripts_survive_a_flushed_script_cache() -> TestResult {
     let counters = RedisCounters::new(connection.clone(), random_prefix());
     let scopes = tenant_scopes("tenant-flush", Some(10 * CENT));
     counters.reserve(&scopes, usage(CENT)).await?;
-    // A restarted Redis has no scripts: EVALSHA answers NOSCRIPT and the client loads the script again.
+    // A restarted Redis has no scripts: EVALSHA answers NOSCRIPT and the call falls back to EVAL (other
+    // tests running meanwhile see the same flush).
     let mut admin = connection;
     ::redis::cmd("SCRIPT").arg("FLUSH").query_async::<()>(&mut admin).await?;
     let reserved = counters.reserve(&scopes, usage(CENT)).await?;
