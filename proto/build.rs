@@ -2,8 +2,12 @@
 
 use std::error::Error;
 
-const PROTOS: &[&str] =
-    &["brainstorm/identity/v1/identity.proto", "brainstorm/events/v1/events.proto", "brainstorm/catalog/v1/catalog.proto"];
+const PROTOS: &[&str] = &[
+    "brainstorm/identity/v1/identity.proto",
+    "brainstorm/events/v1/events.proto",
+    "brainstorm/catalog/v1/catalog.proto",
+    "brainstorm/budget/v1/budget.proto",
+];
 
 fn main() -> Result<(), Box<dyn Error>> {
     for proto in PROTOS {

@@ -1,0 +1,110 @@
+//! The `budget.settlements` consumer: writes each budget event to the ledger once, acks after the
+//! commit, then schedules the tenant's alert evaluation (never on the request path).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use brainstorm_common::bus::{BusError, Delivery, EventBus, Subscription};
+use brainstorm_proto::ErrorKind;
+use brainstorm_proto::budget::{BudgetEvent, SETTLEMENTS_TOPIC, budget_event};
+use prost::Message;
+
+use crate::service::BudgetLedgerServiceImpl;
+
+/// The consumer group of the ledger on `budget.settlements`.
+pub const CONSUMER_GROUP: &str = "budget-ledger";
+
+/// Pause after a failed write before the redelivered message is tried again.
+const RETRY_PAUSE: Duration = Duration::from_millis(500);
+
+/// What became of one delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handled {
+    /// Written to the ledger and acked.
+    Recorded,
+    /// Already in the ledger (a redelivery): acked.
+    Duplicate,
+    /// Undecodable or invalid: acked and logged, so it cannot block the topic.
+    Rejected,
+    /// The store failed: not acked, so the bus delivers it again.
+    Retried,
+}
+
+/// A subscribed consumer; `subscribe` before the producers start so no event is missed.
+pub struct SettlementConsumer {
+    subscription: Box<dyn Subscription>,
+    service: BudgetLedgerServiceImpl,
+}
+
+impl SettlementConsumer {
+    /// Joins the ledger's consumer group on `budget.settlements`.
+    pub async fn subscribe(bus: &Arc<dyn EventBus>, service: BudgetLedgerServiceImpl) -> Result<Self, BusError> {
+        let subscription = bus.subscribe(SETTLEMENTS_TOPIC, CONSUMER_GROUP).await?;
+        Ok(SettlementConsumer { subscription, service })
+    }
+
+    /// Handles deliveries until `shutdown` completes or the bus closes.
+    pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                () = &mut shutdown => break,
+                handled = self.handle_next() => match handled {
+                    Ok(Handled::Retried) => tokio::time::sleep(RETRY_PAUSE).await,
+                    Ok(Handled::Recorded | Handled::Duplicate | Handled::Rejected) => {}
+                    Err(error) => {
+                        tracing::error!(%error, "budget settlement consumer stopped: the bus failed");
+                        break;
+                    }
+                },
+            }
+        }
+    }
+
+    /// Waits for one delivery and handles it.
+    pub async fn handle_next(&mut self) -> Result<Handled, BusError> {
+        let delivery = self.subscription.next().await?;
+        Ok(handle(&self.service, delivery).await)
+    }
+}
+
+async fn handle(service: &BudgetLedgerServiceImpl, delivery: Delivery) -> Handled {
+    let event = match BudgetEvent::decode(delivery.message().payload.clone()) {
+        Ok(event) => event,
+        Err(error) => {
+            tracing::error!(%error, key = %delivery.message().key, "dropping an undecodable budget event");
+            delivery.ack();
+            return Handled::Rejected;
+        }
+    };
+    match service.record(&event).await {
+        Ok(recorded) => {
+            delivery.ack();
+            if let (true, Some(budget_event::Kind::Settlement(settlement))) = (recorded, &event.kind) {
+                service.schedule_alert_evaluation(&settlement.tenant_id, &settlement.plan);
+            }
+            if recorded { Handled::Recorded } else { Handled::Duplicate }
+        }
+        Err(error) if error.kind == ErrorKind::InvalidArgument => {
+            tracing::error!(%error, "dropping an invalid budget event");
+            delivery.ack();
+            Handled::Rejected
+        }
+        Err(error) => {
+            tracing::warn!(%error, "could not record a budget event; it will be delivered again");
+            drop(delivery);
+            Handled::Retried
+        }
+    }
+}
+
+/// Subscribes and runs the consumer on its own task until `shutdown`.
+pub async fn spawn_settlement_consumer(
+    bus: &Arc<dyn EventBus>,
+    service: BudgetLedgerServiceImpl,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<tokio::task::JoinHandle<()>, BusError> {
+    let consumer = SettlementConsumer::subscribe(bus, service).await?;
+    Ok(tokio::spawn(consumer.run(shutdown)))
+}
