@@ -26,6 +26,8 @@ pub const PLATFORM_ADMIN_KEY: &str = "br_live_platform_admin_key_for_tests_0001"
 /// A running gateway; its processes are killed when it is dropped.
 pub struct Gateway {
     pub base_url: String,
+    /// Every edge's base URL (the distributed shape can run several replicas).
+    pub edge_urls: Vec<String>,
     /// The database the gateway stores into (SQLite file or PostgreSQL).
     pub database_url: String,
     pub outbox: PathBuf,
@@ -104,7 +106,8 @@ impl Gateway {
         let base_url = format!("http://127.0.0.1:{edge_port}");
         let client = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
         let mut gateway = Gateway {
-            base_url,
+            base_url: base_url.clone(),
+            edge_urls: vec![base_url],
             database_url: String::new(),
             outbox: outbox.clone(),
             work_dir: work_dir.clone(),
@@ -138,7 +141,7 @@ impl Gateway {
                 common.push(("BR_DATABASE_URL".to_string(), database_url));
                 common.push(("BR_MASTER_KEY".to_string(), MASTER_KEY.to_string()));
                 let mut edge_env = common.clone();
-                for (label, service) in [("identity", "identity"), ("catalog", "catalog-health-sentinel")] {
+                for (label, service) in [("identity", "identity"), ("catalog", "catalog-health-sentinel"), ("budget", "budget-ledger")] {
                     let grpc_listen = format!("127.0.0.1:{}", free_port()?);
                     let health_port = free_port()?;
                     let health_listen = format!("127.0.0.1:{health_port}");
@@ -152,6 +155,14 @@ impl Gateway {
                 let edge_listen = format!("127.0.0.1:{edge_port}");
                 gateway.spawn("edge-router", &["serve", "edge-router", "--listen", &edge_listen], &edge_env)?;
                 gateway.wait_healthy(edge_port).await?;
+                // With shared counters (Redis), a second edge replica shows that budgets and rate limits hold across replicas.
+                if edge_env.iter().any(|(name, _)| name == "BR_REDIS_URL") {
+                    let second_port = free_port()?;
+                    let second_listen = format!("127.0.0.1:{second_port}");
+                    gateway.spawn("edge-router-2", &["serve", "edge-router", "--listen", &second_listen], &edge_env)?;
+                    gateway.wait_healthy(second_port).await?;
+                    gateway.edge_urls.push(format!("http://{second_listen}"));
+                }
             }
         }
         Ok(gateway)

@@ -12,6 +12,7 @@ use anyhow::{Context, bail};
 use axum::Router;
 use axum::routing::get;
 use axum::serve::ListenerExt;
+use brainstorm_budget_ledger::{BudgetGuard, BudgetLedgerOptions, BudgetLedgerServiceImpl, spawn_settlement_consumer};
 use brainstorm_catalog::{CatalogOptions, CatalogServiceImpl};
 use brainstorm_common::bus::{EventBus, InProcessBus};
 use brainstorm_common::config::{ServiceName, Settings};
@@ -19,6 +20,7 @@ use brainstorm_common::outbox::MailOutbox;
 use brainstorm_common::store::Database;
 use brainstorm_edge_router::{Edge, EdgeDependencies, EdgeOptions};
 use brainstorm_identity::{IdentityOptions, IdentityServiceImpl};
+use brainstorm_proto::budget::{self, BudgetLedgerClient, CurrentTotalsRequest};
 use brainstorm_proto::catalog::CatalogClient;
 use brainstorm_proto::identity::IdentityClient;
 use brainstorm_providers::catalog::ModelCatalog;
@@ -29,7 +31,8 @@ use tonic::transport::{Channel, Endpoint};
 use crate::shutdown::Shutdown;
 
 /// Services this build can host.
-const HOSTABLE: [ServiceName; 3] = [ServiceName::EdgeRouter, ServiceName::Identity, ServiceName::CatalogHealthSentinel];
+const HOSTABLE: [ServiceName; 4] =
+    [ServiceName::EdgeRouter, ServiceName::Identity, ServiceName::CatalogHealthSentinel, ServiceName::BudgetLedger];
 
 /// How long the edge trusts a resolved API key or a tenant's routing configuration before asking
 /// again (changes made through this edge, and those seen on the bus, apply at once).
@@ -56,8 +59,12 @@ pub async fn up(settings: Settings) -> anyhow::Result<()> {
     let identity = IdentityClient::local(identity_service(&settings, database.clone(), bus.clone()));
     let catalog = CatalogClient::local(catalog_service(&settings, database.clone(), bus.clone(), upstream.clone(), master_key));
     let shutdown = Shutdown::on_signals();
+    let ledger = BudgetLedgerServiceImpl::new(database.clone(), BudgetLedgerOptions::default());
+    spawn_settlement_consumer(&bus, ledger.clone(), shutdown.clone().requested()).await?;
+    let budget = BudgetLedgerClient::local(ledger);
+    let guard = budget_guard(&settings, bus.clone(), &budget).await?;
     tracing::info!(listen = %settings.listen, data_dir = %settings.data_dir.display(), "brainstorm up: every service in one process");
-    let dependencies = EdgeDependencies { identity, catalog, upstream, models: Arc::new(model_catalog(&settings)?) };
+    let dependencies = EdgeDependencies { identity, catalog, upstream, models: Arc::new(model_catalog(&settings)?), budget, guard };
     serve_edge(&settings, dependencies, bus, shutdown).await?;
     database.close().await;
     Ok(())
@@ -78,12 +85,14 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
         tracing::warn!("BR_KAFKA_BROKERS is set but this build's bus is in-process: edges learn of changes by cache expiry");
     }
     let hosts_edge = hosted.contains(&ServiceName::EdgeRouter);
-    let needs_database = hosted.contains(&ServiceName::Identity) || hosted.contains(&ServiceName::CatalogHealthSentinel);
+    let needs_database = [ServiceName::Identity, ServiceName::CatalogHealthSentinel, ServiceName::BudgetLedger]
+        .iter()
+        .any(|service| hosted.contains(service));
     let database = if needs_database {
         let url = settings
             .database_url
             .as_ref()
-            .context("identity and catalog-health-sentinel need a database: set BR_DATABASE_URL (or --database-url)")?;
+            .context("identity, catalog-health-sentinel and budget-ledger need a database: set BR_DATABASE_URL (or --database-url)")?;
         let connected = Database::connect(url.expose()).await?;
         connected.ensure_migrated().await?;
         Some(connected)
@@ -111,6 +120,21 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
     };
 
     let shutdown = Shutdown::on_signals();
+    let budget = match (&database, hosted.contains(&ServiceName::BudgetLedger)) {
+        (Some(database), true) => {
+            let ledger = BudgetLedgerServiceImpl::new(database.clone(), BudgetLedgerOptions::default());
+            spawn_settlement_consumer(&bus, ledger.clone(), shutdown.clone().requested()).await?;
+            Some(BudgetLedgerClient::local(ledger))
+        }
+        _ if hosts_edge => {
+            let remote = BudgetLedgerClient::grpc(remote(&settings, ServiceName::BudgetLedger)?);
+            // Until the Kafka bus lands, settlements published on this process's bus reach the remote
+            // ledger through its RecordEvent call (idempotent per request id).
+            tokio::spawn(forward_settlements(bus.clone(), remote.clone()));
+            Some(remote)
+        }
+        _ => None,
+    };
     let mut tasks = tokio::task::JoinSet::new();
     let mut grpc = tonic::transport::Server::builder().tcp_nodelay(true);
     let mut grpc_router = None;
@@ -124,6 +148,13 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
             None => grpc.add_service(service),
         });
     }
+    if let (true, Some(budget)) = (hosted.contains(&ServiceName::BudgetLedger), &budget) {
+        let service = budget.as_grpc_service();
+        grpc_router = Some(match grpc_router {
+            Some(router) => router.add_service(service),
+            None => grpc.add_service(service),
+        });
+    }
     if let Some(router) = grpc_router {
         let address = settings.grpc_listen;
         let stop = shutdown.clone();
@@ -132,9 +163,10 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
             router.serve_with_shutdown(address, stop.requested()).await.with_context(|| format!("gRPC server on {address} failed"))
         });
     }
-    match (hosts_edge, identity, catalog) {
-        (true, Some(identity), Some(catalog)) => {
-            let dependencies = EdgeDependencies { identity, catalog, upstream, models: Arc::new(model_catalog(&settings)?) };
+    match (hosts_edge, identity, catalog, budget) {
+        (true, Some(identity), Some(catalog), Some(budget)) => {
+            let guard = budget_guard(&settings, bus.clone(), &budget).await?;
+            let dependencies = EdgeDependencies { identity, catalog, upstream, models: Arc::new(model_catalog(&settings)?), budget, guard };
             let (settings, bus, stop) = (settings.clone(), bus.clone(), shutdown.clone());
             tasks.spawn(async move { serve_edge(&settings, dependencies, bus, stop).await });
         }
@@ -189,6 +221,61 @@ fn catalog_service(
 ) -> CatalogServiceImpl {
     let options = CatalogOptions { master_key, base_urls: settings.provider_base_urls.clone() };
     CatalogServiceImpl::new(database, bus, upstream, options)
+}
+
+/// The edge's budget counters: shared by every replica through Redis when `BR_REDIS_URL` is set,
+/// otherwise in this process (seeded from the ledger, so a restart keeps the current periods' spend).
+async fn budget_guard(settings: &Settings, bus: Arc<dyn EventBus>, budget: &BudgetLedgerClient) -> anyhow::Result<Arc<BudgetGuard>> {
+    let guard = match &settings.redis_url {
+        Some(url) => BudgetGuard::redis(url.expose(), "br", bus).await.context("cannot reach Redis at BR_REDIS_URL")?,
+        None => BudgetGuard::in_process(bus),
+    };
+    match budget.get_current_totals(CurrentTotalsRequest::default()).await {
+        Ok(totals) => {
+            let seeded = guard.seed_from_totals(&totals).await?;
+            tracing::info!(seeded, "budget counters seeded from the ledger");
+        }
+        Err(error) => tracing::warn!(%error, "cannot seed budget counters from the ledger; they start from zero"),
+    }
+    Ok(Arc::new(guard))
+}
+
+/// Relays settlements from this process's bus to a remote budget-ledger.
+async fn forward_settlements(bus: Arc<dyn EventBus>, ledger: BudgetLedgerClient) {
+    use prost::Message;
+    let mut subscription = match bus.subscribe(budget::SETTLEMENTS_TOPIC, "settlement-forwarder").await {
+        Ok(subscription) => subscription,
+        Err(error) => {
+            tracing::error!(%error, "cannot forward settlements to budget-ledger");
+            return;
+        }
+    };
+    while let Ok(delivery) = subscription.next().await {
+        let event = match budget::BudgetEvent::decode(delivery.message().payload.clone()) {
+            Ok(event) => event,
+            Err(error) => {
+                tracing::warn!(%error, "skipping an undecodable settlement");
+                delivery.ack();
+                continue;
+            }
+        };
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match ledger.record_event(event.clone()).await {
+                Ok(_) => break,
+                Err(error) if error.kind == brainstorm_proto::ErrorKind::InvalidArgument => {
+                    tracing::warn!(%error, "budget-ledger refused a settlement");
+                    break;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "budget-ledger unreachable; retrying the settlement");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(10));
+                }
+            }
+        }
+        delivery.ack();
+    }
 }
 
 fn model_catalog(settings: &Settings) -> anyhow::Result<ModelCatalog> {

@@ -13,7 +13,7 @@ use brainstorm_common::bus::EventBus;
 use brainstorm_common::config::Secret;
 use brainstorm_common::time::parse_timestamp;
 use brainstorm_proto::events::{IDENTITY_EVENTS_TOPIC, IdentityEvent, identity_event};
-use brainstorm_proto::identity::{AuthenticateRequest, IdentityClient, Principal};
+use brainstorm_proto::identity::{ApiKey, AuthenticateRequest, IdentityClient, Principal};
 use chrono::{DateTime, Utc};
 use prost::Message;
 use sha2::{Digest, Sha256};
@@ -41,6 +41,10 @@ pub struct CallerIdentity {
     pub permissions: BTreeSet<String>,
     pub allowed_models: Vec<String>,
     pub expires_at: Option<DateTime<Utc>>,
+    /// The tenant's plan (`sandbox`, `standard`); empty for the platform administrator.
+    pub plan: String,
+    /// The key's record (budget, rate limit), for tenant keys.
+    pub key: Option<ApiKey>,
 }
 
 impl Caller {
@@ -208,6 +212,8 @@ fn platform_admin() -> CallerIdentity {
         permissions: PLATFORM_ADMIN_PERMISSIONS.iter().map(|permission| permission.to_string()).collect(),
         allowed_models: Vec::new(),
         expires_at: None,
+        plan: String::new(),
+        key: None,
     }
 }
 
@@ -218,12 +224,14 @@ fn caller_identity(principal: Principal) -> Result<CallerIdentity, ApiError> {
     };
     Ok(CallerIdentity {
         tenant_id: Some(tenant.id),
-        key_id: key.id,
-        role: key.role,
-        scopes: key.scopes,
+        key_id: key.id.clone(),
+        role: key.role.clone(),
+        scopes: key.scopes.clone(),
         permissions: principal.permissions.into_iter().collect(),
-        allowed_models: key.allowed_models,
+        allowed_models: key.allowed_models.clone(),
         expires_at: key.expires_at.as_deref().and_then(parse_timestamp),
+        plan: tenant.plan,
+        key: Some(key),
     })
 }
 

@@ -3,6 +3,7 @@
 //! service client, map the error.
 
 mod auth;
+mod budget_cache;
 mod extract;
 mod pipeline;
 mod routes;
@@ -17,10 +18,12 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::{Method, Uri};
-use axum::routing::{delete, get, post};
+use axum::routing::{delete, get, post, put};
+use brainstorm_budget_ledger::BudgetGuard;
 use brainstorm_common::ApiError;
 use brainstorm_common::bus::EventBus;
 use brainstorm_common::config::Secret;
+use brainstorm_proto::budget::BudgetLedgerClient;
 use brainstorm_proto::catalog::CatalogClient;
 use brainstorm_proto::identity::IdentityClient;
 use brainstorm_providers::catalog::ModelCatalog;
@@ -49,6 +52,9 @@ pub struct EdgeDependencies {
     pub catalog: CatalogClient,
     pub upstream: UpstreamClient,
     pub models: Arc<ModelCatalog>,
+    pub budget: BudgetLedgerClient,
+    /// Budget counters and rate limits (in process, or shared through Redis).
+    pub guard: Arc<BudgetGuard>,
 }
 
 /// Everything a handler can reach.
@@ -61,6 +67,9 @@ pub struct EdgeState {
     upstream: UpstreamClient,
     models: Arc<ModelCatalog>,
     base_urls: Arc<BTreeMap<String, String>>,
+    budget: BudgetLedgerClient,
+    budget_settings: Arc<budget_cache::BudgetSettingsCache>,
+    guard: Arc<BudgetGuard>,
 }
 
 /// The edge: its router, and the caches the bus keeps fresh.
@@ -84,6 +93,9 @@ impl Edge {
             upstream: dependencies.upstream,
             models: dependencies.models,
             base_urls: Arc::new(options.base_urls.clone()),
+            budget_settings: Arc::new(budget_cache::BudgetSettingsCache::new(dependencies.budget.clone(), options.cache_ttl)),
+            budget: dependencies.budget,
+            guard: dependencies.guard,
         };
         Edge { router: router(state), authenticator, routing }
     }
@@ -98,7 +110,7 @@ impl Edge {
 }
 
 fn router(state: EdgeState) -> Router {
-    use routes::{admin, completions, identity, providers};
+    use routes::{admin, budget, completions, identity, providers};
     Router::new()
         .route("/health", get(routes::health))
         .route("/v1/register", post(identity::register))
@@ -123,6 +135,14 @@ fn router(state: EdgeState) -> Router {
         .route("/v1/aliases", get(providers::get_aliases).put(providers::put_aliases))
         .route("/v1/presets", post(providers::create_preset).get(providers::list_presets))
         .route("/v1/presets/{slug}", get(providers::get_preset).put(providers::replace_preset).delete(providers::delete_preset))
+        .route("/v1/budget/status", get(budget::status))
+        .route("/v1/budget/limits", put(budget::set_limits))
+        .route("/v1/budget/forecast", get(budget::forecast))
+        .route("/v1/budget/agents", get(budget::agents))
+        .route("/v1/budget/agents/{agent_id}", put(budget::put_agent))
+        .route("/v1/budget/alerts/config", get(budget::get_alert_config).put(budget::put_alert_config))
+        .route("/v1/budget/alerts/history", get(budget::alert_history))
+        .route("/v1/usage/summary", get(budget::usage_summary))
         .route("/v1/chat/completions", post(completions::chat_completions))
         .route("/v1/messages", post(completions::messages))
         .route("/v1/models", get(completions::list_models))

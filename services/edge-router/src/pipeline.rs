@@ -10,6 +10,7 @@ use axum::Json;
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
+use brainstorm_budget_ledger::{ActualUsage, BudgetContext, BudgetDenial, Estimate, Outcome, RemainingView, Reservation};
 use brainstorm_common::ApiError;
 use brainstorm_common::money::Usd;
 use brainstorm_providers::catalog::{Model, Price, base_url};
@@ -45,11 +46,51 @@ fn route_error(error: RouteError) -> ApiError {
     }
 }
 
+/// The agent a request is attributed to: `X-BR-Agent-Id`, else `X-User-Id`, else the body's `user`.
+fn agent_of(request_headers: &HeaderMap, body: &Value) -> Option<String> {
+    let header =
+        |name: &str| request_headers.get(name).and_then(|value| value.to_str().ok()).map(str::trim).filter(|value| !value.is_empty());
+    header("x-br-agent-id")
+        .or_else(|| header("x-user-id"))
+        .or_else(|| body.get("user").and_then(Value::as_str))
+        .map(|agent| agent.chars().take(128).collect())
+}
+
+async fn budget_context(state: &EdgeState, caller: &Caller, request_headers: &HeaderMap, body: &Value) -> Result<BudgetContext, ApiError> {
+    let tenant_id = caller.tenant_id()?;
+    let mut context =
+        BudgetContext::new(tenant_id, caller.identity.plan.clone()).with_tenant_limits(&state.budget_settings.limits(tenant_id).await?);
+    if let Some(key) = &caller.identity.key {
+        context = context.with_api_key(key);
+    }
+    if let Some(agent_id) = agent_of(request_headers, body) {
+        let budget = state.budget_settings.agent(tenant_id, &agent_id).await?;
+        context = context.with_agent(agent_id, budget.as_ref());
+    }
+    context.conversation_id = request_headers
+        .get("x-conversation-id")
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_string)
+        .or_else(|| body.get("conversation_id").and_then(Value::as_str).map(str::to_string));
+    Ok(context)
+}
+
+fn budget_headers(headers: &mut HeaderMap, remaining: &RemainingView) {
+    for (name, value) in remaining.headers() {
+        set(headers, name, &value);
+    }
+}
+
+fn tokens(usage: Usage) -> i64 {
+    i64::try_from(usage.input_tokens + usage.output_tokens).unwrap_or(i64::MAX)
+}
+
 /// Serves one completion.
 pub async fn complete(
     state: &EdgeState,
     caller: &Caller,
     request_id: &RequestId,
+    request_headers: &HeaderMap,
     body: &Value,
     format: ClientFormat,
 ) -> Result<Response, ApiError> {
@@ -64,6 +105,7 @@ pub async fn complete(
         ApiError::invalid_request(code, message)
     })?;
     let config = state.routing.get(caller.tenant_id()?).await?;
+    let context = budget_context(state, caller, request_headers, body).await?;
     let reply_id = reply_id(request_id, format);
     let resolution = routing::resolve(&chat.model, &config.routing, &state.models, &chat, &options).map_err(route_error)?;
     let mut route = match resolution {
@@ -71,7 +113,10 @@ pub async fn complete(
             if !caller.may_use_model(&chat.model) {
                 return Err(ApiError::forbidden("model_not_allowed", format!("this key may not use model `{}`", chat.model)));
             }
-            return Ok(sandbox_response(&chat, reply_id, format, started));
+            let estimate =
+                Estimate { request_id: request_id.0.clone(), cost: Usd::ZERO, tokens: tokens(routing::estimate_usage(&chat, None)) };
+            let reservation = state.guard.reserve(&context, &estimate).await.map_err(|denial| denial.to_api_error())?;
+            return Ok(sandbox_response(&chat, reply_id, format, started, reservation).await);
         }
         Resolution::Route(route) => route,
     };
@@ -82,6 +127,27 @@ pub async fn complete(
     if !route.allow_fallback {
         route.candidates.truncate(1);
     }
+
+    // Reserve the worst case before any upstream call; settle the actual cost after.
+    let estimate_of = |route: &Route| {
+        let first = route.candidates.first();
+        let cost = first.and_then(|candidate| candidate.estimated_cost).unwrap_or(Usd::ZERO);
+        Estimate {
+            request_id: request_id.0.clone(),
+            cost,
+            tokens: tokens(routing::estimate_usage(&chat, first.and_then(|candidate| candidate.entry.as_ref()))),
+        }
+    };
+    let reservation = match state.guard.reserve(&context, &estimate_of(&route)).await {
+        Ok(reservation) => reservation,
+        Err(BudgetDenial::Downgrade(_)) => {
+            // The agent's budget is spent and it asked to be downgraded: cheapest candidates first.
+            route.candidates.sort_by_key(|candidate| candidate.estimated_cost.map_or(i64::MAX, Usd::nanos));
+            route.reason = format!("{}; downgraded: the agent's daily budget is spent", route.reason);
+            state.guard.reserve_downgraded(&context, &estimate_of(&route)).await.map_err(|denial| denial.to_api_error())?
+        }
+        Err(denial) => return Err(denial.to_api_error()),
+    };
     let routing_overhead = started.elapsed();
 
     let mut failures: Vec<(String, UpstreamError)> = Vec::new();
@@ -99,22 +165,37 @@ pub async fn complete(
         };
         let provider_started = Instant::now();
         let mut headers = route_headers(&route, candidate, &failures, &chat);
+        set(&mut headers, "x-br-routing-overhead-ms", &milliseconds(routing_overhead));
         let outcome = if chat.stream {
-            state.upstream.stream(&target, &chat).await.map(|events| {
-                set(&mut headers, "x-br-provider-latency-ms", &milliseconds(provider_started.elapsed()));
-                set(&mut headers, "x-br-routing-overhead-ms", &milliseconds(routing_overhead));
-                stream_response(events, headers, candidate, reply_id.clone(), format, &chat)
-            })
+            state.upstream.stream(&target, &chat).await.map(Ok)
         } else {
-            state.upstream.complete(&target, &chat).await.map(|reply| {
-                set(&mut headers, "x-br-provider-latency-ms", &milliseconds(provider_started.elapsed()));
-                set(&mut headers, "x-br-routing-overhead-ms", &milliseconds(routing_overhead));
-                set(&mut headers, "x-br-total-latency-ms", &milliseconds(started.elapsed()));
-                reply_response(reply, headers, candidate, &route, reply_id.clone(), format)
-            })
+            state.upstream.complete(&target, &chat).await.map(Err)
         };
+        let provider_latency = provider_started.elapsed();
+        set(&mut headers, "x-br-provider-latency-ms", &milliseconds(provider_latency));
         match outcome {
-            Ok(response) => return Ok(response),
+            Ok(Ok(events)) => {
+                budget_headers(&mut headers, reservation.remaining());
+                return Ok(stream_response(events, headers, candidate, reply_id, format, &chat, reservation));
+            }
+            Ok(Err(reply)) => {
+                let settle = |cost: Usd, usage: Usage| ActualUsage {
+                    cost,
+                    input_tokens: i64::try_from(usage.input_tokens).unwrap_or(i64::MAX),
+                    output_tokens: i64::try_from(usage.output_tokens).unwrap_or(i64::MAX),
+                    model: candidate.id(),
+                    provider: candidate.provider.id.to_string(),
+                    outcome: Outcome::Succeeded,
+                    latency_ms: u64::try_from(provider_latency.as_millis()).ok(),
+                };
+                let cost = price_of(candidate).map_or(Usd::ZERO, |price| price.cost(reply.usage));
+                match reservation.settle(settle(cost, reply.usage)).await {
+                    Ok(remaining) => budget_headers(&mut headers, &remaining),
+                    Err(error) => tracing::error!(%error, "settling a completion failed; the reservation stays counted"),
+                }
+                set(&mut headers, "x-br-total-latency-ms", &milliseconds(started.elapsed()));
+                return Ok(reply_response(reply, headers, candidate, &route, reply_id, format));
+            }
             Err(error) => {
                 tracing::warn!(provider = candidate.provider.id, model = %candidate.model, %error, "upstream call failed");
                 let fall_back = error.may_fall_back() && index < last;
@@ -124,6 +205,10 @@ pub async fn complete(
                 }
             }
         }
+    }
+    // Nothing was spent: give the reservation back.
+    if let Err(error) = reservation.release().await {
+        tracing::warn!(%error, "releasing a reservation failed");
     }
     let Some((failed_model, error)) = failures.pop() else {
         return Err(ApiError::model_unavailable("no candidate model has a usable provider key"));
@@ -253,7 +338,7 @@ fn reply_response(
     (headers, Json(body)).into_response()
 }
 
-fn sandbox_response(chat: &ChatRequest, id: String, format: ClientFormat, started: Instant) -> Response {
+async fn sandbox_response(chat: &ChatRequest, id: String, format: ClientFormat, started: Instant, reservation: Reservation) -> Response {
     let reply = sandbox::sandbox_reply(chat, id);
     let mut headers = HeaderMap::new();
     set(&mut headers, "x-br-routed-model", routing::SANDBOX_MODEL);
@@ -266,20 +351,32 @@ fn sandbox_response(chat: &ChatRequest, id: String, format: ClientFormat, starte
     set(&mut headers, "x-br-actual-cost", "0.000000");
     set(&mut headers, "x-br-total-latency-ms", &milliseconds(started.elapsed()));
     if chat.stream {
+        budget_headers(&mut headers, reservation.remaining());
         let events = futures::stream::iter(reply_events(&reply).into_iter().map(Ok)).boxed();
         let model = reply.model.clone();
-        return relay(
-            events,
-            headers,
-            RelaySpec {
-                id: reply.id,
-                model,
-                price: Some(Price::default()),
-                format,
-                input_estimate: reply.usage.input_tokens,
-                stream_usage: chat.stream_usage,
-            },
-        );
+        let spec = RelaySpec {
+            id: reply.id,
+            model,
+            provider: "brainstorm".to_string(),
+            price: Some(Price::default()),
+            format,
+            input_estimate: reply.usage.input_tokens,
+            stream_usage: chat.stream_usage,
+        };
+        return relay(events, headers, spec, reservation);
+    }
+    let actual = ActualUsage {
+        cost: Usd::ZERO,
+        input_tokens: i64::try_from(reply.usage.input_tokens).unwrap_or(i64::MAX),
+        output_tokens: i64::try_from(reply.usage.output_tokens).unwrap_or(i64::MAX),
+        model: routing::SANDBOX_MODEL.to_string(),
+        provider: "brainstorm".to_string(),
+        outcome: Outcome::Succeeded,
+        latency_ms: Some(0),
+    };
+    match reservation.settle(actual).await {
+        Ok(remaining) => budget_headers(&mut headers, &remaining),
+        Err(error) => tracing::error!(%error, "settling a sandbox completion failed"),
     }
     let body = match format {
         ClientFormat::OpenAi => {
@@ -300,18 +397,25 @@ fn stream_response(
     id: String,
     format: ClientFormat,
     chat: &ChatRequest,
+    reservation: Reservation,
 ) -> Response {
     let input_estimate = routing::estimate_usage(chat, candidate.entry.as_ref()).input_tokens;
-    relay(
-        events,
-        headers,
-        RelaySpec { id, model: candidate.id(), price: price_of(candidate), format, input_estimate, stream_usage: chat.stream_usage },
-    )
+    let spec = RelaySpec {
+        id,
+        model: candidate.id(),
+        provider: candidate.provider.id.to_string(),
+        price: price_of(candidate),
+        format,
+        input_estimate,
+        stream_usage: chat.stream_usage,
+    };
+    relay(events, headers, spec, reservation)
 }
 
 struct RelaySpec {
     id: String,
     model: String,
+    provider: String,
     price: Option<Price>,
     format: ClientFormat,
     input_estimate: u64,
@@ -348,42 +452,41 @@ impl Writer {
     }
 }
 
-/// How a relayed stream ended, for accounting.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StreamOutcome {
-    pub usage: Usage,
-    pub cost: Option<Usd>,
-    /// The client went away before the end.
-    pub disconnected: bool,
-}
-
-/// Settles a stream exactly once: at its end, or when the client disconnects and the body is dropped.
+/// Settles a stream's reservation exactly once: at its end, or when the client disconnects and the
+/// body is dropped (then with what the upstream produced so far).
 struct StreamSettlement {
     model: String,
+    provider: String,
     price: Option<Price>,
     usage: Usage,
-    settled: bool,
+    started: Instant,
+    reservation: Option<Reservation>,
 }
 
 impl StreamSettlement {
-    fn settle(&mut self, disconnected: bool) -> StreamOutcome {
-        self.settled = true;
-        let outcome = StreamOutcome { usage: self.usage, cost: self.price.map(|price| price.cost(self.usage)), disconnected };
-        tracing::debug!(
-            model = %self.model,
-            input_tokens = outcome.usage.input_tokens,
-            output_tokens = outcome.usage.output_tokens,
-            disconnected = outcome.disconnected,
-            "stream settled"
-        );
-        outcome
+    /// Settles (once) and returns the exact cost.
+    fn settle(&mut self, outcome: Outcome) -> Option<Usd> {
+        let cost = self.price.map(|price| price.cost(self.usage));
+        if let Some(reservation) = self.reservation.take() {
+            tracing::debug!(model = %self.model, input_tokens = self.usage.input_tokens, output_tokens = self.usage.output_tokens, outcome = outcome.as_str(), "stream settled");
+            reservation.settle_in_background(ActualUsage {
+                cost: cost.unwrap_or(Usd::ZERO),
+                input_tokens: i64::try_from(self.usage.input_tokens).unwrap_or(i64::MAX),
+                output_tokens: i64::try_from(self.usage.output_tokens).unwrap_or(i64::MAX),
+                model: self.model.clone(),
+                provider: self.provider.clone(),
+                outcome,
+                latency_ms: u64::try_from(self.started.elapsed().as_millis()).ok(),
+            });
+        }
+        cost
     }
 }
 
 impl Drop for StreamSettlement {
     fn drop(&mut self) {
-        if !self.settled {
-            self.settle(true);
+        if self.reservation.is_some() {
+            self.settle(Outcome::ClientDisconnected);
         }
     }
 }
@@ -399,7 +502,7 @@ struct RelayState {
 
 /// Streams `events` to the client in its format. Frames are produced as events arrive: the client's
 /// reading pace is the upstream's reading pace, and dropping the body drops the upstream connection.
-fn relay(events: EventStream, mut headers: HeaderMap, spec: RelaySpec) -> Response {
+fn relay(events: EventStream, mut headers: HeaderMap, spec: RelaySpec, reservation: Reservation) -> Response {
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     let writer = match spec.format {
@@ -412,7 +515,14 @@ fn relay(events: EventStream, mut headers: HeaderMap, spec: RelaySpec) -> Respon
         events,
         writer,
         assembler: ReplyAssembler::default(),
-        settlement: StreamSettlement { model: spec.model, price: spec.price, usage: Usage::default(), settled: false },
+        settlement: StreamSettlement {
+            model: spec.model,
+            provider: spec.provider,
+            price: spec.price,
+            usage: Usage::default(),
+            started: Instant::now(),
+            reservation: Some(reservation),
+        },
         pending: VecDeque::new(),
         ended: false,
     };
@@ -433,13 +543,12 @@ fn relay(events: EventStream, mut headers: HeaderMap, spec: RelaySpec) -> Respon
                     state.pending.push_back(Bytes::from(state.writer.error(&format!("the provider stream failed: {error}"))));
                     state.ended = true;
                     state.settlement.usage = state.assembler.usage;
-                    state.settlement.settle(false);
+                    state.settlement.settle(Outcome::Failed);
                 }
                 None => {
                     state.ended = true;
                     state.settlement.usage = state.assembler.usage;
-                    let outcome = state.settlement.settle(false);
-                    if let Some(cost) = outcome.cost {
+                    if let Some(cost) = state.settlement.settle(Outcome::Succeeded) {
                         // Headers are gone by now: the actual cost travels as an SSE comment.
                         state.pending.push_back(Bytes::from(format!(": x-br-actual-cost={}\n\n", dollars(cost))));
                     }

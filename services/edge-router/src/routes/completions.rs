@@ -2,6 +2,7 @@
 
 use axum::Json;
 use axum::extract::{Extension, State};
+use axum::http::HeaderMap;
 use axum::response::Response;
 use brainstorm_common::ApiError;
 use brainstorm_providers::catalog::Model;
@@ -21,10 +22,11 @@ pub async fn chat_completions(
     State(state): State<EdgeState>,
     caller: Caller,
     Extension(request_id): Extension<RequestId>,
+    headers: HeaderMap,
     JsonBody(body): JsonBody<Value>,
 ) -> Result<Response, ApiError> {
     caller.require("router.write")?;
-    pipeline::complete(&state, &caller, &request_id, &body, ClientFormat::OpenAi).await
+    pipeline::complete(&state, &caller, &request_id, &headers, &body, ClientFormat::OpenAi).await
 }
 
 /// `POST /v1/messages` (router.write).
@@ -32,10 +34,11 @@ pub async fn messages(
     State(state): State<EdgeState>,
     caller: Caller,
     Extension(request_id): Extension<RequestId>,
+    headers: HeaderMap,
     JsonBody(body): JsonBody<Value>,
 ) -> Result<Response, ApiError> {
     caller.require("router.write")?;
-    pipeline::complete(&state, &caller, &request_id, &body, ClientFormat::Anthropic).await
+    pipeline::complete(&state, &caller, &request_id, &headers, &body, ClientFormat::Anthropic).await
 }
 
 fn model_entry(id: &str, owned_by: &str) -> Value {

@@ -1,0 +1,78 @@
+//! Tenant budget limits and agent budgets, fetched from budget-ledger once and kept in memory, so a
+//! completion reserves against in-memory (or Redis) counters without a database round trip. Writes
+//! through this edge evict at once; entries expire after a TTL regardless.
+
+use std::collections::HashMap;
+use std::sync::RwLock;
+use std::time::{Duration, Instant};
+
+use brainstorm_common::ApiError;
+use brainstorm_proto::ErrorKind;
+use brainstorm_proto::budget::{AgentBudget, AgentRef, BudgetLedgerClient, TenantLimits, TenantRef};
+
+struct Entry<T> {
+    value: T,
+    fetched_at: Instant,
+}
+
+/// The cache.
+pub struct BudgetSettingsCache {
+    ledger: BudgetLedgerClient,
+    ttl: Duration,
+    limits: RwLock<HashMap<String, Entry<TenantLimits>>>,
+    agents: RwLock<HashMap<(String, String), Entry<Option<AgentBudget>>>>,
+}
+
+fn fresh<K: std::hash::Hash + Eq, T: Clone>(map: &RwLock<HashMap<K, Entry<T>>>, key: &K, ttl: Duration) -> Option<T> {
+    let map = map.read().ok()?;
+    let entry = map.get(key)?;
+    (entry.fetched_at.elapsed() < ttl).then(|| entry.value.clone())
+}
+
+fn store<K: std::hash::Hash + Eq, T>(map: &RwLock<HashMap<K, Entry<T>>>, key: K, value: T) {
+    if let Ok(mut map) = map.write() {
+        map.insert(key, Entry { value, fetched_at: Instant::now() });
+    }
+}
+
+impl BudgetSettingsCache {
+    /// A cache in front of budget-ledger.
+    pub fn new(ledger: BudgetLedgerClient, ttl: Duration) -> Self {
+        BudgetSettingsCache { ledger, ttl, limits: RwLock::new(HashMap::new()), agents: RwLock::new(HashMap::new()) }
+    }
+
+    /// The tenant's own limits.
+    pub async fn limits(&self, tenant_id: &str) -> Result<TenantLimits, ApiError> {
+        if let Some(limits) = fresh(&self.limits, &tenant_id.to_string(), self.ttl) {
+            return Ok(limits);
+        }
+        let limits = self.ledger.get_limits(TenantRef { tenant_id: tenant_id.to_string() }).await?;
+        store(&self.limits, tenant_id.to_string(), limits.clone());
+        Ok(limits)
+    }
+
+    /// An agent's budget, if one is configured.
+    pub async fn agent(&self, tenant_id: &str, agent_id: &str) -> Result<Option<AgentBudget>, ApiError> {
+        let key = (tenant_id.to_string(), agent_id.to_string());
+        if let Some(budget) = fresh(&self.agents, &key, self.ttl) {
+            return Ok(budget);
+        }
+        let budget = match self.ledger.get_agent_budget(AgentRef { tenant_id: key.0.clone(), agent_id: key.1.clone() }).await {
+            Ok(budget) => Some(budget),
+            Err(error) if error.kind == ErrorKind::NotFound => None,
+            Err(error) => return Err(error.into()),
+        };
+        store(&self.agents, key, budget.clone());
+        Ok(budget)
+    }
+
+    /// Forgets a tenant's limits and agent budgets.
+    pub fn evict(&self, tenant_id: &str) {
+        if let Ok(mut limits) = self.limits.write() {
+            limits.remove(tenant_id);
+        }
+        if let Ok(mut agents) = self.agents.write() {
+            agents.retain(|(tenant, _), _| tenant != tenant_id);
+        }
+    }
+}
