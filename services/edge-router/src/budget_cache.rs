@@ -15,12 +15,15 @@ struct Entry<T> {
     fetched_at: Instant,
 }
 
+/// Agent budgets by (tenant id, agent id); None caches "no budget configured".
+type AgentBudgets = HashMap<(String, String), Entry<Option<AgentBudget>>>;
+
 /// The cache.
 pub struct BudgetSettingsCache {
     ledger: BudgetLedgerClient,
     ttl: Duration,
     limits: RwLock<HashMap<String, Entry<TenantLimits>>>,
-    agents: RwLock<HashMap<(String, String), Entry<Option<AgentBudget>>>>,
+    agents: RwLock<AgentBudgets>,
 }
 
 fn fresh<K: std::hash::Hash + Eq, T: Clone>(map: &RwLock<HashMap<K, Entry<T>>>, key: &K, ttl: Duration) -> Option<T> {
