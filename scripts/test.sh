@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export BR_TEST_POSTGRES_URL="$(scripts/ensure-postgres.sh)"
+export BR_TEST_REDIS_URL="$(scripts/ensure-redis.sh)"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/brainstorm-target}"
 
 drop_test_databases() {
