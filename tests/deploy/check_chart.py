@@ -38,8 +38,8 @@ PRODUCTION_VALUES = HERE / "values-production.yaml"
 
 RELEASE = "brainstorm"
 NAMESPACE = "brainstorm"
-SERVICES_TODAY = {"identity", "catalog-health-sentinel", "edge-router"}
-GRPC_TODAY = {"identity", "catalog-health-sentinel"}
+SERVICES_TODAY = {"identity", "catalog-health-sentinel", "budget-ledger", "edge-router"}
+GRPC_TODAY = {"identity", "catalog-health-sentinel", "budget-ledger"}
 GRPC_PORT = 50051
 HTTP_PORT = 8080
 
@@ -345,8 +345,8 @@ def check_migrate_job(rendered: Render, existing_secret: str | None) -> None:
 def check_default_render(rendered: Render, app_version: str) -> None:
     kinds = sorted(f"{doc.kind}/{doc.name}" for doc in rendered.documents)
     expected_kinds = sorted([
-        f"Deployment/{fullname('edge-router')}", f"Deployment/{fullname('identity')}", f"Deployment/{fullname('catalog-health-sentinel')}",
-        f"Service/{fullname('edge-router')}", f"Service/{fullname('identity')}", f"Service/{fullname('catalog-health-sentinel')}",
+        *(f"Deployment/{fullname(name)}" for name in SERVICES_TODAY),
+        *(f"Service/{fullname(name)}" for name in SERVICES_TODAY),
         f"Job/{fullname('migrate')}", f"Secret/{fullname('secrets')}", f"Secret/{fullname('migrate')}",
         f"ServiceAccount/{RELEASE}",
     ])
@@ -399,20 +399,20 @@ def check_production_render(rendered: Render) -> None:
 
 
 def check_third_service(chart: helm.Chart, kube_version: str) -> None:
-    """A service added later needs only a values entry: here budget-ledger, as a gRPC service."""
+    """A service added later needs only a values entry: here observability-fanout, as a gRPC service."""
     entry = {"enabled": True, "grpc": True, "replicas": 1, "secretEnv": ["databaseUrl", "redisUrl"],
              "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}}
-    rendered = render(chart, "budget-ledger added", {"services": {"budget-ledger": entry}})
-    services = SERVICES_TODAY | {"budget-ledger"}
-    grpc = GRPC_TODAY | {"budget-ledger"}
+    rendered = render(chart, "observability-fanout added", {"services": {"observability-fanout": entry}})
+    services = SERVICES_TODAY | {"observability-fanout"}
+    grpc = GRPC_TODAY | {"observability-fanout"}
     check_kubernetes_schemas(rendered, kube_version)
     check_workloads(rendered, services, chart.metadata["appVersion"])
     check_services(rendered, services, grpc)
     check_grpc_wiring(rendered, services, grpc)
     check_secret_references(rendered, None)
-    disabled = render(chart, "budget-ledger disabled", {"services": {"budget-ledger": entry | {"enabled": False}}})
-    expect(not [doc for doc in disabled.documents if component_of(doc) == "budget-ledger"], "a disabled service still renders objects")
-    expect(not [doc for doc in disabled.documents if "BUDGET_LEDGER" in doc.text], "a disabled service is still announced to the others")
+    disabled = render(chart, "observability-fanout disabled", {"services": {"observability-fanout": entry | {"enabled": False}}})
+    expect(not [doc for doc in disabled.documents if component_of(doc) == "observability-fanout"], "a disabled service still renders objects")
+    expect(not [doc for doc in disabled.documents if "OBSERVABILITY_FANOUT" in doc.text], "a disabled service is still announced to the others")
 
 
 def check_schema_rejects(chart: helm.Chart) -> None:
@@ -481,9 +481,9 @@ def main() -> int:
     default, production = renders.get("default"), renders.get("production")
     if default:
         checker.check("default: Kubernetes schemas (strict)", lambda: check_kubernetes_schemas(default, kube_version))
-        checker.check("default: objects (3 Deployments, 3 Services, Secrets, migrate hook, nothing else)", lambda: check_default_render(default, app_version))
+        checker.check("default: objects (a Deployment and a Service per service, Secrets, migrate hook, nothing else)", lambda: check_default_render(default, app_version))
         checker.check("default: Deployments (serve <name>, probes, securityContext, resources, outbox)", lambda: check_workloads(default, SERVICES_TODAY, app_version))
-        checker.check("default: Services (edge http 8080; identity and catalog grpc 50051 + http 8080)", lambda: check_services(default, SERVICES_TODAY, GRPC_TODAY))
+        checker.check("default: Services (edge http 8080; gRPC services grpc 50051 + http 8080)", lambda: check_services(default, SERVICES_TODAY, GRPC_TODAY))
         checker.check("default: gRPC services are wired to each other (BR_<SERVICE>_URL)", lambda: check_grpc_wiring(default, SERVICES_TODAY, GRPC_TODAY))
         checker.check("default: secret references", lambda: check_secret_references(default, None))
         checker.check("default: migrate Job is a pre-install/pre-upgrade hook", lambda: check_migrate_job(default, None))
@@ -497,7 +497,7 @@ def main() -> int:
         checker.check("production: gRPC services are wired to each other (BR_<SERVICE>_URL)", lambda: check_grpc_wiring(production, SERVICES_TODAY, GRPC_TODAY))
         checker.check("production: secret references use the existing Secret", lambda: check_secret_references(production, existing))
         checker.check("production: migrate Job reads the existing Secret", lambda: check_migrate_job(production, existing))
-    checker.check("a third service is one values entry (budget-ledger)", lambda: check_third_service(chart, kube_version))
+    checker.check("a new service is one values entry (observability-fanout)", lambda: check_third_service(chart, kube_version))
     checker.check("values.schema.json rejects bad values", lambda: check_schema_rejects(chart))
     chart.close()
 
