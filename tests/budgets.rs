@@ -12,18 +12,8 @@ type TestResult = anyhow::Result<()>;
 
 const ANTHROPIC_KEY: &str = "sk-ant-budget-test-0123456789abcdefghijkl";
 
-macro_rules! in_both_shapes {
-    ($($test:ident),* $(,)?) => {
-        mod embedded {
-            $( #[tokio::test] async fn $test() -> super::TestResult { super::$test(brainstorm_e2e::Shape::Embedded).await } )*
-        }
-        mod distributed {
-            $( #[tokio::test] async fn $test() -> super::TestResult { super::$test(brainstorm_e2e::Shape::Distributed).await } )*
-        }
-    };
-}
 
-in_both_shapes!(
+brainstorm_e2e::in_both_shapes!(
     a_key_budget_is_never_overspent_under_concurrency,
     rate_limits_answer_429_with_retry_after,
     the_sandbox_plan_caps_requests_per_day,

@@ -7,28 +7,8 @@ use serde_json::{Value, json};
 
 type TestResult = anyhow::Result<()>;
 
-macro_rules! in_both_shapes {
-    ($($test:ident),* $(,)?) => {
-        mod embedded {
-            $(
-                #[tokio::test]
-                async fn $test() -> super::TestResult {
-                    super::$test(brainstorm_e2e::Shape::Embedded).await
-                }
-            )*
-        }
-        mod distributed {
-            $(
-                #[tokio::test]
-                async fn $test() -> super::TestResult {
-                    super::$test(brainstorm_e2e::Shape::Distributed).await
-                }
-            )*
-        }
-    };
-}
 
-in_both_shapes!(
+brainstorm_e2e::in_both_shapes!(
     registration_returns_tenant_key_and_claim,
     registration_rejects_bad_bodies_with_the_envelope,
     missing_malformed_unknown_revoked_and_expired_keys_get_401,

@@ -13,18 +13,8 @@ const OPENAI_KEY: &str = "sk-openai-test-0123456789abcdefghijklmnop";
 const ANTHROPIC_KEY: &str = "sk-ant-test-0123456789abcdefghijklmnopqr";
 const GOOGLE_KEY: &str = "AIza-test-0123456789abcdefghijklmnopqrstu";
 
-macro_rules! in_both_shapes {
-    ($($test:ident),* $(,)?) => {
-        mod embedded {
-            $( #[tokio::test] async fn $test() -> super::TestResult { super::$test(brainstorm_e2e::Shape::Embedded).await } )*
-        }
-        mod distributed {
-            $( #[tokio::test] async fn $test() -> super::TestResult { super::$test(brainstorm_e2e::Shape::Distributed).await } )*
-        }
-    };
-}
 
-in_both_shapes!(
+brainstorm_e2e::in_both_shapes!(
     the_provider_catalog_is_public,
     the_vault_validates_encrypts_masks_rotates_and_never_leaks,
     openai_clients_reach_anthropic_and_gemini_models_with_exact_costs,

@@ -8,6 +8,20 @@ use anyhow::{Context, bail};
 use serde_json::Value;
 use sqlx::Connection;
 
+/// Declares each listed `async fn name(shape: Shape) -> TestResult` as two tests, `embedded::name`
+/// and `distributed::name`, so one suite runs against both shapes.
+#[macro_export]
+macro_rules! in_both_shapes {
+    ($($test:ident),* $(,)?) => {
+        mod embedded {
+            $( #[tokio::test] async fn $test() -> super::TestResult { super::$test($crate::Shape::Embedded).await } )*
+        }
+        mod distributed {
+            $( #[tokio::test] async fn $test() -> super::TestResult { super::$test($crate::Shape::Distributed).await } )*
+        }
+    };
+}
+
 /// The two shapes of the gateway.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Shape {

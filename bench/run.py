@@ -1,0 +1,300 @@
+#!/usr/bin/env python3
+"""`make bench`: the gateway's added latency, throughput, CPU per request and memory, measured against a
+direct call to the same mock upstream, in one run on one machine.
+
+Processes are pinned when the machine has at least two CPUs: the gateway alone on CPU 0, the mock
+upstream and the load generator (oha) on the others, so the gateway's CPU time is its own and the
+direct-to-mock baseline runs under the same load-generator placement. The report says so.
+Nothing here asserts thresholds: the benchmark reports, it does not gate.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+PROVIDER_KEY = "sk-bench-0123456789abcdefghijklmnopqrstuv"
+
+
+def log(message):
+    print(f"bench: {message}", file=sys.stderr, flush=True)
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_http(url, timeout=30):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{url} did not answer")
+
+
+def call(url, body=None, key=None, method=None):
+    headers = {"content-type": "application/json"}
+    if key:
+        headers["authorization"] = f"Bearer {key}"
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, headers=headers, method=method)
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.load(response)
+
+
+def cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def memory_kib(pid):
+    values = {}
+    with open(f"/proc/{pid}/status") as handle:
+        for line in handle:
+            name, _, rest = line.partition(":")
+            if name in ("VmRSS", "VmHWM"):
+                values[name] = int(rest.split()[0])
+    return values
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.cpus = os.cpu_count() or 1
+        self.pinned = self.cpus >= 2 and shutil.which("taskset") is not None
+        self.work = tempfile.mkdtemp(prefix="brainstorm-bench-")
+        self.processes = []
+        self.report = {"phases": {}, "cpu_count": self.cpus, "pinning": None}
+
+    def pin(self, command, cpus):
+        return ["taskset", "-c", cpus, *command] if self.pinned else command
+
+    def start(self, label, command, cpus, env=None):
+        log_file = open(os.path.join(self.work, f"{label}.log"), "w")
+        process = subprocess.Popen(self.pin(command, cpus), stdout=subprocess.DEVNULL, stderr=log_file, env={**os.environ, **(env or {})}, cwd=self.work)
+        self.processes.append(process)
+        return process
+
+    def stop(self):
+        for process in self.processes:
+            process.terminate()
+        for process in self.processes:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        shutil.rmtree(self.work, ignore_errors=True)
+
+    def oha(self, url, key, body, *, requests=None, duration=None, connections=1, rate=None):
+        command = [self.args.oha, "--no-tui", "--output-format", "json", "-m", "POST", "-H", "content-type: application/json", "-d", json.dumps(body), "-c", str(connections)]
+        if key:
+            command += ["-H", f"authorization: Bearer {key}"]
+        if requests:
+            command += ["-n", str(requests)]
+        if duration:
+            command += ["-z", f"{duration}s"]
+        if rate:
+            command += ["-q", str(rate)]
+        command.append(url)
+        output = subprocess.run(self.pin(command, self.load_cpus), capture_output=True, text=True, check=True).stdout
+        result = json.loads(output)
+        summary = result.get("summary", {})
+        percentiles = result.get("latencyPercentiles", {})
+        statuses = result.get("statusCodeDistribution", {})
+        ok = sum(count for status, count in statuses.items() if str(status).startswith("2"))
+        return {
+            "requests_per_second": summary.get("requestsPerSec"),
+            "success_rate": summary.get("successRate"),
+            "ok": ok,
+            "statuses": statuses,
+            "p50_ms": (percentiles.get("p50") or 0) * 1000,
+            "p90_ms": (percentiles.get("p90") or 0) * 1000,
+            "p99_ms": (percentiles.get("p99") or 0) * 1000,
+        }
+
+    def measured(self, pid, run):
+        before = cpu_seconds(pid)
+        result = run()
+        spent = cpu_seconds(pid) - before
+        result["gateway_cpu_us_per_request"] = round(spent / result["ok"] * 1e6, 1) if result.get("ok") else None
+        return result
+
+    def stream_timings(self, base, path, key, body, count):
+        """Time to first byte and to last byte of `count` sequential streamed requests, in ms."""
+        import http.client
+
+        host, port = base.replace("http://", "").split(":")
+        connection = http.client.HTTPConnection(host, int(port))
+        headers = {"content-type": "application/json"}
+        if key:
+            headers["authorization"] = f"Bearer {key}"
+        payload = json.dumps(body)
+        first, last = [], []
+        for _ in range(count):
+            started = time.perf_counter()
+            connection.request("POST", path, payload, headers)
+            response = connection.getresponse()
+            response.read1(1)
+            first.append((time.perf_counter() - started) * 1000)
+            response.read()
+            last.append((time.perf_counter() - started) * 1000)
+        connection.close()
+        quantile = lambda values, q: sorted(values)[min(len(values) - 1, int(q * len(values)))]
+        return {"ttfb_p50_ms": statistics.median(first), "ttfb_p99_ms": quantile(first, 0.99), "ttlb_p50_ms": statistics.median(last), "ttlb_p99_ms": quantile(last, 0.99)}
+
+    def run(self):
+        args = self.args
+        self.load_cpus = "1" if self.cpus == 2 else f"1-{self.cpus - 1}"
+        gateway_cpus = "0"
+        self.report["pinning"] = (
+            f"gateway on CPU {gateway_cpus}; mock upstream and oha on CPU {self.load_cpus}" if self.pinned else "not pinned (one CPU or no taskset)"
+        )
+        mock_port, gateway_port = free_port(), free_port()
+        mock = f"http://127.0.0.1:{mock_port}"
+        self.start("mock", [args.mock, "--listen", f"127.0.0.1:{mock_port}"], self.load_cpus)
+        wait_http(f"{mock}/__mock/requests")
+        body = {"model": "gpt-4o-mini", "max_tokens": 16, "messages": [{"role": "user", "content": "say hello to the benchmark"}]}
+        routed = dict(body, model="openai/gpt-4o-mini")
+
+        log("phase 0: the mock upstream alone (it must not be the bottleneck)")
+        self.report["phases"]["mock_alone_64c"] = self.oha(f"{mock}/v1/chat/completions", PROVIDER_KEY, body, duration=args.seconds, connections=64)
+        subprocess.run(["curl", "-s", "-X", "DELETE", f"{mock}/__mock/requests"], check=False, capture_output=True)
+
+        data_dir = os.path.join(self.work, "data")
+        gateway = self.start(
+            "gateway",
+            [args.gateway, "up", "--listen", f"127.0.0.1:{gateway_port}", "--data-dir", data_dir],
+            gateway_cpus,
+            {"BR_PROVIDER_OPENAI_BASE_URL": f"{mock}/v1", "RUST_LOG": "warn", "BR_MAIL_OUTBOX": os.path.join(self.work, "outbox")},
+        )
+        base = f"http://127.0.0.1:{gateway_port}"
+        wait_http(f"{base}/health")
+        time.sleep(1)
+        self.report["idle_rss_mib"] = round(memory_kib(gateway.pid)["VmRSS"] / 1024, 1)
+
+        key = call(f"{base}/v1/register", {"tenant_name": "bench", "accept_tos": True})["api_key"]["key"]
+        call(f"{base}/v1/providers", {"provider": "openai", "api_key": PROVIDER_KEY}, key)
+        graduated = call(f"{base}/v1/account/graduate", {}, key)
+        log(f"tenant graduated to {graduated.get('tier')} (no sandbox request caps)")
+        minimal_key = key
+        full_key = call(f"{base}/v1/api-keys", {"name": "bench-full", "role": "developer", "budget_limit_usd": 4, "budget_period": "daily", "rate_limit_rpm": 10_000_000}, key)["api_key"]["key"]
+        guardian = self.enable_guardian(base, key)
+
+        gateway_url = f"{base}/v1/chat/completions"
+        direct_url = f"{mock}/v1/chat/completions"
+        phases = self.report["phases"]
+        log("phase a: one client, sequential")
+        phases["a_sequential_direct"] = self.oha(direct_url, PROVIDER_KEY, body, requests=args.sequential, connections=1)
+        phases["a_sequential_gateway"] = self.measured(gateway.pid, lambda: self.oha(gateway_url, minimal_key, routed, requests=args.sequential, connections=1))
+        for rate in (500, 2000):
+            log(f"phase b: fixed rate {rate} req/s")
+            phases[f"b_rate_{rate}_direct"] = self.oha(direct_url, PROVIDER_KEY, body, duration=args.seconds, connections=32, rate=rate)
+            phases[f"b_rate_{rate}_gateway"] = self.measured(gateway.pid, lambda: self.oha(gateway_url, minimal_key, routed, duration=args.seconds, connections=32, rate=rate))
+        log("phase c: maximum throughput at 64 connections")
+        phases["c_max_64c_gateway"] = self.measured(gateway.pid, lambda: self.oha(gateway_url, minimal_key, routed, duration=args.seconds, connections=64))
+        log("phase d: streaming, time to first and last byte")
+        stream_body = dict(routed, stream=True)
+        phases["d_stream_direct"] = self.stream_timings(mock, "/v1/chat/completions", PROVIDER_KEY, dict(body, stream=True), args.streams)
+        phases["d_stream_gateway"] = self.stream_timings(base, "/v1/chat/completions", minimal_key, stream_body, args.streams)
+        log("phase e: every guardian stage on vs the minimal pipeline")
+        full_body = dict(routed, **guardian["body"])
+        phases["e_minimal_gateway"] = self.measured(gateway.pid, lambda: self.oha(gateway_url, minimal_key, routed, duration=args.seconds, connections=32, rate=2000))
+        phases["e_full_gateway"] = self.measured(gateway.pid, lambda: self.oha(gateway_url, full_key, full_body, duration=args.seconds, connections=32, rate=2000))
+        phases["e_full_gateway"]["stages"] = guardian["stages"]
+        self.report["peak_rss_mib"] = round(memory_kib(gateway.pid)["VmHWM"] / 1024, 1)
+
+        sequential = phases["a_sequential_gateway"], phases["a_sequential_direct"]
+        self.report["added_latency_ms"] = {q: round(sequential[0][f"{q}_ms"] - sequential[1][f"{q}_ms"], 3) for q in ("p50", "p90", "p99")}
+        for rate in (500, 2000):
+            gateway_phase, direct_phase = phases[f"b_rate_{rate}_gateway"], phases[f"b_rate_{rate}_direct"]
+            self.report[f"added_latency_ms_at_{rate}"] = {q: round(gateway_phase[f"{q}_ms"] - direct_phase[f"{q}_ms"], 3) for q in ("p50", "p90", "p99")}
+        stream_gateway, stream_direct = phases["d_stream_gateway"], phases["d_stream_direct"]
+        self.report["stream_ttfb_overhead_ms"] = round(stream_gateway["ttfb_p50_ms"] - stream_direct["ttfb_p50_ms"], 3)
+        self.report["cpu_us_per_request"] = {name: phase.get("gateway_cpu_us_per_request") for name, phase in phases.items() if "gateway_cpu_us_per_request" in phase}
+
+    def enable_guardian(self, base, key):
+        """Turns on every guardian stage this build has, and says which."""
+        stages = ["auth", "budget reservation and settlement", "rate limit"]
+        body = {}
+        try:
+            call(f"{base}/v1/guardrails/config", {"enabled": True, "mode": "block"}, key, method="PUT")
+            stages.append("guardrails (builtin, pii)")
+        except OSError:
+            pass
+        try:
+            call(f"{base}/v1/killswitch/status", None, key)
+            stages.append("kill switch")
+        except OSError:
+            pass
+        return {"stages": stages, "body": body}
+
+
+def table(report):
+    lines = [f"Brainstorm benchmark ({report['cpu_count']} CPUs; {report['pinning']}; commit {report['commit']})", ""]
+    lines.append(f"{'phase':<26}{'req/s':>10}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'CPU us/req':>12}")
+    for name, phase in report["phases"].items():
+        if "p50_ms" not in phase:
+            continue
+        cpu = phase.get("gateway_cpu_us_per_request")
+        lines.append(f"{name:<26}{(phase['requests_per_second'] or 0):>10.0f}{phase['p50_ms']:>9.3f}{phase['p90_ms']:>9.3f}{phase['p99_ms']:>9.3f}{(cpu if cpu is not None else float('nan')):>12.1f}")
+    for name in ("d_stream_direct", "d_stream_gateway"):
+        phase = report["phases"].get(name, {})
+        if phase:
+            lines.append(f"{name:<26} TTFB p50 {phase['ttfb_p50_ms']:.3f} ms, p99 {phase['ttfb_p99_ms']:.3f} ms; last byte p50 {phase['ttlb_p50_ms']:.3f} ms")
+    lines += [
+        "",
+        f"added latency, sequential: {report['added_latency_ms']}",
+        f"added latency at 500 req/s: {report.get('added_latency_ms_at_500')}",
+        f"added latency at 2000 req/s: {report.get('added_latency_ms_at_2000')}",
+        f"streaming TTFB overhead (p50): {report['stream_ttfb_overhead_ms']} ms",
+        f"gateway CPU per request (us): {report['cpu_us_per_request']}",
+        f"RSS: idle {report['idle_rss_mib']} MiB, peak {report['peak_rss_mib']} MiB",
+        f"guardian stages in phase e: {', '.join(report['phases'].get('e_full_gateway', {}).get('stages', []))}",
+        f"nginx floor: {report.get('nginx', 'not installed: skipped')}",
+    ]
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--gateway", required=True)
+    parser.add_argument("--mock", required=True)
+    parser.add_argument("--oha", required=True)
+    parser.add_argument("--seconds", type=int, default=5)
+    parser.add_argument("--sequential", type=int, default=2000)
+    parser.add_argument("--streams", type=int, default=200)
+    parser.add_argument("--output", default=os.path.join(ROOT, "target", "bench", "latest.json"))
+    args = parser.parse_args()
+    bench = Bench(args)
+    try:
+        bench.run()
+    finally:
+        bench.stop()
+    report = bench.report
+    report["commit"] = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip() or "unknown"
+    report["generated_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    os.makedirs(os.path.dirname(args.output), exist_ok=True)
+    with open(args.output, "w") as handle:
+        json.dump(report, handle, indent=2)
+    print(table(report))
+    print(f"\nwritten: {args.output}")
+
+
+if __name__ == "__main__":
+    main()
