@@ -50,5 +50,11 @@ crate::grpc::service_contract! {
         fn delete_invite_code(DeleteInviteCodeRequest) -> DeleteInviteCodeResponse;
         /// Summarises the platform for its administrators.
         fn digest(DigestRequest) -> PlatformDigest;
+        /// Sets a tenant's plan (`sandbox` or `standard`); the move to `standard` records `graduated_at`.
+        fn set_tenant_plan(SetTenantPlanRequest) -> Tenant;
+        /// Mails a 6-digit verification code valid 600 seconds, replacing the tenant's pending code.
+        fn start_email_verification(StartEmailVerificationRequest) -> EmailVerificationStarted;
+        /// Consumes a mailed code: records the verified address and graduates the tenant to `standard`.
+        fn confirm_email_verification(ConfirmEmailVerificationRequest) -> Tenant;
     }
 }

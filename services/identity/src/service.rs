@@ -16,13 +16,20 @@ use prost::Message;
 
 use crate::rbac::{self, ROLES};
 use crate::secrets::{self, CLAIM_TOKEN_PREFIX, LIVE_KEY_PREFIX};
-use crate::store::{ApiKeyRecord, ClaimTokenRecord, IdentityStore, TenantGrouping, tier_of_plan};
+use crate::store::{
+    ApiKeyRecord, ClaimTokenRecord, EmailVerificationRecord, IdentityStore, PLANS, SANDBOX_PLAN, STANDARD_PLAN, TenantGrouping,
+    tier_of_plan,
+};
 
 const REGISTRATION_CLAIM_DAYS: i64 = 7;
 const INVITATION_DAYS: i64 = 7;
 const MAX_NAME_CHARS: usize = 128;
 const TENANT_STATUSES: [&str; 3] = ["active", "pending", "rejected"];
 const CLAIM_ROLES: [&str; 3] = ["owner", "admin", "member"];
+/// Lifetime of a mailed verification code (the spec's `expires_in_seconds`).
+const VERIFICATION_CODE_SECONDS: u32 = 600;
+/// Confirmations a code allows, the successful one included; the fifth wrong one invalidates it.
+const MAX_VERIFICATION_ATTEMPTS: i64 = 5;
 
 /// What identity needs besides its store.
 #[derive(Debug, Clone)]
@@ -59,6 +66,29 @@ impl IdentityServiceImpl {
             .ok_or_else(|| ServiceError::not_found("tenant_not_found", format!("tenant `{tenant_id}` does not exist")))
     }
 
+    /// Tells every edge that the tenant changed (its cached principals carry the tenant) and returns it.
+    async fn publish_tenant_changed(&self, tenant_id: &str) -> ServiceResult<Tenant> {
+        let tenant = self.tenant_or_not_found(tenant_id).await?;
+        let changed = events::TenantChanged { status: tenant.status.clone() };
+        self.publish(tenant_id, identity_event::Kind::TenantChanged(changed)).await;
+        Ok(tenant)
+    }
+
+    /// Why a confirmation that could not count an attempt is refused, given the tenant's pending
+    /// verification (read in the attempt's transaction, which must be over: this may read the tenant).
+    async fn refusal_without_attempt(&self, tenant_id: &str, pending: Option<EmailVerificationRecord>) -> ServiceError {
+        match pending {
+            None => match self.tenant_or_not_found(tenant_id).await {
+                Ok(_) => {
+                    ServiceError::invalid("no_pending_verification", "no verification code is pending: request one with verify-email first")
+                }
+                Err(error) => error,
+            },
+            Some(pending) if pending.attempts >= MAX_VERIFICATION_ATTEMPTS => too_many_attempts(),
+            Some(_) => ServiceError::invalid("code_expired", "the verification code has expired: request a new one with verify-email"),
+        }
+    }
+
     /// Publishes a change for every edge's cache; a lost event only delays invalidation until the
     /// cache entry's TTL, so it is logged rather than failing the change that already committed.
     async fn publish(&self, tenant_id: &str, kind: identity_event::Kind) {
@@ -88,12 +118,14 @@ impl IdentityService for IdentityServiceImpl {
             id: uuid::Uuid::new_v4().to_string(),
             slug: slug_of(&name),
             name,
-            plan: "sandbox".to_string(),
-            tier: tier_of_plan("sandbox").to_string(),
+            plan: SANDBOX_PLAN.to_string(),
+            tier: tier_of_plan(SANDBOX_PLAN).to_string(),
             status: status.to_string(),
             user_count: 0,
             created_at: created_at.clone(),
             updated_at: created_at.clone(),
+            email_verified_at: None,
+            graduated_at: None,
         };
         let plaintext_key = secrets::mint(LIVE_KEY_PREFIX);
         let key = ApiKey {
@@ -481,6 +513,121 @@ impl IdentityService for IdentityServiceImpl {
             generated_at: now_text,
         })
     }
+
+    async fn set_tenant_plan(&self, request: SetTenantPlanRequest) -> ServiceResult<Tenant> {
+        let plan = validated_plan(&request.plan)?;
+        let mut transaction = self.store.begin().await.map_err(store_failure)?;
+        let changed =
+            IdentityStore::set_tenant_plan(&mut transaction, &request.tenant_id, plan, &now_timestamp()).await.map_err(store_failure)?;
+        transaction.commit().await.map_err(store_failure)?;
+        if !changed {
+            // Unknown tenant (404) or already on this plan (nothing changed, nothing to evict).
+            return self.tenant_or_not_found(&request.tenant_id).await;
+        }
+        tracing::info!(tenant_id = %request.tenant_id, plan, "tenant plan changed");
+        self.publish_tenant_changed(&request.tenant_id).await
+    }
+
+    async fn start_email_verification(&self, request: StartEmailVerificationRequest) -> ServiceResult<EmailVerificationStarted> {
+        let email = validated_email(&request.email)?;
+        self.tenant_or_not_found(&request.tenant_id).await?;
+        let now = Utc::now();
+        let code = secrets::verification_code();
+        let record = EmailVerificationRecord {
+            tenant_id: request.tenant_id.clone(),
+            code_hash: secrets::verification_code_digest(&request.tenant_id, &email, &code),
+            email: email.clone(),
+            attempts: 0,
+            expires_at: format_timestamp(now + Duration::seconds(i64::from(VERIFICATION_CODE_SECONDS))),
+            created_at: format_timestamp(now),
+        };
+        self.store.replace_email_verification(&record).await.map_err(store_failure)?;
+        let mail = Mail {
+            to: email.clone(),
+            // Never the code in the subject: the outbox logs subjects.
+            subject: "Verify your email address for Brainstorm".to_string(),
+            body: format!(
+                "Your Brainstorm verification code is {code}\n\nEnter it to verify this address and move your tenant to the standard plan. \
+                 It expires in {} minutes (at {}) and works once.\n\nIf you did not ask for it, ignore this message.\n",
+                VERIFICATION_CODE_SECONDS / 60,
+                record.expires_at
+            ),
+        };
+        // Unlike an invitation's link, the code exists nowhere else: without the mail there is nothing to confirm.
+        if let Err(error) = self.options.outbox.deliver(&mail).await {
+            tracing::error!(%error, tenant_id = %request.tenant_id, "verification mail not written");
+            return Err(ServiceError::unavailable("mail_unavailable", "the verification mail could not be sent; retry shortly"));
+        }
+        tracing::info!(tenant_id = %request.tenant_id, "email verification started");
+        Ok(EmailVerificationStarted {
+            message: format!("a verification code was sent to {email}"),
+            expires_in_seconds: VERIFICATION_CODE_SECONDS,
+        })
+    }
+
+    async fn confirm_email_verification(&self, request: ConfirmEmailVerificationRequest) -> ServiceResult<Tenant> {
+        let code = request.code.trim();
+        if code.is_empty() {
+            return Err(ServiceError::invalid("missing_field", "code is required"));
+        }
+        let now = now_timestamp();
+        let mut transaction = self.store.begin().await.map_err(store_failure)?;
+        // Count the attempt before comparing: the count is committed even when the code is wrong, and
+        // holding the row lock makes concurrent guesses take turns.
+        let counted = IdentityStore::count_verification_attempt(&mut transaction, &request.tenant_id, MAX_VERIFICATION_ATTEMPTS, &now)
+            .await
+            .map_err(store_failure)?;
+        if !counted {
+            let pending = IdentityStore::email_verification(&mut transaction, &request.tenant_id).await.map_err(store_failure)?;
+            transaction.rollback().await.map_err(store_failure)?;
+            return Err(self.refusal_without_attempt(&request.tenant_id, pending).await);
+        }
+        let pending = IdentityStore::email_verification(&mut transaction, &request.tenant_id)
+            .await
+            .map_err(store_failure)?
+            .ok_or_else(|| ServiceError::internal("a counted verification vanished inside its transaction"))?;
+        let presented = secrets::verification_code_digest(&request.tenant_id, &pending.email, code);
+        if !secrets::digests_match(&presented, &pending.code_hash) {
+            transaction.commit().await.map_err(store_failure)?;
+            let attempts_left = MAX_VERIFICATION_ATTEMPTS - pending.attempts;
+            tracing::info!(tenant_id = %request.tenant_id, attempts_left, "wrong verification code");
+            if attempts_left <= 0 {
+                return Err(too_many_attempts());
+            }
+            let noun = if attempts_left == 1 { "attempt" } else { "attempts" };
+            return Err(ServiceError::invalid("invalid_code", format!("the verification code is wrong ({attempts_left} {noun} left)")));
+        }
+        if !IdentityStore::consume_email_verification(&mut transaction, &request.tenant_id, &pending.code_hash)
+            .await
+            .map_err(store_failure)?
+        {
+            return Err(ServiceError::invalid("no_pending_verification", "the verification code was already used"));
+        }
+        if !IdentityStore::mark_email_verified(&mut transaction, &request.tenant_id, &pending.email, &now).await.map_err(store_failure)? {
+            return Err(ServiceError::not_found("tenant_not_found", format!("tenant `{}` does not exist", request.tenant_id)));
+        }
+        IdentityStore::set_tenant_plan(&mut transaction, &request.tenant_id, STANDARD_PLAN, &now).await.map_err(store_failure)?;
+        transaction.commit().await.map_err(store_failure)?;
+        tracing::info!(tenant_id = %request.tenant_id, plan = STANDARD_PLAN, "email verified, tenant graduated");
+        // The verified address changed the tenant even when it was already on `standard`.
+        self.publish_tenant_changed(&request.tenant_id).await
+    }
+}
+
+fn too_many_attempts() -> ServiceError {
+    ServiceError::invalid(
+        "too_many_attempts",
+        format!(
+            "the verification code was entered wrongly {MAX_VERIFICATION_ATTEMPTS} times and is no longer valid: request a new one with verify-email"
+        ),
+    )
+}
+
+fn validated_plan(plan: &str) -> ServiceResult<&str> {
+    PLANS
+        .into_iter()
+        .find(|known| *known == plan)
+        .ok_or_else(|| ServiceError::invalid("invalid_plan", format!("plan must be one of {}", PLANS.join(", "))))
 }
 
 fn validated_name(field: &str, name: &str) -> ServiceResult<String> {

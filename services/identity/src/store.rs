@@ -29,13 +29,25 @@ pub struct ApiKeyRecord<'a> {
     pub key_hash: &'a str,
 }
 
+/// A pending email verification: the digest of the mailed code, never the code.
+#[derive(Debug, Clone)]
+pub struct EmailVerificationRecord {
+    pub tenant_id: String,
+    pub email: String,
+    pub code_hash: String,
+    /// Confirmations tried against this code, the successful one included.
+    pub attempts: i64,
+    pub expires_at: String,
+    pub created_at: String,
+}
+
 /// Identity's store.
 #[derive(Debug, Clone)]
 pub struct IdentityStore {
     database: Database,
 }
 
-const TENANT_COLUMNS: &str = "t.id, t.slug, t.name, t.plan, t.status, t.created_at, t.updated_at, \
+const TENANT_COLUMNS: &str = "t.id, t.slug, t.name, t.plan, t.status, t.created_at, t.updated_at, t.email_verified_at, t.graduated_at, \
      (SELECT COUNT(*) FROM users u WHERE u.tenant_id = t.id) AS user_count";
 const API_KEY_COLUMNS: &str = "id, tenant_id, name, prefix, role, scopes, budget_limit_nanos, budget_period, \
      rate_limit_rpm, expires_at, allowed_models, created_at, revoked_at, created_by";
@@ -165,6 +177,114 @@ impl IdentityStore {
             .bind(now)
             .bind(tenant_id)
             .execute(self.database.pool())
+            .await?;
+        Ok(result.rows_affected() == 1)
+    }
+
+    /// Moves a tenant to `plan` unless it is already on it; true when this call changed the plan.
+    /// `graduated_at` follows the plan: set to `now` on the move to `standard`, cleared on leaving it.
+    pub async fn set_tenant_plan(transaction: &mut Transaction<'static, Any>, tenant_id: &str, plan: &str, now: &str) -> StoreResult<bool> {
+        let graduated_at = (plan == STANDARD_PLAN).then(|| now.to_string());
+        let result = sqlx::query("UPDATE tenants SET plan = $1, graduated_at = $2, updated_at = $3 WHERE id = $4 AND plan <> $1")
+            .bind(plan)
+            .bind(graduated_at)
+            .bind(now)
+            .bind(tenant_id)
+            .execute(&mut **transaction)
+            .await?;
+        Ok(result.rows_affected() == 1)
+    }
+
+    /// Records that the tenant proved control of `email` at `now`; false when the tenant does not exist.
+    pub async fn mark_email_verified(
+        transaction: &mut Transaction<'static, Any>,
+        tenant_id: &str,
+        email: &str,
+        now: &str,
+    ) -> StoreResult<bool> {
+        let result = sqlx::query("UPDATE tenants SET verified_email = $1, email_verified_at = $2, updated_at = $2 WHERE id = $3")
+            .bind(email)
+            .bind(now)
+            .bind(tenant_id)
+            .execute(&mut **transaction)
+            .await?;
+        Ok(result.rows_affected() == 1)
+    }
+
+    /// Stores the tenant's pending verification, replacing any earlier one (and its attempt count).
+    pub async fn replace_email_verification(&self, record: &EmailVerificationRecord) -> StoreResult<()> {
+        sqlx::query(
+            "INSERT INTO email_verifications (tenant_id, email, code_hash, attempts, expires_at, created_at) \
+             VALUES ($1, $2, $3, $4, $5, $6) \
+             ON CONFLICT (tenant_id) DO UPDATE SET email = excluded.email, code_hash = excluded.code_hash, \
+             attempts = excluded.attempts, expires_at = excluded.expires_at, created_at = excluded.created_at",
+        )
+        .bind(&record.tenant_id)
+        .bind(&record.email)
+        .bind(&record.code_hash)
+        .bind(record.attempts)
+        .bind(&record.expires_at)
+        .bind(&record.created_at)
+        .execute(self.database.pool())
+        .await?;
+        Ok(())
+    }
+
+    /// Counts one confirmation attempt against the tenant's pending code if it is unexpired at `now`
+    /// and has attempts left; false otherwise. The row stays locked until the transaction ends, so
+    /// concurrent confirmations are serialised and never exceed `max_attempts` between them.
+    pub async fn count_verification_attempt(
+        transaction: &mut Transaction<'static, Any>,
+        tenant_id: &str,
+        max_attempts: i64,
+        now: &str,
+    ) -> StoreResult<bool> {
+        let result = sqlx::query(
+            "UPDATE email_verifications SET attempts = attempts + 1 WHERE tenant_id = $1 AND attempts < $2 AND expires_at > $3",
+        )
+        .bind(tenant_id)
+        .bind(max_attempts)
+        .bind(now)
+        .execute(&mut **transaction)
+        .await?;
+        Ok(result.rows_affected() == 1)
+    }
+
+    /// The tenant's pending verification, if any.
+    pub async fn email_verification(
+        transaction: &mut Transaction<'static, Any>,
+        tenant_id: &str,
+    ) -> StoreResult<Option<EmailVerificationRecord>> {
+        let row = sqlx::query(
+            "SELECT tenant_id, email, code_hash, attempts, expires_at, created_at FROM email_verifications WHERE tenant_id = $1",
+        )
+        .bind(tenant_id)
+        .fetch_optional(&mut **transaction)
+        .await?;
+        row.map(|row| {
+            Ok(EmailVerificationRecord {
+                tenant_id: row.try_get("tenant_id")?,
+                email: row.try_get("email")?,
+                code_hash: row.try_get("code_hash")?,
+                attempts: row.try_get("attempts")?,
+                expires_at: row.try_get("expires_at")?,
+                created_at: row.try_get("created_at")?,
+            })
+        })
+        .transpose()
+    }
+
+    /// Deletes the tenant's pending verification if it still holds `code_hash`; true when this call
+    /// consumed it, so a code is consumed at most once.
+    pub async fn consume_email_verification(
+        transaction: &mut Transaction<'static, Any>,
+        tenant_id: &str,
+        code_hash: &str,
+    ) -> StoreResult<bool> {
+        let result = sqlx::query("DELETE FROM email_verifications WHERE tenant_id = $1 AND code_hash = $2")
+            .bind(tenant_id)
+            .bind(code_hash)
+            .execute(&mut **transaction)
             .await?;
         Ok(result.rows_affected() == 1)
     }
@@ -310,12 +430,21 @@ fn tenant_from_row(row: &AnyRow) -> StoreResult<Tenant> {
         user_count: u64::try_from(row.try_get::<i64, _>("user_count")?).unwrap_or(0),
         created_at: row.try_get("created_at")?,
         updated_at: row.try_get("updated_at")?,
+        email_verified_at: row.try_get("email_verified_at")?,
+        graduated_at: row.try_get("graduated_at")?,
     })
 }
 
+/// The plan every tenant starts on.
+pub const SANDBOX_PLAN: &str = "sandbox";
+/// The plan a tenant graduates to.
+pub const STANDARD_PLAN: &str = "standard";
+/// Every plan a tenant can be on.
+pub const PLANS: [&str; 2] = [SANDBOX_PLAN, STANDARD_PLAN];
+
 /// The tier a plan is reported as: plan `sandbox` is tier `community`.
 pub fn tier_of_plan(plan: &str) -> &str {
-    if plan == "sandbox" { "community" } else { plan }
+    if plan == SANDBOX_PLAN { "community" } else { plan }
 }
 
 fn api_key_from_row(row: &AnyRow) -> StoreResult<ApiKey> {

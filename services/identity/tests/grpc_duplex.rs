@@ -56,5 +56,16 @@ async fn calls_and_errors_cross_the_grpc_hop_intact() -> TestResult {
     let invalid =
         identity.register(RegisterRequest { tenant_name: String::new(), invite_code: None }).await.err().ok_or("empty name accepted")?;
     assert_eq!((invalid.kind, invalid.reason.as_str()), (ErrorKind::InvalidArgument, "invalid_name"));
+
+    let tenant_id = registered.tenant.as_ref().map(|tenant| tenant.id.clone()).unwrap_or_default();
+    let graduated = identity.set_tenant_plan(SetTenantPlanRequest { tenant_id: tenant_id.clone(), plan: "standard".to_string() }).await?;
+    assert_eq!((graduated.plan.as_str(), graduated.tier.as_str()), ("standard", "standard"));
+    assert!(graduated.graduated_at.is_some() && graduated.email_verified_at.is_none());
+    let bad_plan = identity
+        .set_tenant_plan(SetTenantPlanRequest { tenant_id, plan: "gold".to_string() })
+        .await
+        .err()
+        .ok_or("unknown plan accepted")?;
+    assert_eq!((bad_plan.kind, bad_plan.reason.as_str()), (ErrorKind::InvalidArgument, "invalid_plan"));
     Ok(())
 }

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use brainstorm_common::bus::{EventBus, InProcessBus};
+use brainstorm_common::bus::{EventBus, InProcessBus, Subscription};
 use brainstorm_common::config::RegistrationMode;
 use brainstorm_common::outbox::MailOutbox;
 use brainstorm_common::store::{Database, testing};
@@ -12,6 +12,8 @@ use brainstorm_proto::events::{IDENTITY_EVENTS_TOPIC, IdentityEvent, identity_ev
 use brainstorm_proto::identity::*;
 use brainstorm_proto::{ErrorKind, ServiceError};
 use prost::Message;
+use sha2::Digest;
+use sqlx::Row;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -74,6 +76,14 @@ on_both_engines!(
     administration_of_tenants_and_invite_codes,
     invite_only_registration_consumes_codes,
     approval_mode_holds_tenants_until_approved,
+    plan_changes_record_graduation_and_publish_tenant_changed,
+    invalid_plans_emails_and_tenants_are_refused,
+    email_verification_graduates_the_tenant_once,
+    wrong_codes_count_and_the_fifth_invalidates_the_code,
+    expired_codes_are_refused,
+    starting_again_replaces_the_pending_code,
+    concurrent_guesses_never_exceed_the_attempt_limit,
+    the_database_never_holds_the_plaintext_code,
 );
 
 async fn registration_creates_a_sandbox_tenant_with_an_admin_key_and_claim(database: Database) -> TestResult {
@@ -382,6 +392,354 @@ async fn approval_mode_holds_tenants_until_approved(database: Database) -> TestR
     assert_eq!(pending.map(|error| error.reason), Some("tenant_pending_approval".to_string()));
     harness.identity.set_tenant_status(SetTenantStatusRequest { tenant_id: tenant_id(&response), status: "active".to_string() }).await?;
     assert!(harness.identity.authenticate(AuthenticateRequest { api_key: plaintext(&response) }).await.is_ok());
+    Ok(())
+}
+
+/// The next identity event, which must arrive within two seconds.
+async fn next_identity_event(subscription: &mut Box<dyn Subscription>) -> Result<IdentityEvent, Box<dyn std::error::Error>> {
+    let delivery = tokio::time::timeout(std::time::Duration::from_secs(2), subscription.next()).await??;
+    let event = IdentityEvent::decode(delivery.message().payload.clone())?;
+    delivery.ack();
+    Ok(event)
+}
+
+/// Fails if an identity event arrives within a short while.
+async fn assert_no_identity_event(subscription: &mut Box<dyn Subscription>) -> TestResult {
+    let arrived = tokio::time::timeout(std::time::Duration::from_millis(200), subscription.next()).await;
+    assert!(arrived.is_err(), "unexpected identity event");
+    Ok(())
+}
+
+fn assert_tenant_changed(event: &IdentityEvent, tenant_id: &str) {
+    assert_eq!(event.tenant_id, tenant_id);
+    assert!(matches!(event.kind, Some(identity_event::Kind::TenantChanged(ref changed)) if changed.status == "active"), "{event:?}");
+}
+
+/// Takes the only mail in the outbox (removing it, so the next call sees the next mail) and returns its
+/// recipient and the 6-digit code in its body.
+fn take_code_mail(outbox: &std::path::Path) -> Result<(String, String), Box<dyn std::error::Error>> {
+    let mut mails = std::fs::read_dir(outbox)?.filter_map(Result::ok).map(|entry| entry.path()).collect::<Vec<_>>();
+    mails.retain(|path| path.extension().is_some_and(|extension| extension == "json"));
+    assert_eq!(mails.len(), 1, "{mails:?}");
+    let mail: serde_json::Value = serde_json::from_slice(&std::fs::read(&mails[0])?)?;
+    std::fs::remove_file(&mails[0])?;
+    let subject = mail["subject"].as_str().unwrap_or_default();
+    let body = mail["body"].as_str().unwrap_or_default();
+    let code = body
+        .split(|character: char| !character.is_ascii_digit())
+        .find(|run| run.len() == 6)
+        .ok_or_else(|| format!("no 6-digit code in the mail body: {body}"))?
+        .to_string();
+    assert!(!subject.contains(&code), "the code is in the subject, which the outbox logs");
+    Ok((mail["to"].as_str().unwrap_or_default().to_string(), code))
+}
+
+/// A 6-digit code that is not `code`.
+fn wrong_code(code: &str) -> Result<String, Box<dyn std::error::Error>> {
+    Ok(format!("{:06}", (code.parse::<u32>()? + 1) % 1_000_000))
+}
+
+async fn start_verification(harness: &Harness, tenant: &str, email: &str) -> Result<String, Box<dyn std::error::Error>> {
+    let started = harness
+        .identity
+        .start_email_verification(StartEmailVerificationRequest { tenant_id: tenant.to_string(), email: email.to_string() })
+        .await?;
+    assert_eq!(started.expires_in_seconds, 600);
+    let (to, code) = take_code_mail(&harness.outbox)?;
+    assert_eq!(to, email.trim().to_lowercase());
+    Ok(code)
+}
+
+async fn confirm(harness: &Harness, tenant: &str, code: &str) -> Result<Tenant, ServiceError> {
+    harness
+        .identity
+        .confirm_email_verification(ConfirmEmailVerificationRequest { tenant_id: tenant.to_string(), code: code.to_string() })
+        .await
+}
+
+fn reason_of(result: Result<Tenant, ServiceError>) -> Option<(ErrorKind, String)> {
+    result.err().map(|error| (error.kind, error.reason))
+}
+
+fn invalid(reason: &str) -> Option<(ErrorKind, String)> {
+    Some((ErrorKind::InvalidArgument, reason.to_string()))
+}
+
+async fn plan_changes_record_graduation_and_publish_tenant_changed(database: Database) -> TestResult {
+    let harness = harness(database, RegistrationMode::Open);
+    let mut edge_events = harness.bus.subscribe(IDENTITY_EVENTS_TOPIC, "test").await?;
+    let response = register(&harness.identity, "Acme").await?;
+    let tenant = tenant_id(&response);
+    let registered = response.tenant.clone().ok_or("no tenant")?;
+    assert_eq!((registered.graduated_at.as_deref(), registered.email_verified_at.as_deref()), (None, None));
+
+    let set_plan =
+        |plan: &str| harness.identity.set_tenant_plan(SetTenantPlanRequest { tenant_id: tenant.clone(), plan: plan.to_string() });
+    let standard = set_plan("standard").await?;
+    assert_eq!((standard.plan.as_str(), standard.tier.as_str()), ("standard", "standard"));
+    let graduated_at = standard.graduated_at.clone().ok_or("no graduated_at")?;
+    assert!(graduated_at >= registered.created_at && standard.updated_at == graduated_at);
+    assert_eq!(standard.email_verified_at, None);
+    assert_tenant_changed(&next_identity_event(&mut edge_events).await?, &tenant);
+    // The edge re-authenticates after the event and sees the new plan on the principal's tenant.
+    let principal = harness.identity.authenticate(AuthenticateRequest { api_key: plaintext(&response) }).await?;
+    assert_eq!(
+        principal.tenant.as_ref().map(|tenant| (tenant.plan.as_str(), tenant.graduated_at.as_deref())),
+        Some(("standard", Some(graduated_at.as_str())))
+    );
+
+    // Setting the plan a tenant is on changes nothing: graduation keeps its instant, no event.
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    let again = set_plan("standard").await?;
+    assert_eq!((again.graduated_at.as_deref(), again.updated_at.as_str()), (Some(graduated_at.as_str()), standard.updated_at.as_str()));
+    assert_no_identity_event(&mut edge_events).await?;
+    let digest = harness.identity.digest(DigestRequest {}).await?;
+    assert_eq!(digest.tenants_by_plan.get("standard"), Some(&1));
+
+    let sandbox = set_plan("sandbox").await?;
+    assert_eq!((sandbox.plan.as_str(), sandbox.tier.as_str(), sandbox.graduated_at.as_deref()), ("sandbox", "community", None));
+    assert_tenant_changed(&next_identity_event(&mut edge_events).await?, &tenant);
+
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    let regraduated = set_plan("standard").await?;
+    assert!(regraduated.graduated_at.as_deref().is_some_and(|instant| instant > graduated_at.as_str()), "{regraduated:?}");
+    assert_tenant_changed(&next_identity_event(&mut edge_events).await?, &tenant);
+    assert_eq!(harness.identity.get_tenant(TenantRef { tenant_id: tenant.clone() }).await?, regraduated);
+    Ok(())
+}
+
+async fn invalid_plans_emails_and_tenants_are_refused(database: Database) -> TestResult {
+    let harness = harness(database, RegistrationMode::Open);
+    let mut edge_events = harness.bus.subscribe(IDENTITY_EVENTS_TOPIC, "test").await?;
+    let tenant = tenant_id(&register(&harness.identity, "Acme").await?);
+    for plan in ["premium", "", "Standard", " standard", "community"] {
+        let refused = harness.identity.set_tenant_plan(SetTenantPlanRequest { tenant_id: tenant.clone(), plan: plan.to_string() }).await;
+        assert_eq!(reason_of(refused), invalid("invalid_plan"), "{plan:?}");
+    }
+    assert_eq!(harness.identity.get_tenant(TenantRef { tenant_id: tenant.clone() }).await?.plan, "sandbox");
+    let unknown =
+        harness.identity.set_tenant_plan(SetTenantPlanRequest { tenant_id: "missing".to_string(), plan: "standard".to_string() }).await;
+    assert_eq!(reason_of(unknown), Some((ErrorKind::NotFound, "tenant_not_found".to_string())));
+    assert_no_identity_event(&mut edge_events).await?;
+
+    for email in ["", "ada", "ada@example", "a da@example.com"] {
+        let refused = harness
+            .identity
+            .start_email_verification(StartEmailVerificationRequest { tenant_id: tenant.clone(), email: email.to_string() })
+            .await;
+        assert_eq!(refused.err().map(|error| (error.kind, error.reason)), invalid("invalid_email"), "{email:?}");
+    }
+    let unknown = harness
+        .identity
+        .start_email_verification(StartEmailVerificationRequest { tenant_id: "missing".to_string(), email: "ada@example.com".to_string() })
+        .await;
+    assert_eq!(unknown.err().map(|error| (error.kind, error.reason)), Some((ErrorKind::NotFound, "tenant_not_found".to_string())));
+    assert!(!harness.outbox.exists() || std::fs::read_dir(&harness.outbox)?.next().is_none(), "a refused start wrote mail");
+
+    assert_eq!(reason_of(confirm(&harness, &tenant, "123456").await), invalid("no_pending_verification"));
+    assert_eq!(reason_of(confirm(&harness, "missing", "123456").await), Some((ErrorKind::NotFound, "tenant_not_found".to_string())));
+    for empty in ["", "   "] {
+        assert_eq!(reason_of(confirm(&harness, &tenant, empty).await), invalid("missing_field"));
+    }
+    Ok(())
+}
+
+async fn email_verification_graduates_the_tenant_once(database: Database) -> TestResult {
+    let harness = harness(database, RegistrationMode::Open);
+    let mut edge_events = harness.bus.subscribe(IDENTITY_EVENTS_TOPIC, "test").await?;
+    let response = register(&harness.identity, "Acme").await?;
+    let tenant = tenant_id(&response);
+    let started = harness
+        .identity
+        .start_email_verification(StartEmailVerificationRequest { tenant_id: tenant.clone(), email: " Ada@Example.com ".to_string() })
+        .await?;
+    assert_eq!(started.expires_in_seconds, 600);
+    assert!(started.message.contains("ada@example.com"), "{}", started.message);
+    let (to, code) = take_code_mail(&harness.outbox)?;
+    assert_eq!(to, "ada@example.com");
+
+    // Stored with an expiry exactly 600 seconds after its creation; nothing changed on the tenant yet.
+    let (created_at, expires_at, attempts): (String, String, i64) =
+        sqlx::query_as("SELECT created_at, expires_at, attempts FROM email_verifications WHERE tenant_id = $1")
+            .bind(&tenant)
+            .fetch_one(harness.database.pool())
+            .await?;
+    let lifetime = chrono::DateTime::parse_from_rfc3339(&expires_at)? - chrono::DateTime::parse_from_rfc3339(&created_at)?;
+    assert_eq!((lifetime, attempts), (chrono::Duration::seconds(600), 0));
+    assert_no_identity_event(&mut edge_events).await?;
+    assert_eq!(harness.identity.get_tenant(TenantRef { tenant_id: tenant.clone() }).await?.plan, "sandbox");
+
+    let graduated = confirm(&harness, &tenant, &format!(" {code} ")).await?;
+    assert_eq!((graduated.plan.as_str(), graduated.tier.as_str()), ("standard", "standard"));
+    let verified_at = graduated.email_verified_at.clone().ok_or("no email_verified_at")?;
+    assert_eq!(graduated.graduated_at.as_deref(), Some(verified_at.as_str()));
+    assert!(verified_at >= created_at && verified_at < expires_at);
+    let verified_email: Option<String> =
+        sqlx::query_scalar("SELECT verified_email FROM tenants WHERE id = $1").bind(&tenant).fetch_one(harness.database.pool()).await?;
+    assert_eq!(verified_email.as_deref(), Some("ada@example.com"));
+    assert_tenant_changed(&next_identity_event(&mut edge_events).await?, &tenant);
+    let principal = harness.identity.authenticate(AuthenticateRequest { api_key: plaintext(&response) }).await?;
+    assert_eq!(
+        principal.tenant.map(|tenant| (tenant.plan, tenant.email_verified_at)),
+        Some(("standard".to_string(), Some(verified_at.clone())))
+    );
+
+    // Consumed: the same code never works twice, and nothing changes when it is tried.
+    assert_eq!(reason_of(confirm(&harness, &tenant, &code).await), invalid("no_pending_verification"));
+    let pending: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM email_verifications").fetch_one(harness.database.pool()).await?;
+    assert_eq!(pending, 0);
+    assert_no_identity_event(&mut edge_events).await?;
+
+    // A tenant already on `standard` may verify another address: graduation keeps its instant.
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    let code = start_verification(&harness, &tenant, "billing@example.com").await?;
+    let reverified = confirm(&harness, &tenant, &code).await?;
+    assert!(reverified.email_verified_at.as_deref().is_some_and(|instant| instant > verified_at.as_str()));
+    assert_eq!(reverified.graduated_at.as_deref(), Some(verified_at.as_str()));
+    assert_tenant_changed(&next_identity_event(&mut edge_events).await?, &tenant);
+    Ok(())
+}
+
+async fn wrong_codes_count_and_the_fifth_invalidates_the_code(database: Database) -> TestResult {
+    let harness = harness(database, RegistrationMode::Open);
+    let tenant = tenant_id(&register(&harness.identity, "Acme").await?);
+    let code = start_verification(&harness, &tenant, "ada@example.com").await?;
+    let wrong = wrong_code(&code)?;
+    for (attempt, guess) in [wrong.as_str(), "12345", "abcdef", &wrong].into_iter().enumerate() {
+        let refused = confirm(&harness, &tenant, guess).await.err().ok_or("a wrong code was accepted")?;
+        assert_eq!((refused.kind, refused.reason.as_str()), (ErrorKind::InvalidArgument, "invalid_code"), "{guess}");
+        assert!(refused.message.contains(&format!("({} attempt", 4 - attempt)), "{}", refused.message);
+    }
+    assert_eq!(reason_of(confirm(&harness, &tenant, &wrong).await), invalid("too_many_attempts"));
+    // Invalidated: the right code no longer works, and the tenant stayed on the sandbox.
+    assert_eq!(reason_of(confirm(&harness, &tenant, &code).await), invalid("too_many_attempts"));
+    let attempts: i64 = sqlx::query_scalar("SELECT attempts FROM email_verifications WHERE tenant_id = $1")
+        .bind(&tenant)
+        .fetch_one(harness.database.pool())
+        .await?;
+    assert_eq!(attempts, 5);
+    let unchanged = harness.identity.get_tenant(TenantRef { tenant_id: tenant.clone() }).await?;
+    assert_eq!((unchanged.plan.as_str(), unchanged.email_verified_at.as_deref()), ("sandbox", None));
+
+    // Starting again issues a fresh code with a fresh attempt count.
+    let fresh = start_verification(&harness, &tenant, "ada@example.com").await?;
+    assert_eq!(reason_of(confirm(&harness, &tenant, &wrong_code(&fresh)?).await), invalid("invalid_code"));
+    assert_eq!(confirm(&harness, &tenant, &fresh).await?.plan, "standard");
+    Ok(())
+}
+
+async fn expired_codes_are_refused(database: Database) -> TestResult {
+    let harness = harness(database, RegistrationMode::Open);
+    let tenant = tenant_id(&register(&harness.identity, "Acme").await?);
+    let code = start_verification(&harness, &tenant, "ada@example.com").await?;
+    // Expire the code behind the service's back.
+    sqlx::query("UPDATE email_verifications SET expires_at = $1 WHERE tenant_id = $2")
+        .bind("2020-01-01T00:00:00.000Z")
+        .bind(&tenant)
+        .execute(harness.database.pool())
+        .await?;
+    assert_eq!(reason_of(confirm(&harness, &tenant, &code).await), invalid("code_expired"));
+    assert_eq!(reason_of(confirm(&harness, &tenant, &wrong_code(&code)?).await), invalid("code_expired"));
+    // Refusals of an expired code count no attempts and change nothing.
+    let attempts: i64 = sqlx::query_scalar("SELECT attempts FROM email_verifications WHERE tenant_id = $1")
+        .bind(&tenant)
+        .fetch_one(harness.database.pool())
+        .await?;
+    assert_eq!(attempts, 0);
+    assert_eq!(harness.identity.get_tenant(TenantRef { tenant_id: tenant.clone() }).await?.plan, "sandbox");
+
+    let fresh = start_verification(&harness, &tenant, "ada@example.com").await?;
+    assert_eq!(confirm(&harness, &tenant, &fresh).await?.plan, "standard");
+    Ok(())
+}
+
+async fn starting_again_replaces_the_pending_code(database: Database) -> TestResult {
+    let harness = harness(database, RegistrationMode::Open);
+    let first_tenant = tenant_id(&register(&harness.identity, "First").await?);
+    let second_tenant = tenant_id(&register(&harness.identity, "Second").await?);
+    let mut first = start_verification(&harness, &first_tenant, "ada@example.com").await?;
+    // Draw again until the codes differ (equal with probability one in a million).
+    let mut second = start_verification(&harness, &first_tenant, "ada@example.com").await?;
+    while second == first {
+        first = second;
+        second = start_verification(&harness, &first_tenant, "ada@example.com").await?;
+    }
+    let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM email_verifications WHERE tenant_id = $1")
+        .bind(&first_tenant)
+        .fetch_one(harness.database.pool())
+        .await?;
+    assert_eq!(rows, 1);
+    assert_eq!(reason_of(confirm(&harness, &first_tenant, &first).await), invalid("invalid_code"));
+
+    // A code is bound to its tenant: another tenant's pending verification does not accept it.
+    let mut other = start_verification(&harness, &second_tenant, "bob@example.com").await?;
+    while other == second {
+        other = start_verification(&harness, &second_tenant, "bob@example.com").await?;
+    }
+    assert_eq!(reason_of(confirm(&harness, &second_tenant, &second).await), invalid("invalid_code"));
+    assert_eq!(confirm(&harness, &first_tenant, &second).await?.plan, "standard");
+    assert_eq!(harness.identity.get_tenant(TenantRef { tenant_id: second_tenant.clone() }).await?.plan, "sandbox");
+    assert_eq!(confirm(&harness, &second_tenant, &other).await?.plan, "standard");
+    Ok(())
+}
+
+async fn concurrent_guesses_never_exceed_the_attempt_limit(database: Database) -> TestResult {
+    let harness = harness(database, RegistrationMode::Open);
+    let tenant = tenant_id(&register(&harness.identity, "Acme").await?);
+    let code = start_verification(&harness, &tenant, "ada@example.com").await?;
+    let wrong = wrong_code(&code)?;
+    let mut guesses = tokio::task::JoinSet::new();
+    for _ in 0..12 {
+        let identity = harness.identity.clone();
+        let request = ConfirmEmailVerificationRequest { tenant_id: tenant.clone(), code: wrong.clone() };
+        guesses.spawn(async move { identity.confirm_email_verification(request).await });
+    }
+    let mut reasons = std::collections::BTreeMap::<String, usize>::new();
+    while let Some(outcome) = guesses.join_next().await {
+        let error = outcome?.err().ok_or("a wrong code was accepted")?;
+        *reasons.entry(error.reason).or_default() += 1;
+    }
+    // Four wrong attempts are told how many remain; the fifth and every later one are refused outright.
+    assert_eq!(reasons, [("invalid_code".to_string(), 4), ("too_many_attempts".to_string(), 8)].into_iter().collect());
+    assert_eq!(reason_of(confirm(&harness, &tenant, &code).await), invalid("too_many_attempts"));
+    Ok(())
+}
+
+/// Every text cell of a table (cells of other types are skipped).
+async fn text_cells(database: &Database, table: &str) -> Result<Vec<String>, Box<dyn std::error::Error>> {
+    let rows = sqlx::query(&format!("SELECT * FROM {table}")).fetch_all(database.pool()).await?;
+    Ok(rows
+        .iter()
+        .flat_map(|row| (0..row.columns().len()).filter_map(|index| row.try_get::<Option<String>, _>(index).ok().flatten()))
+        .collect())
+}
+
+async fn the_database_never_holds_the_plaintext_code(database: Database) -> TestResult {
+    let harness = harness(database, RegistrationMode::Open);
+    let tenant = tenant_id(&register(&harness.identity, "Acme").await?);
+    let code = start_verification(&harness, &tenant, "ada@example.com").await?;
+    let tables = ["tenants", "users", "api_keys", "claim_tokens", "invite_codes", "email_verifications"];
+    let mut scanned = 0;
+    for table in tables {
+        for cell in text_cells(&harness.database, table).await? {
+            assert!(!cell.contains(&code), "{table} holds the code: {cell}");
+            scanned += 1;
+        }
+    }
+    assert!(scanned > 10, "only {scanned} text cells were read");
+
+    // What is stored is a SHA-256 digest, and not the bare digest of the code: it is bound to the tenant.
+    let code_hash: String = sqlx::query_scalar("SELECT code_hash FROM email_verifications WHERE tenant_id = $1")
+        .bind(&tenant)
+        .fetch_one(harness.database.pool())
+        .await?;
+    assert!(code_hash.len() == 64 && code_hash.bytes().all(|byte| byte.is_ascii_hexdigit()), "{code_hash}");
+    assert_ne!(code_hash, hex::encode(sha2::Sha256::digest(code.as_bytes())));
+
+    confirm(&harness, &tenant, &code).await?;
+    for table in tables {
+        assert!(!text_cells(&harness.database, table).await?.iter().any(|cell| cell.contains(&code)), "{table} holds the code");
+    }
     Ok(())
 }
 
