@@ -12,12 +12,12 @@ type TestResult = anyhow::Result<()>;
 
 const ANTHROPIC_KEY: &str = "sk-ant-budget-test-0123456789abcdefghijkl";
 
-
 brainstorm_e2e::in_both_shapes!(
     a_key_budget_is_never_overspent_under_concurrency,
     rate_limits_answer_429_with_retry_after,
     the_sandbox_plan_caps_requests_per_day,
     budget_status_limits_forecast_agents_and_alerts,
+    graduation_by_provider_key_and_by_email,
 );
 
 async fn with_provider(shape: Shape, env: &[(&str, &str)]) -> anyhow::Result<(Gateway, MockUpstream, String)> {
@@ -259,5 +259,51 @@ async fn two_edges_share_one_budget_and_one_rate_limit_through_redis() -> TestRe
     let spent: i64 = replies.iter().filter(|reply| reply.status == 200).map(|reply| header_nanos(reply.header("x-br-actual-cost"))).sum();
     assert!(replies.iter().any(|reply| reply.status == 402));
     assert!(spent <= 1_000_000, "two edges spent {spent} nano-dollars of a 1,000,000 budget");
+    Ok(())
+}
+
+async fn graduation_by_provider_key_and_by_email(shape: Shape) -> TestResult {
+    let mock = MockUpstream::start(MockConfig { valid_keys: vec![ANTHROPIC_KEY.to_string()], ..MockConfig::default() }).await?;
+    let gateway = Gateway::start_with(shape, &[("BR_PROVIDER_ANTHROPIC_BASE_URL", mock.base_url())]).await?;
+    let (key, _) = gateway.register("Graduate").await?;
+    let criteria = gateway.call(Method::GET, "/v1/account/graduation", Some(&key), None).await?;
+    assert_eq!(criteria.status, 200, "{}", criteria.text);
+    assert_eq!(criteria.body["tier"], "community");
+    assert_eq!(criteria.body["criteria"][0], json!({"id": "provider_key_registered", "required": true, "satisfied": false,
+        "description": "register a provider key (POST /v1/providers); graduation validates it live"}));
+    assert_eq!(criteria.body["action"]["endpoint"], "/v1/account/graduate");
+    let without_key = gateway.call(Method::POST, "/v1/account/graduate", Some(&key), Some(json!({}))).await?;
+    assert_eq!(without_key.status, 400, "{}", without_key.text);
+    assert_eq!(without_key.body["recovery"]["action"], "register_provider");
+
+    let registered = gateway.call(Method::POST, "/v1/providers", Some(&key), Some(json!({"provider": "anthropic", "api_key": ANTHROPIC_KEY}))).await?;
+    assert_eq!(registered.status, 201, "{}", registered.text);
+    mock.clear();
+    let graduated = gateway.call(Method::POST, "/v1/account/graduate", Some(&key), Some(json!({}))).await?;
+    assert_eq!(graduated.body, json!({"graduated": true, "tier": "standard", "budget_usd_per_day": 5}), "{}", graduated.text);
+    assert!(mock.requests().iter().any(|request| request.path == "/v1/models"), "graduation validated the key live");
+    assert_eq!(gateway.call(Method::GET, "/v1/account", Some(&key), None).await?.body["tenant"]["tier"], "standard");
+    let status = gateway.call(Method::GET, "/v1/budget/status", Some(&key), None).await?;
+    assert_eq!(status.body["daily"]["limit_usd"].as_f64(), Some(5.0), "{}", status.text);
+
+    // The email path, on another tenant.
+    let (other, _) = gateway.register("Verifier").await?;
+    let started = gateway.call(Method::POST, "/v1/account/verify-email", Some(&other), Some(json!({"email": "ops@example.com"}))).await?;
+    assert_eq!(started.status, 200, "{}", started.text);
+    assert_eq!(started.body["expires_in_seconds"], 600);
+    assert_eq!(gateway.call(Method::POST, "/v1/account/verify-email", Some(&other), Some(json!({"email": "nope"}))).await?.status, 400);
+    let mail = gateway.mails()?.into_iter().find(|mail| mail["to"] == "ops@example.com").ok_or_else(|| anyhow::anyhow!("no verification mail"))?;
+    let body = mail["body"].as_str().unwrap_or_default().to_string();
+    let code: String = body.split(|character: char| !character.is_ascii_digit()).find(|run| run.len() == 6).unwrap_or_default().to_string();
+    assert_eq!(code.len(), 6, "a 6-digit code in: {body}");
+    let wrong = if code == "000000" { "111111" } else { "000000" };
+    let refused = gateway.call(Method::POST, "/v1/account/verify-email/confirm", Some(&other), Some(json!({"code": wrong}))).await?;
+    assert_eq!(refused.status, 400, "{}", refused.text);
+    assert_eq!(refused.body["error"]["code"], "invalid_code");
+    assert_eq!(gateway.call(Method::POST, "/v1/account/verify-email/confirm", Some(&other), Some(json!({"code": ""}))).await?.status, 400);
+    let confirmed = gateway.call(Method::POST, "/v1/account/verify-email/confirm", Some(&other), Some(json!({"code": code}))).await?;
+    assert_eq!(confirmed.body, json!({"tier": "standard", "budget_usd_per_day": 5}), "{}", confirmed.text);
+    let reused = gateway.call(Method::POST, "/v1/account/verify-email/confirm", Some(&other), Some(json!({"code": code}))).await?;
+    assert_eq!(reused.status, 400, "a code works once: {}", reused.text);
     Ok(())
 }

@@ -7,7 +7,6 @@ use serde_json::{Value, json};
 
 type TestResult = anyhow::Result<()>;
 
-
 brainstorm_e2e::in_both_shapes!(
     registration_returns_tenant_key_and_claim,
     registration_rejects_bad_bodies_with_the_envelope,

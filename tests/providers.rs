@@ -13,7 +13,6 @@ const OPENAI_KEY: &str = "sk-openai-test-0123456789abcdefghijklmnop";
 const ANTHROPIC_KEY: &str = "sk-ant-test-0123456789abcdefghijklmnopqr";
 const GOOGLE_KEY: &str = "AIza-test-0123456789abcdefghijklmnopqrstu";
 
-
 brainstorm_e2e::in_both_shapes!(
     the_provider_catalog_is_public,
     the_vault_validates_encrypts_masks_rotates_and_never_leaks,

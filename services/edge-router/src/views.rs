@@ -16,6 +16,8 @@ pub fn tenant(tenant: &Tenant) -> Value {
         "user_count": tenant.user_count,
         "created_at": tenant.created_at,
         "updated_at": tenant.updated_at,
+        "email_verified_at": tenant.email_verified_at,
+        "graduated_at": tenant.graduated_at,
     })
 }
 

@@ -9,6 +9,8 @@ use brainstorm_proto::identity::*;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use brainstorm_providers::catalog::{base_url, provider_by_id};
+
 use crate::EdgeState;
 use crate::auth::Caller;
 use crate::extract::{JsonBody, OptionalJsonBody};
@@ -200,4 +202,103 @@ pub async fn revoke_api_key(State(state): State<EdgeState>, caller: Caller, Path
     let key = state.identity.revoke_api_key(RevokeApiKeyRequest { tenant_id: caller.tenant_id()?.to_string(), key_id }).await?;
     state.authenticator.evict_key(&key.id);
     Ok(Json(json!({"revoked": true, "api_key": views::api_key(&key)})))
+}
+
+/// The daily budget of a plan, for the graduation answers.
+fn plan_budget(plan: &str) -> Value {
+    brainstorm_budget_ledger::Plan::resolve(plan).daily_spend_limit.map_or(Value::Null, brainstorm_common::money::Usd::to_json)
+}
+
+/// `GET /v1/account/graduation` (config.read): what moving from the sandbox to tier `standard` takes.
+pub async fn graduation(State(state): State<EdgeState>, caller: Caller) -> Answer {
+    caller.require("config.read")?;
+    let tenant_id = caller.tenant_id()?.to_string();
+    let tenant = state.identity.get_tenant(TenantRef { tenant_id: tenant_id.clone() }).await?;
+    let config = state.routing.get(&tenant_id).await?;
+    let has_key = !config.routing.providers.is_empty();
+    Ok(Json(json!({
+        "tier": tenant.tier,
+        "plan": tenant.plan,
+        "graduated": tenant.plan == "standard",
+        "criteria": [
+            {"id": "provider_key_registered", "required": true, "satisfied": has_key,
+             "description": "register a provider key (POST /v1/providers); graduation validates it live"},
+            {"id": "email_verified", "required": false, "satisfied": tenant.email_verified_at.is_some(),
+             "description": "or verify an email address (POST /v1/account/verify-email, then /confirm)"},
+        ],
+        "action": {"endpoint": "/v1/account/graduate", "method": "POST", "alternative": "/v1/account/verify-email"},
+        "budget_usd_per_day": plan_budget(&tenant.plan),
+    })))
+}
+
+/// `POST /v1/account/graduate` (config.write): live-validates a registered provider key, then moves the
+/// tenant to tier `standard`. Idempotent for a tenant already there.
+pub async fn graduate(State(state): State<EdgeState>, caller: Caller) -> Answer {
+    caller.require("config.write")?;
+    let tenant_id = caller.tenant_id()?.to_string();
+    let answer = |tier: &str| Json(json!({"graduated": true, "tier": tier, "budget_usd_per_day": plan_budget("standard")}));
+    if caller.identity.plan == "standard" {
+        return Ok(answer("standard"));
+    }
+    let config = state.routing.get(&tenant_id).await?;
+    if config.routing.providers.is_empty() {
+        return Err(ApiError::byok_required("openai", "graduation needs a registered provider key: POST /v1/providers first"));
+    }
+    let mut refusal = None;
+    let mut validated = false;
+    for provider_id in &config.routing.providers {
+        let (Some(provider), Some(api_key)) = (provider_by_id(provider_id), config.credential(provider_id)) else { continue };
+        match state.upstream.validate_key(provider, base_url(provider, &state.base_urls), api_key).await {
+            Ok(()) => {
+                validated = true;
+                break;
+            }
+            Err(error) => refusal = Some(format!("{provider_id}: {error}")),
+        }
+    }
+    if !validated {
+        let reason = refusal.unwrap_or_else(|| "no usable provider key".to_string());
+        return Err(ApiError::invalid_request(
+            "provider_key_invalid",
+            format!("no registered provider key passed live validation ({reason})"),
+        ));
+    }
+    let tenant =
+        state.identity.set_tenant_plan(SetTenantPlanRequest { tenant_id: tenant_id.clone(), plan: "standard".to_string() }).await?;
+    state.authenticator.evict_tenant(&tenant_id);
+    Ok(answer(&tenant.tier))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VerifyEmailBody {
+    email: Option<String>,
+}
+
+/// `POST /v1/account/verify-email` (config.write): mails a code that expires in 600 seconds.
+pub async fn verify_email(State(state): State<EdgeState>, caller: Caller, JsonBody(body): JsonBody<VerifyEmailBody>) -> Answer {
+    caller.require("config.write")?;
+    let email = body.email.ok_or_else(|| ApiError::invalid_request("missing_field", "email is required"))?;
+    let started = state
+        .identity
+        .start_email_verification(StartEmailVerificationRequest { tenant_id: caller.tenant_id()?.to_string(), email })
+        .await?;
+    Ok(Json(json!({"message": started.message, "expires_in_seconds": started.expires_in_seconds})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfirmEmailBody {
+    code: Option<String>,
+}
+
+/// `POST /v1/account/verify-email/confirm` (config.write): the right code graduates the tenant.
+pub async fn confirm_email(State(state): State<EdgeState>, caller: Caller, JsonBody(body): JsonBody<ConfirmEmailBody>) -> Answer {
+    caller.require("config.write")?;
+    let tenant_id = caller.tenant_id()?.to_string();
+    let code =
+        body.code.filter(|code| !code.trim().is_empty()).ok_or_else(|| ApiError::invalid_request("missing_field", "code is required"))?;
+    let tenant = state.identity.confirm_email_verification(ConfirmEmailVerificationRequest { tenant_id: tenant_id.clone(), code }).await?;
+    state.authenticator.evict_tenant(&tenant_id);
+    Ok(Json(json!({"tier": tenant.tier, "budget_usd_per_day": plan_budget(&tenant.plan)})))
 }
