@@ -8,7 +8,7 @@ endif
 LISTEN ?= 127.0.0.1:8080
 DATA_DIR ?= brainstorm-data
 
-.PHONY: help run build test lint fmt
+.PHONY: help run build test bench lint fmt
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -21,6 +21,9 @@ build: ## build the brainstorm binary
 
 test: ## run every test (starts PostgreSQL when none answers)
 	scripts/test.sh
+
+bench: ## measure added latency, throughput, CPU per request and memory against a mock upstream (report in target/bench/latest.json)
+	bench/run.sh
 
 lint: ## formatting and clippy with warnings as errors
 	cargo fmt --all --check
