@@ -3,7 +3,7 @@
 //! artifacts, the agents inventory and routing replays.
 //!
 //! The edge links this crate for the hot-path pieces (`commitment`, `publish_record`,
-//! `validate_record`); everything else goes through `AuditLineageClient`.
+//! `validate_record`, `AuditPublisher`); everything else goes through `AuditLineageClient`.
 
 pub mod artifact;
 pub mod canonical;
@@ -12,7 +12,7 @@ pub mod consumer;
 pub mod export;
 pub mod inventory;
 pub mod lineage;
-mod publish;
+pub mod publish;
 pub mod replay;
 mod service;
 pub mod store;
@@ -22,6 +22,6 @@ pub use canonical::{CHAIN_SCHEMA_VERSION, GENESIS_HASH, canonical_payload, chain
 pub use chain::{BrokenLinkView, ChainPoint, ProvenanceEntry, Report};
 pub use consumer::{AuditConsumer, CONSUMER_GROUP, Handled, spawn_audit_consumer};
 pub use export::{ExportError, verify_export, verify_export_with};
-pub use publish::publish_record;
+pub use publish::{AuditPublisher, OverflowPolicy, PublisherOptions, PublisherStats, SubmitError, Submitted, publish_record};
 pub use replay::price_table;
 pub use service::{AuditLineageOptions, AuditLineageServiceImpl, Clock, validate_record};

@@ -15,7 +15,9 @@
 //!   it comes round again. A crashed consumer's uncommitted messages go to the group's next consumer.
 //!   Delivery is at least once: consumers must be idempotent (the audit chain and the budget ledger
 //!   dedupe by request id).
-//! - A group with no committed offset starts at the earliest retained message.
+//! - A group with no committed offset starts at the earliest retained message (configurable).
+//! - Consumers of one group share the partitions: a topic every process must see (cache invalidation)
+//!   needs a group per process, e.g. `edge-router-<instance id>`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -51,12 +53,17 @@ pub struct KafkaOptions {
     /// How long a publish may wait for the broker's acknowledgement.
     pub delivery_timeout: Duration,
     pub client_id: String,
+    /// Where a group with no committed offset starts: the earliest retained message (true: nothing
+    /// published before its first subscription is missed) or only new messages (false: for
+    /// per-instance broadcast groups, such as cache invalidation, that need no history).
+    pub new_groups_start_at_earliest: bool,
     /// Extra librdkafka properties for producers and consumers (security settings, tuning).
     pub extra: BTreeMap<String, String>,
 }
 
 impl KafkaOptions {
-    /// Defaults for `brokers`: 6 partitions, replication 1, topics created, idempotent producer.
+    /// Defaults for `brokers`: 6 partitions, replication 1, topics created, idempotent producer, new
+    /// groups from the earliest message.
     pub fn new(brokers: impl Into<String>) -> Self {
         KafkaOptions {
             brokers: brokers.into(),
@@ -66,6 +73,7 @@ impl KafkaOptions {
             idempotent_producer: true,
             delivery_timeout: Duration::from_secs(30),
             client_id: "brainstorm".to_string(),
+            new_groups_start_at_earliest: true,
             extra: BTreeMap::new(),
         }
     }
@@ -158,7 +166,7 @@ impl EventBus for KafkaBus {
             .set("group.id", group)
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
-            .set("auto.offset.reset", "earliest")
+            .set("auto.offset.reset", if self.options.new_groups_start_at_earliest { "earliest" } else { "latest" })
             .set("enable.partition.eof", "false");
         let context = GroupContext { partitions: partitions.clone() };
         let consumer: StreamConsumer<GroupContext> = config.create_with_context(context).map_err(backend)?;
