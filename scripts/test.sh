@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything `make test` runs: unit and store tests on both engines, end-to-end tests of the binary
-# in both shapes, the official SDKs against the gateway, and the deployment checks.
+# in both shapes, the Kafka bus on a real broker, the official SDKs against the gateway, and the
+# deployment checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export BR_TEST_POSTGRES_URL="$(scripts/ensure-postgres.sh)"
@@ -18,6 +19,9 @@ echo "== cargo build (binary)"
 cargo build -p brainstorm -p brainstorm-mock-upstream
 echo "== cargo test (unit, store suites on SQLite and PostgreSQL, end-to-end in both shapes)"
 cargo test --workspace
+echo "== Kafka bus and the audit path over Kafka (librdkafka's mock cluster, then a real tansu broker)"
+BR_TEST_KAFKA_BROKERS="$(scripts/ensure-kafka.sh)" cargo test -p brainstorm-common -p brainstorm-audit-lineage \
+  --features brainstorm-common/kafka,brainstorm-audit-lineage/kafka --test kafka_bus --test kafka_audit
 echo "== SDK end-to-end tests (official openai and anthropic clients)"
 BR_BINARY="$CARGO_TARGET_DIR/debug/brainstorm" BR_MOCK_UPSTREAM="$CARGO_TARGET_DIR/debug/mock-upstream" tests/sdk/run.sh
 if [ -x tests/deploy/check_chart.sh ]; then

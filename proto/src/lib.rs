@@ -3,6 +3,7 @@
 //! Callers hold a client (`IdentityClient`, ...) and never know whether the service runs in this process
 //! (`local`) or behind a tonic channel (`grpc`). Errors keep their kind and reason across the hop.
 
+pub mod audit;
 pub mod budget;
 pub mod catalog;
 mod error;

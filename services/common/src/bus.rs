@@ -3,7 +3,11 @@
 //! `InProcessBus` is the embedded implementation. It keeps Kafka's delivery semantics that matter to
 //! consumers, so delivery bugs show locally: every consumer group receives every message published after
 //! it subscribed; consumers of one group share the work; a message handed out and dropped without an
-//! ack is delivered again (at-least-once), ahead of newer messages.
+//! ack is delivered again (at-least-once), ahead of newer messages. `kafka::KafkaBus` (cargo feature
+//! `kafka`) keeps the same semantics across processes; `select_bus` picks one from `BR_KAFKA_BROKERS`.
+
+#[cfg(feature = "kafka")]
+pub mod kafka;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -85,6 +89,26 @@ impl Drop for Delivery {
             acknowledger.redeliver(self.message.clone());
         }
     }
+}
+
+/// The bus a process uses: Kafka when brokers are configured (`BR_KAFKA_BROKERS`, comma-separated
+/// `host:port`), in process otherwise. A build without the `kafka` feature refuses brokers rather than
+/// silently keeping each process's events to itself.
+pub fn select_bus(kafka_brokers: Option<&str>) -> Result<Arc<dyn EventBus>, BusError> {
+    match kafka_brokers.map(str::trim).filter(|brokers| !brokers.is_empty()) {
+        None => Ok(Arc::new(InProcessBus::new())),
+        Some(brokers) => kafka_bus(brokers),
+    }
+}
+
+#[cfg(feature = "kafka")]
+fn kafka_bus(brokers: &str) -> Result<Arc<dyn EventBus>, BusError> {
+    Ok(Arc::new(kafka::KafkaBus::new(kafka::KafkaOptions::new(brokers))?))
+}
+
+#[cfg(not(feature = "kafka"))]
+fn kafka_bus(_brokers: &str) -> Result<Arc<dyn EventBus>, BusError> {
+    Err(BusError::Backend("BR_KAFKA_BROKERS is set but this build has no Kafka support (cargo feature `kafka`)".to_string()))
 }
 
 /// Consumer groups of each topic.
@@ -182,6 +206,15 @@ mod tests {
             .map_err(|_| BusError::Backend("timed out waiting for a delivery".to_string()))??;
         let text = String::from_utf8_lossy(&delivery.message().payload).to_string();
         Ok((text, delivery))
+    }
+
+    #[test]
+    fn no_brokers_selects_the_in_process_bus() {
+        assert!(select_bus(None).is_ok());
+        assert!(select_bus(Some("  ")).is_ok());
+        if !cfg!(feature = "kafka") {
+            assert!(select_bus(Some("127.0.0.1:9092")).is_err(), "a build without Kafka refuses brokers");
+        }
     }
 
     #[tokio::test]

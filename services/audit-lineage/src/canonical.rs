@@ -1,0 +1,704 @@
+//! The canonical encoding of audit payloads, and the hashes built on it (commitment, chain hash).
+//!
+//! Canonical JSON, fully determined by the value:
+//! - objects: members sorted by the UTF-8 bytes of their keys, `{"a":1,"b":"x"}`, no whitespace anywhere;
+//! - members whose value is empty are omitted: `""`, `0`, `false`, `[]`, `{}` and unset optional fields
+//!   (so a field added later, left unset, leaves older payloads and their hashes unchanged);
+//! - list elements are kept as they are, in order;
+//! - integers in plain decimal (`-12`, `0`); there are no floats (money is integer nano-dollars, scores
+//!   are integer millionths);
+//! - strings in double quotes, escaping `"` and `\` with a backslash, U+0008/0009/000A/000C/000D as `\b
+//!   \t \n \f \r`, every other character below U+0020 as `\u00xx` (lowercase hex); everything else is
+//!   written as its UTF-8 bytes (the string rules of RFC 8785).
+//!
+//! The payload of a record is its canonical object (field names as in `audit.proto`) with `capture`
+//! replaced by `capture_digest` and `chain_schema_version: 2` added. Then:
+//! - `commitment = hex(SHA-256(payload))`: what the edge returns in `X-BR-Audit-Hash` at once;
+//! - `hash = hex(SHA-256(payload || prev_hash))`, where `prev_hash` is the previous row's `hash` as 64
+//!   lowercase hex ASCII characters (64 `0`s before the first row).
+
+use std::collections::BTreeMap;
+
+use brainstorm_proto::audit::{
+    AgentContext, AuditRecord, CandidateDecision, Capture, DecisionPath, DecisionStep, GrantContext, PolicyContext, Principal, TraceContext,
+};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// The chain schema version every payload carries.
+pub const CHAIN_SCHEMA_VERSION: i64 = 2;
+
+/// The `prev_hash` of a chain's first row.
+pub const GENESIS_HASH: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
+/// A value that has exactly one canonical text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Canonical {
+    Integer(i64),
+    Text(String),
+    Bool(bool),
+    List(Vec<Canonical>),
+    Object(BTreeMap<String, Canonical>),
+}
+
+/// Why a payload is not a canonical audit payload.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CanonicalError {
+    #[error("payload is not JSON: {0}")]
+    NotJson(String),
+    #[error("payload holds a value canonical JSON cannot: {0}")]
+    Unrepresentable(String),
+    #[error("payload field `{0}` has the wrong type")]
+    WrongType(String),
+}
+
+impl Canonical {
+    /// Whether the value is omitted as an object member.
+    fn is_empty(&self) -> bool {
+        match self {
+            Canonical::Integer(value) => *value == 0,
+            Canonical::Text(text) => text.is_empty(),
+            Canonical::Bool(value) => !value,
+            Canonical::List(items) => items.is_empty(),
+            Canonical::Object(members) => members.is_empty(),
+        }
+    }
+
+    /// The canonical bytes.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(256);
+        self.write(&mut out);
+        out
+    }
+
+    /// The canonical text.
+    pub fn to_text(&self) -> String {
+        // Only valid UTF-8 is ever written: string contents are copied whole, the rest is ASCII.
+        String::from_utf8_lossy(&self.to_bytes()).into_owned()
+    }
+
+    fn write(&self, out: &mut Vec<u8>) {
+        match self {
+            Canonical::Integer(value) => out.extend_from_slice(value.to_string().as_bytes()),
+            Canonical::Text(text) => write_string(text, out),
+            Canonical::Bool(value) => out.extend_from_slice(if *value { b"true" } else { b"false" }),
+            Canonical::List(items) => {
+                out.push(b'[');
+                for (index, item) in items.iter().enumerate() {
+                    if index > 0 {
+                        out.push(b',');
+                    }
+                    item.write(out);
+                }
+                out.push(b']');
+            }
+            Canonical::Object(members) => {
+                out.push(b'{');
+                // BTreeMap<String, _> iterates in byte order of the keys.
+                for (index, (key, value)) in members.iter().enumerate() {
+                    if index > 0 {
+                        out.push(b',');
+                    }
+                    write_string(key, out);
+                    out.push(b':');
+                    value.write(out);
+                }
+                out.push(b'}');
+            }
+        }
+    }
+
+    /// Reads parsed JSON, rejecting what canonical JSON cannot hold (floats, null, integers beyond i64)
+    /// and dropping empty members, as the encoder does.
+    pub fn from_json(value: &Value) -> Result<Canonical, CanonicalError> {
+        match value {
+            Value::Null => Err(CanonicalError::Unrepresentable("null".to_string())),
+            Value::Bool(flag) => Ok(Canonical::Bool(*flag)),
+            Value::Number(number) => {
+                number.as_i64().map(Canonical::Integer).ok_or_else(|| CanonicalError::Unrepresentable(number.to_string()))
+            }
+            Value::String(text) => Ok(Canonical::Text(text.clone())),
+            Value::Array(items) => items.iter().map(Canonical::from_json).collect::<Result<_, _>>().map(Canonical::List),
+            Value::Object(members) => {
+                let mut object = ObjectBuilder::new();
+                for (key, member) in members {
+                    object = object.value(key, Canonical::from_json(member)?);
+                }
+                Ok(object.build())
+            }
+        }
+    }
+}
+
+fn write_string(text: &str, out: &mut Vec<u8>) {
+    out.push(b'"');
+    for character in text.chars() {
+        match character {
+            '"' => out.extend_from_slice(b"\\\""),
+            '\\' => out.extend_from_slice(b"\\\\"),
+            '\u{08}' => out.extend_from_slice(b"\\b"),
+            '\u{09}' => out.extend_from_slice(b"\\t"),
+            '\u{0a}' => out.extend_from_slice(b"\\n"),
+            '\u{0c}' => out.extend_from_slice(b"\\f"),
+            '\u{0d}' => out.extend_from_slice(b"\\r"),
+            control if u32::from(control) < 0x20 => out.extend_from_slice(format!("\\u{:04x}", u32::from(control)).as_bytes()),
+            other => {
+                let mut buffer = [0u8; 4];
+                out.extend_from_slice(other.encode_utf8(&mut buffer).as_bytes());
+            }
+        }
+    }
+    out.push(b'"');
+}
+
+/// Builds a canonical object, dropping empty members.
+#[derive(Debug, Default)]
+pub struct ObjectBuilder {
+    members: BTreeMap<String, Canonical>,
+}
+
+impl ObjectBuilder {
+    /// An empty object.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a member unless its value is empty.
+    pub fn value(mut self, key: &str, value: Canonical) -> Self {
+        if !value.is_empty() {
+            self.members.insert(key.to_string(), value);
+        }
+        self
+    }
+
+    pub fn text(self, key: &str, text: &str) -> Self {
+        self.value(key, Canonical::Text(text.to_string()))
+    }
+
+    pub fn optional_text(self, key: &str, text: Option<&String>) -> Self {
+        match text {
+            Some(text) => self.text(key, text),
+            None => self,
+        }
+    }
+
+    pub fn integer(self, key: &str, value: i64) -> Self {
+        self.value(key, Canonical::Integer(value))
+    }
+
+    pub fn optional_integer(self, key: &str, value: Option<i64>) -> Self {
+        match value {
+            Some(value) => self.integer(key, value),
+            None => self,
+        }
+    }
+
+    pub fn bool(self, key: &str, value: bool) -> Self {
+        self.value(key, Canonical::Bool(value))
+    }
+
+    pub fn texts(self, key: &str, texts: &[String]) -> Self {
+        self.value(key, Canonical::List(texts.iter().cloned().map(Canonical::Text).collect()))
+    }
+
+    /// The object.
+    pub fn build(self) -> Canonical {
+        Canonical::Object(self.members)
+    }
+}
+
+/// Lowercase hex SHA-256 of some bytes.
+pub fn sha256_hex(parts: &[&[u8]]) -> String {
+    let mut hasher = Sha256::new();
+    for part in parts {
+        hasher.update(part);
+    }
+    hex::encode(hasher.finalize())
+}
+
+/// The digest a captured prompt and completion are chained by.
+pub fn capture_digest(capture: &Capture) -> String {
+    let object = ObjectBuilder::new().text("prompt", &capture.prompt).text("completion", &capture.completion).build();
+    sha256_hex(&[&object.to_bytes()])
+}
+
+/// The record's canonical payload: the text that is hashed and stored.
+pub fn canonical_payload(record: &AuditRecord) -> String {
+    record_object(record).to_text()
+}
+
+/// The commitment to a record: `hex(SHA-256(canonical payload))`, known before the record is chained
+/// (the edge's `X-BR-Audit-Hash`); the chained row stores it, so verification can match it later.
+pub fn commitment(record: &AuditRecord) -> String {
+    payload_commitment(&canonical_payload(record))
+}
+
+/// The commitment of an already encoded payload.
+pub fn payload_commitment(payload: &str) -> String {
+    sha256_hex(&[payload.as_bytes()])
+}
+
+/// A row's chain hash: `hex(SHA-256(payload || prev_hash))`.
+pub fn chain_hash(payload: &str, prev_hash: &str) -> String {
+    sha256_hex(&[payload.as_bytes(), prev_hash.as_bytes()])
+}
+
+fn record_object(record: &AuditRecord) -> Canonical {
+    let capture_digest = record.capture.as_ref().map(capture_digest).unwrap_or_default();
+    ObjectBuilder::new()
+        .integer("chain_schema_version", CHAIN_SCHEMA_VERSION)
+        .text("request_id", &record.request_id)
+        .text("tenant_id", &record.tenant_id)
+        .text("occurred_at", &record.occurred_at)
+        .text("endpoint", &record.endpoint)
+        .optional_text("key_id", record.key_id.as_ref())
+        .optional_text("agent_id", record.agent_id.as_ref())
+        .value("principal", record.principal.as_ref().map(principal_object).unwrap_or_else(empty))
+        .text("model_requested", &record.model_requested)
+        .text("model_resolved", &record.model_resolved)
+        .text("model_executed", &record.model_executed)
+        .text("provider", &record.provider)
+        .text("strategy", &record.strategy)
+        .integer("input_tokens", record.input_tokens)
+        .integer("output_tokens", record.output_tokens)
+        .integer("cost_nanos", record.cost_nanos)
+        .text("outcome", &record.outcome)
+        .text("reason_code", &record.reason_code)
+        .integer("latency_ms", record.latency_ms)
+        .value("trace", record.trace.as_ref().map(trace_object).unwrap_or_else(empty))
+        .value("policy", record.policy.as_ref().map(policy_object).unwrap_or_else(empty))
+        .value("agent", record.agent.as_ref().map(agent_object).unwrap_or_else(empty))
+        .value("grant", record.grant.as_ref().map(grant_object).unwrap_or_else(empty))
+        .value("decision", record.decision.as_ref().map(decision_object).unwrap_or_else(empty))
+        .text("capture_digest", &capture_digest)
+        .text("coverage", &record.coverage)
+        .optional_text("conversation_id", record.conversation_id.as_ref())
+        .build()
+}
+
+fn empty() -> Canonical {
+    Canonical::Object(BTreeMap::new())
+}
+
+fn principal_object(principal: &Principal) -> Canonical {
+    ObjectBuilder::new()
+        .text("id", &principal.id)
+        .text("auth_method", &principal.auth_method)
+        .optional_text("spiffe_id", principal.spiffe_id.as_ref())
+        .optional_text("owner_id", principal.owner_id.as_ref())
+        .build()
+}
+
+fn trace_object(trace: &TraceContext) -> Canonical {
+    ObjectBuilder::new()
+        .text("trace_id", &trace.trace_id)
+        .text("span_id", &trace.span_id)
+        .optional_text("parent_span_id", trace.parent_span_id.as_ref())
+        .text("origin", &trace.origin)
+        .bool("inbound_trusted", trace.inbound_trusted)
+        .build()
+}
+
+fn policy_object(policy: &PolicyContext) -> Canonical {
+    ObjectBuilder::new()
+        .texts("matched_rules", &policy.matched_rules)
+        .optional_text("deny_rule", policy.deny_rule.as_ref())
+        .optional_text("verdict_id", policy.verdict_id.as_ref())
+        .build()
+}
+
+fn agent_object(agent: &AgentContext) -> Canonical {
+    ObjectBuilder::new()
+        .bool("registered", agent.registered)
+        .optional_text("owner_id", agent.owner_id.as_ref())
+        .text("owner_source", &agent.owner_source)
+        .text("identity_source", &agent.identity_source)
+        .optional_text("mesh_source", agent.mesh_source.as_ref())
+        .integer("mesh_hop_count", agent.mesh_hop_count)
+        .optional_text("lifecycle_state", agent.lifecycle_state.as_ref())
+        .build()
+}
+
+fn grant_object(grant: &GrantContext) -> Canonical {
+    ObjectBuilder::new()
+        .optional_text("grant_id", grant.grant_id.as_ref())
+        .optional_text("plan_id", grant.plan_id.as_ref())
+        .optional_text("approval_id", grant.approval_id.as_ref())
+        .build()
+}
+
+fn decision_object(decision: &DecisionPath) -> Canonical {
+    let candidates = decision
+        .candidates
+        .iter()
+        .map(|candidate| {
+            ObjectBuilder::new()
+                .text("model", &candidate.model)
+                .text("provider", &candidate.provider)
+                .optional_integer("estimated_cost_nanos", candidate.estimated_cost_nanos)
+                .integer("score_micros", candidate.score_micros)
+                .text("status", &candidate.status)
+                .text("reason", &candidate.reason)
+                .build()
+        })
+        .collect();
+    let steps = decision
+        .steps
+        .iter()
+        .map(|step| {
+            ObjectBuilder::new()
+                .text("stage", &step.stage)
+                .text("result", &step.result)
+                .text("detail", &step.detail)
+                .integer("elapsed_micros", step.elapsed_micros)
+                .build()
+        })
+        .collect();
+    ObjectBuilder::new()
+        .text("selected_model", &decision.selected_model)
+        .integer("score_micros", decision.score_micros)
+        .text("selection_method", &decision.selection_method)
+        .text("reason", &decision.reason)
+        .integer("complexity_level", decision.complexity_level)
+        .integer("complexity_score", decision.complexity_score)
+        .value("candidates", Canonical::List(candidates))
+        .value("steps", Canonical::List(steps))
+        .build()
+}
+
+/// A record decoded from its stored payload, with the capture digest it was chained with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecodedPayload {
+    /// The record (its `capture` is never set: the payload holds only the digest).
+    pub record: AuditRecord,
+    pub capture_digest: Option<String>,
+    pub chain_schema_version: i64,
+}
+
+/// Decodes a stored payload, and checks that it is exactly the canonical encoding of what it holds.
+pub fn decode_payload(payload: &str) -> Result<DecodedPayload, CanonicalError> {
+    let value: Value = serde_json::from_str(payload).map_err(|error| CanonicalError::NotJson(error.to_string()))?;
+    if Canonical::from_json(&value)?.to_text() != payload {
+        return Err(CanonicalError::Unrepresentable("the payload is not in canonical form".to_string()));
+    }
+    let root = Fields::of(&value, "payload")?;
+    let principal = root.object("principal")?.map(|fields| -> Result<Principal, CanonicalError> {
+        Ok(Principal {
+            id: fields.text("id")?,
+            auth_method: fields.text("auth_method")?,
+            spiffe_id: fields.optional_text("spiffe_id")?,
+            owner_id: fields.optional_text("owner_id")?,
+        })
+    });
+    let trace = root.object("trace")?.map(|fields| -> Result<TraceContext, CanonicalError> {
+        Ok(TraceContext {
+            trace_id: fields.text("trace_id")?,
+            span_id: fields.text("span_id")?,
+            parent_span_id: fields.optional_text("parent_span_id")?,
+            origin: fields.text("origin")?,
+            inbound_trusted: fields.bool("inbound_trusted")?,
+        })
+    });
+    let policy = root.object("policy")?.map(|fields| -> Result<PolicyContext, CanonicalError> {
+        Ok(PolicyContext {
+            matched_rules: fields.texts("matched_rules")?,
+            deny_rule: fields.optional_text("deny_rule")?,
+            verdict_id: fields.optional_text("verdict_id")?,
+        })
+    });
+    let agent = root.object("agent")?.map(|fields| -> Result<AgentContext, CanonicalError> {
+        Ok(AgentContext {
+            registered: fields.bool("registered")?,
+            owner_id: fields.optional_text("owner_id")?,
+            owner_source: fields.text("owner_source")?,
+            identity_source: fields.text("identity_source")?,
+            mesh_source: fields.optional_text("mesh_source")?,
+            mesh_hop_count: fields.integer("mesh_hop_count")?,
+            lifecycle_state: fields.optional_text("lifecycle_state")?,
+        })
+    });
+    let grant = root.object("grant")?.map(|fields| -> Result<GrantContext, CanonicalError> {
+        Ok(GrantContext {
+            grant_id: fields.optional_text("grant_id")?,
+            plan_id: fields.optional_text("plan_id")?,
+            approval_id: fields.optional_text("approval_id")?,
+        })
+    });
+    let decision = root.object("decision")?.map(decode_decision);
+    let record = AuditRecord {
+        request_id: root.text("request_id")?,
+        tenant_id: root.text("tenant_id")?,
+        occurred_at: root.text("occurred_at")?,
+        endpoint: root.text("endpoint")?,
+        key_id: root.optional_text("key_id")?,
+        agent_id: root.optional_text("agent_id")?,
+        principal: principal.transpose()?,
+        model_requested: root.text("model_requested")?,
+        model_resolved: root.text("model_resolved")?,
+        model_executed: root.text("model_executed")?,
+        provider: root.text("provider")?,
+        strategy: root.text("strategy")?,
+        input_tokens: root.integer("input_tokens")?,
+        output_tokens: root.integer("output_tokens")?,
+        cost_nanos: root.integer("cost_nanos")?,
+        outcome: root.text("outcome")?,
+        reason_code: root.text("reason_code")?,
+        latency_ms: root.integer("latency_ms")?,
+        trace: trace.transpose()?,
+        policy: policy.transpose()?,
+        agent: agent.transpose()?,
+        grant: grant.transpose()?,
+        decision: decision.transpose()?,
+        capture: None,
+        coverage: root.text("coverage")?,
+        conversation_id: root.optional_text("conversation_id")?,
+    };
+    Ok(DecodedPayload {
+        record,
+        capture_digest: root.optional_text("capture_digest")?,
+        chain_schema_version: root.integer("chain_schema_version")?,
+    })
+}
+
+fn decode_decision(fields: Fields<'_>) -> Result<DecisionPath, CanonicalError> {
+    let candidates = fields
+        .objects("candidates")?
+        .into_iter()
+        .map(|candidate| {
+            Ok(CandidateDecision {
+                model: candidate.text("model")?,
+                provider: candidate.text("provider")?,
+                estimated_cost_nanos: candidate.optional_integer("estimated_cost_nanos")?,
+                score_micros: candidate.integer("score_micros")?,
+                status: candidate.text("status")?,
+                reason: candidate.text("reason")?,
+            })
+        })
+        .collect::<Result<_, CanonicalError>>()?;
+    let steps = fields
+        .objects("steps")?
+        .into_iter()
+        .map(|step| {
+            Ok(DecisionStep {
+                stage: step.text("stage")?,
+                result: step.text("result")?,
+                detail: step.text("detail")?,
+                elapsed_micros: step.integer("elapsed_micros")?,
+            })
+        })
+        .collect::<Result<_, CanonicalError>>()?;
+    Ok(DecisionPath {
+        selected_model: fields.text("selected_model")?,
+        score_micros: fields.integer("score_micros")?,
+        selection_method: fields.text("selection_method")?,
+        reason: fields.text("reason")?,
+        complexity_level: fields.integer("complexity_level")?,
+        complexity_score: fields.integer("complexity_score")?,
+        candidates,
+        steps,
+    })
+}
+
+/// Typed access to a JSON object's members, absent members reading as empty values.
+#[derive(Clone, Copy)]
+struct Fields<'a> {
+    members: &'a serde_json::Map<String, Value>,
+}
+
+impl<'a> Fields<'a> {
+    fn of(value: &'a Value, name: &str) -> Result<Self, CanonicalError> {
+        value.as_object().map(|members| Fields { members }).ok_or_else(|| CanonicalError::WrongType(name.to_string()))
+    }
+
+    fn wrong(key: &str) -> CanonicalError {
+        CanonicalError::WrongType(key.to_string())
+    }
+
+    fn optional_text(&self, key: &str) -> Result<Option<String>, CanonicalError> {
+        match self.members.get(key) {
+            None => Ok(None),
+            Some(Value::String(text)) => Ok(Some(text.clone())),
+            Some(_) => Err(Self::wrong(key)),
+        }
+    }
+
+    fn text(&self, key: &str) -> Result<String, CanonicalError> {
+        Ok(self.optional_text(key)?.unwrap_or_default())
+    }
+
+    fn optional_integer(&self, key: &str) -> Result<Option<i64>, CanonicalError> {
+        match self.members.get(key) {
+            None => Ok(None),
+            Some(value) => value.as_i64().map(Some).ok_or_else(|| Self::wrong(key)),
+        }
+    }
+
+    fn integer(&self, key: &str) -> Result<i64, CanonicalError> {
+        Ok(self.optional_integer(key)?.unwrap_or_default())
+    }
+
+    fn bool(&self, key: &str) -> Result<bool, CanonicalError> {
+        match self.members.get(key) {
+            None => Ok(false),
+            Some(value) => value.as_bool().ok_or_else(|| Self::wrong(key)),
+        }
+    }
+
+    fn texts(&self, key: &str) -> Result<Vec<String>, CanonicalError> {
+        match self.members.get(key) {
+            None => Ok(Vec::new()),
+            Some(Value::Array(items)) => {
+                items.iter().map(|item| item.as_str().map(str::to_string).ok_or_else(|| Self::wrong(key))).collect()
+            }
+            Some(_) => Err(Self::wrong(key)),
+        }
+    }
+
+    fn object(&self, key: &str) -> Result<Option<Fields<'a>>, CanonicalError> {
+        self.members.get(key).map(|value| Fields::of(value, key)).transpose()
+    }
+
+    fn objects(&self, key: &str) -> Result<Vec<Fields<'a>>, CanonicalError> {
+        match self.members.get(key) {
+            None => Ok(Vec::new()),
+            Some(Value::Array(items)) => items.iter().map(|item| Fields::of(item, key)).collect(),
+            Some(_) => Err(Self::wrong(key)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> AuditRecord {
+        AuditRecord {
+            request_id: "req_1".to_string(),
+            tenant_id: "t1".to_string(),
+            occurred_at: "2026-11-22T10:00:00.000Z".to_string(),
+            endpoint: "/v1/chat/completions".to_string(),
+            key_id: Some("k1".to_string()),
+            principal: Some(Principal { id: "k1".to_string(), auth_method: "api_key".to_string(), ..Principal::default() }),
+            model_requested: "auto".to_string(),
+            model_executed: "openai/gpt-4o-mini".to_string(),
+            input_tokens: 12,
+            cost_nanos: 1_500,
+            outcome: "allowed".to_string(),
+            latency_ms: 0,
+            ..AuditRecord::default()
+        }
+    }
+
+    #[test]
+    fn the_encoding_is_sorted_compact_and_drops_empty_members() {
+        let expected = concat!(
+            r#"{"chain_schema_version":2,"cost_nanos":1500,"endpoint":"/v1/chat/completions","input_tokens":12,"key_id":"k1","#,
+            r#""model_executed":"openai/gpt-4o-mini","model_requested":"auto","occurred_at":"2026-11-22T10:00:00.000Z","#,
+            r#""outcome":"allowed","principal":{"auth_method":"api_key","id":"k1"},"request_id":"req_1","tenant_id":"t1"}"#
+        );
+        assert_eq!(canonical_payload(&sample()), expected);
+        // Pinned independently (Python's hashlib over the text above): changing the encoding breaks every chain.
+        assert_eq!(commitment(&sample()), "cfe8f6fbf37676545af0567938edc6a2be60ff16d35a7109cbd33d958792a487");
+    }
+
+    #[test]
+    fn strings_escape_exactly_the_rfc_8785_set() {
+        let text = Canonical::Text("q\"b\\\u{08}\t\n\u{0c}\r\u{01}\u{1f} é\u{7f}\u{2028}".to_string()).to_text();
+        assert_eq!(text, "\"q\\\"b\\\\\\b\\t\\n\\f\\r\\u0001\\u001f é\u{7f}\u{2028}\"");
+    }
+
+    #[test]
+    fn negative_integers_and_nested_lists_are_plain() {
+        let value = ObjectBuilder::new()
+            .integer("b", -7)
+            .value("a", Canonical::List(vec![Canonical::Integer(0), Canonical::Text(String::new()), empty()]))
+            .build();
+        assert_eq!(value.to_text(), r#"{"a":[0,"",{}],"b":-7}"#);
+    }
+
+    #[test]
+    fn a_payload_decodes_to_the_record_it_encodes() -> Result<(), CanonicalError> {
+        let mut record = sample();
+        record.trace = Some(TraceContext {
+            trace_id: "4bf92f3577b34da6a3ce929d0e0e4736".to_string(),
+            span_id: "00f067aa0ba902b7".to_string(),
+            parent_span_id: Some("a3ce929d0e0e4736".to_string()),
+            origin: "inbound".to_string(),
+            inbound_trusted: true,
+        });
+        record.policy = Some(PolicyContext {
+            matched_rules: vec!["r1".to_string(), "r2".to_string()],
+            deny_rule: Some("r2".to_string()),
+            verdict_id: None,
+        });
+        record.agent = Some(AgentContext {
+            registered: true,
+            owner_id: Some("u1".to_string()),
+            owner_source: "agent_profile".to_string(),
+            identity_source: "agent_jwt".to_string(),
+            mesh_source: Some("planner".to_string()),
+            mesh_hop_count: 2,
+            lifecycle_state: Some("active".to_string()),
+        });
+        record.grant = Some(GrantContext { grant_id: Some("g".to_string()), plan_id: None, approval_id: Some("a".to_string()) });
+        record.decision = Some(DecisionPath {
+            selected_model: "openai/gpt-4o-mini".to_string(),
+            score_micros: 812_345,
+            selection_method: "capability-matched".to_string(),
+            reason: "cheapest".to_string(),
+            complexity_level: 1,
+            complexity_score: 3,
+            candidates: vec![CandidateDecision {
+                model: "openai/gpt-4o".to_string(),
+                provider: "openai".to_string(),
+                estimated_cost_nanos: Some(2_000),
+                score_micros: -5,
+                status: "not_tried".to_string(),
+                reason: "pricier".to_string(),
+            }],
+            steps: vec![DecisionStep {
+                stage: "routing".to_string(),
+                result: "pass".to_string(),
+                detail: "auto".to_string(),
+                elapsed_micros: 40,
+            }],
+        });
+        record.capture = Some(Capture { prompt: "hi".to_string(), completion: "hello".to_string() });
+        let payload = canonical_payload(&record);
+        let decoded = decode_payload(&payload)?;
+        assert_eq!(
+            decoded.capture_digest.as_deref(),
+            Some(capture_digest(&Capture { prompt: "hi".into(), completion: "hello".into() }).as_str())
+        );
+        let mut expected = record.clone();
+        expected.capture = None;
+        assert_eq!(decoded.record, expected);
+        assert_eq!(decoded.chain_schema_version, CHAIN_SCHEMA_VERSION);
+        assert!(payload.contains(r#""score_micros":-5"#));
+        Ok(())
+    }
+
+    #[test]
+    fn non_canonical_payloads_are_refused() {
+        for payload in [
+            r#"{"request_id":"r", "tenant_id":"t"}"#,
+            r#"{"tenant_id":"t","request_id":"r"}"#,
+            r#"{"cost_nanos":1.5}"#,
+            r#"{"cost_nanos":0,"request_id":"r"}"#,
+            r#"{"request_id":null}"#,
+            "not json",
+        ] {
+            assert!(decode_payload(payload).is_err(), "{payload} should be refused");
+        }
+        assert!(decode_payload(r#"{"request_id":"r","tenant_id":"t"}"#).is_ok());
+    }
+
+    #[test]
+    fn the_chain_hash_covers_payload_and_previous_hash() {
+        let payload = canonical_payload(&sample());
+        let first = chain_hash(&payload, GENESIS_HASH);
+        assert_eq!(first, sha256_hex(&[payload.as_bytes(), GENESIS_HASH.as_bytes()]));
+        assert_ne!(first, chain_hash(&payload, &first));
+        assert_ne!(first, payload_commitment(&payload));
+    }
+}
