@@ -15,6 +15,11 @@ fn main() -> Result<(), Box<dyn Error>> {
         println!("cargo:rerun-if-changed={proto}");
     }
     let file_descriptors = protox::compile(PROTOS, ["."])?;
-    tonic_prost_build::configure().build_server(true).build_client(true).compile_fds(file_descriptors)?;
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        // The edge answers governance reads with these messages as they are.
+        .type_attribute(".brainstorm.audit.v1", "#[derive(serde::Serialize)]")
+        .compile_fds(file_descriptors)?;
     Ok(())
 }

@@ -269,14 +269,18 @@ async fn graduation_by_provider_key_and_by_email(shape: Shape) -> TestResult {
     let criteria = gateway.call(Method::GET, "/v1/account/graduation", Some(&key), None).await?;
     assert_eq!(criteria.status, 200, "{}", criteria.text);
     assert_eq!(criteria.body["tier"], "community");
-    assert_eq!(criteria.body["criteria"][0], json!({"id": "provider_key_registered", "required": true, "satisfied": false,
-        "description": "register a provider key (POST /v1/providers); graduation validates it live"}));
+    assert_eq!(
+        criteria.body["criteria"][0],
+        json!({"id": "provider_key_registered", "required": true, "satisfied": false,
+        "description": "register a provider key (POST /v1/providers); graduation validates it live"})
+    );
     assert_eq!(criteria.body["action"]["endpoint"], "/v1/account/graduate");
     let without_key = gateway.call(Method::POST, "/v1/account/graduate", Some(&key), Some(json!({}))).await?;
     assert_eq!(without_key.status, 400, "{}", without_key.text);
     assert_eq!(without_key.body["recovery"]["action"], "register_provider");
 
-    let registered = gateway.call(Method::POST, "/v1/providers", Some(&key), Some(json!({"provider": "anthropic", "api_key": ANTHROPIC_KEY}))).await?;
+    let registered =
+        gateway.call(Method::POST, "/v1/providers", Some(&key), Some(json!({"provider": "anthropic", "api_key": ANTHROPIC_KEY}))).await?;
     assert_eq!(registered.status, 201, "{}", registered.text);
     mock.clear();
     let graduated = gateway.call(Method::POST, "/v1/account/graduate", Some(&key), Some(json!({}))).await?;
@@ -292,7 +296,8 @@ async fn graduation_by_provider_key_and_by_email(shape: Shape) -> TestResult {
     assert_eq!(started.status, 200, "{}", started.text);
     assert_eq!(started.body["expires_in_seconds"], 600);
     assert_eq!(gateway.call(Method::POST, "/v1/account/verify-email", Some(&other), Some(json!({"email": "nope"}))).await?.status, 400);
-    let mail = gateway.mails()?.into_iter().find(|mail| mail["to"] == "ops@example.com").ok_or_else(|| anyhow::anyhow!("no verification mail"))?;
+    let mail =
+        gateway.mails()?.into_iter().find(|mail| mail["to"] == "ops@example.com").ok_or_else(|| anyhow::anyhow!("no verification mail"))?;
     let body = mail["body"].as_str().unwrap_or_default().to_string();
     let code: String = body.split(|character: char| !character.is_ascii_digit()).find(|run| run.len() == 6).unwrap_or_default().to_string();
     assert_eq!(code.len(), 6, "a 6-digit code in: {body}");

@@ -155,7 +155,12 @@ impl Gateway {
                 common.push(("BR_DATABASE_URL".to_string(), database_url));
                 common.push(("BR_MASTER_KEY".to_string(), MASTER_KEY.to_string()));
                 let mut edge_env = common.clone();
-                for (label, service) in [("identity", "identity"), ("catalog", "catalog-health-sentinel"), ("budget", "budget-ledger")] {
+                for (label, service) in [
+                    ("identity", "identity"),
+                    ("catalog", "catalog-health-sentinel"),
+                    ("budget", "budget-ledger"),
+                    ("audit", "audit-lineage"),
+                ] {
                     let grpc_listen = format!("127.0.0.1:{}", free_port()?);
                     let health_port = free_port()?;
                     let health_listen = format!("127.0.0.1:{health_port}");

@@ -23,6 +23,18 @@ pub enum Command {
     Serve(ServeArgs),
     /// Apply the database migrations to the configured database and exit.
     Migrate(Flags),
+    /// Audit chain tools.
+    #[command(subcommand)]
+    Audit(AuditCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AuditCommand {
+    /// Verify an exported audit chain (JSON lines from the export) offline; exit 1 unless it is intact.
+    Verify {
+        /// The exported chain.
+        file: PathBuf,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -54,11 +66,14 @@ pub struct Flags {
     pub database_url: Option<String>,
 }
 
+static NO_FLAGS: Flags = Flags { config: None, listen: None, grpc_listen: None, data_dir: None, database_url: None };
+
 impl Cli {
     fn flags(&self) -> &Flags {
         match &self.command {
             Command::Up(flags) | Command::Migrate(flags) => flags,
             Command::Serve(serve) => &serve.flags,
+            Command::Audit(_) => &NO_FLAGS,
         }
     }
 

@@ -9,10 +9,13 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use crate::cli::{Cli, Command};
+use crate::cli::{AuditCommand, Cli, Command};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::Audit(AuditCommand::Verify { file }) = &cli.command {
+        return verify_audit_export(file);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => return fatal(&format!("cannot start the async runtime: {error}")),
@@ -25,6 +28,7 @@ fn main() -> ExitCode {
             Command::Up(_) => shape::up(settings).await,
             Command::Serve(serve) => shape::serve(settings, &serve.services).await,
             Command::Migrate(_) => shape::migrate(settings).await,
+            Command::Audit(_) => Ok(()),
         }
     });
     match result {
@@ -38,4 +42,22 @@ fn main() -> ExitCode {
 fn fatal(message: &str) -> ExitCode {
     eprintln!("brainstorm: error: {message}");
     ExitCode::FAILURE
+}
+
+/// `brainstorm audit verify FILE`: prints the verification report as JSON; exit 0 only when intact.
+#[allow(clippy::print_stdout)]
+fn verify_audit_export(path: &std::path::Path) -> ExitCode {
+    let file = match std::fs::File::open(path) {
+        Ok(file) => file,
+        Err(error) => return fatal(&format!("cannot open {}: {error}", path.display())),
+    };
+    let report = match brainstorm_audit_lineage::verify_export(std::io::BufReader::new(file)) {
+        Ok(report) => report,
+        Err(error) => return fatal(&format!("{} is not an audit chain export: {error}", path.display())),
+    };
+    match serde_json::to_string_pretty(&report) {
+        Ok(text) => println!("{text}"),
+        Err(error) => return fatal(&format!("cannot print the report: {error}")),
+    }
+    if report.valid { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }

@@ -12,6 +12,9 @@ use anyhow::{Context, bail};
 use axum::Router;
 use axum::routing::get;
 use axum::serve::ListenerExt;
+use brainstorm_audit_lineage::{
+    ArtifactSigner, AuditLineageOptions, AuditLineageServiceImpl, AuditPublisher, PublisherOptions, spawn_audit_consumer,
+};
 use brainstorm_budget_ledger::{BudgetGuard, BudgetLedgerOptions, BudgetLedgerServiceImpl, spawn_settlement_consumer};
 use brainstorm_catalog::{CatalogOptions, CatalogServiceImpl};
 use brainstorm_common::bus::{EventBus, InProcessBus};
@@ -20,6 +23,7 @@ use brainstorm_common::outbox::MailOutbox;
 use brainstorm_common::store::Database;
 use brainstorm_edge_router::{Edge, EdgeDependencies, EdgeOptions};
 use brainstorm_identity::{IdentityOptions, IdentityServiceImpl};
+use brainstorm_proto::audit::{self, AuditLineageClient};
 use brainstorm_proto::budget::{self, BudgetLedgerClient, CurrentTotalsRequest};
 use brainstorm_proto::catalog::CatalogClient;
 use brainstorm_proto::identity::IdentityClient;
@@ -31,8 +35,13 @@ use tonic::transport::{Channel, Endpoint};
 use crate::shutdown::Shutdown;
 
 /// Services this build can host.
-const HOSTABLE: [ServiceName; 4] =
-    [ServiceName::EdgeRouter, ServiceName::Identity, ServiceName::CatalogHealthSentinel, ServiceName::BudgetLedger];
+const HOSTABLE: [ServiceName; 5] = [
+    ServiceName::EdgeRouter,
+    ServiceName::Identity,
+    ServiceName::CatalogHealthSentinel,
+    ServiceName::BudgetLedger,
+    ServiceName::AuditLineage,
+];
 
 /// How long the edge trusts a resolved API key or a tenant's routing configuration before asking
 /// again (changes made through this edge, and those seen on the bus, apply at once).
@@ -57,14 +66,27 @@ pub async fn up(settings: Settings) -> anyhow::Result<()> {
         None => embedded_master_key(&settings).await?,
     };
     let identity = IdentityClient::local(identity_service(&settings, database.clone(), bus.clone()));
-    let catalog = CatalogClient::local(catalog_service(&settings, database.clone(), bus.clone(), upstream.clone(), master_key));
+    let catalog = CatalogClient::local(catalog_service(&settings, database.clone(), bus.clone(), upstream.clone(), master_key.clone()));
     let shutdown = Shutdown::on_signals();
+    let audit_service = audit_service(database.clone(), &master_key)?;
+    spawn_audit_consumer(&bus, audit_service.clone(), shutdown.clone().requested()).await?;
+    let audit = AuditLineageClient::local(audit_service);
+    let (audit_publisher, _publishing) = AuditPublisher::spawn(bus.clone(), PublisherOptions::default());
     let ledger = BudgetLedgerServiceImpl::new(database.clone(), BudgetLedgerOptions::default());
     spawn_settlement_consumer(&bus, ledger.clone(), shutdown.clone().requested()).await?;
     let budget = BudgetLedgerClient::local(ledger);
     let guard = budget_guard(&settings, bus.clone(), &budget).await?;
     tracing::info!(listen = %settings.listen, data_dir = %settings.data_dir.display(), "brainstorm up: every service in one process");
-    let dependencies = EdgeDependencies { identity, catalog, upstream, models: Arc::new(model_catalog(&settings)?), budget, guard };
+    let dependencies = EdgeDependencies {
+        identity,
+        catalog,
+        upstream,
+        models: Arc::new(model_catalog(&settings)?),
+        budget,
+        guard,
+        audit,
+        audit_publisher,
+    };
     serve_edge(&settings, dependencies, bus, shutdown).await?;
     database.close().await;
     Ok(())
@@ -85,7 +107,7 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
         tracing::warn!("BR_KAFKA_BROKERS is set but this build's bus is in-process: edges learn of changes by cache expiry");
     }
     let hosts_edge = hosted.contains(&ServiceName::EdgeRouter);
-    let needs_database = [ServiceName::Identity, ServiceName::CatalogHealthSentinel, ServiceName::BudgetLedger]
+    let needs_database = [ServiceName::Identity, ServiceName::CatalogHealthSentinel, ServiceName::BudgetLedger, ServiceName::AuditLineage]
         .iter()
         .any(|service| hosted.contains(service));
     let database = if needs_database {
@@ -135,6 +157,23 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
         }
         _ => None,
     };
+    let audit = match (&database, hosted.contains(&ServiceName::AuditLineage)) {
+        (Some(database), true) => {
+            let master_key =
+                settings.master_key.as_ref().context("audit-lineage needs BR_MASTER_KEY (64 hex characters) to sign evidence artifacts")?;
+            let service = audit_service(database.clone(), &MasterKey::from_hex(master_key.expose())?)?;
+            spawn_audit_consumer(&bus, service.clone(), shutdown.clone().requested()).await?;
+            Some(AuditLineageClient::local(service))
+        }
+        _ if hosts_edge => {
+            let remote = AuditLineageClient::grpc(remote(&settings, ServiceName::AuditLineage)?);
+            // Until the Kafka bus is wired into `serve`, records queued on this process's bus reach the
+            // remote chain writer through its idempotent RecordAudit call.
+            tokio::spawn(forward_audit_records(bus.clone(), remote.clone()));
+            Some(remote)
+        }
+        _ => None,
+    };
     let mut tasks = tokio::task::JoinSet::new();
     let mut grpc = tonic::transport::Server::builder().tcp_nodelay(true);
     let mut grpc_router = None;
@@ -143,6 +182,13 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
     }
     if let (true, Some(catalog)) = (hosted.contains(&ServiceName::CatalogHealthSentinel), &catalog) {
         let service = catalog.as_grpc_service();
+        grpc_router = Some(match grpc_router {
+            Some(router) => router.add_service(service),
+            None => grpc.add_service(service),
+        });
+    }
+    if let (true, Some(audit)) = (hosted.contains(&ServiceName::AuditLineage), &audit) {
+        let service = audit.as_grpc_service();
         grpc_router = Some(match grpc_router {
             Some(router) => router.add_service(service),
             None => grpc.add_service(service),
@@ -163,10 +209,20 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
             router.serve_with_shutdown(address, stop.requested()).await.with_context(|| format!("gRPC server on {address} failed"))
         });
     }
-    match (hosts_edge, identity, catalog, budget) {
-        (true, Some(identity), Some(catalog), Some(budget)) => {
+    match (hosts_edge, identity, catalog, budget, audit) {
+        (true, Some(identity), Some(catalog), Some(budget), Some(audit)) => {
             let guard = budget_guard(&settings, bus.clone(), &budget).await?;
-            let dependencies = EdgeDependencies { identity, catalog, upstream, models: Arc::new(model_catalog(&settings)?), budget, guard };
+            let (audit_publisher, _publishing) = AuditPublisher::spawn(bus.clone(), PublisherOptions::default());
+            let dependencies = EdgeDependencies {
+                identity,
+                catalog,
+                upstream,
+                models: Arc::new(model_catalog(&settings)?),
+                budget,
+                guard,
+                audit,
+                audit_publisher,
+            };
             let (settings, bus, stop) = (settings.clone(), bus.clone(), shutdown.clone());
             tasks.spawn(async move { serve_edge(&settings, dependencies, bus, stop).await });
         }
@@ -238,6 +294,47 @@ async fn budget_guard(settings: &Settings, bus: Arc<dyn EventBus>, budget: &Budg
         Err(error) => tracing::warn!(%error, "cannot seed budget counters from the ledger; they start from zero"),
     }
     Ok(Arc::new(guard))
+}
+
+/// The audit service, signing artifacts with a key derived from the master key.
+fn audit_service(database: Database, master_key: &MasterKey) -> anyhow::Result<AuditLineageServiceImpl> {
+    let signer = ArtifactSigner::new(&master_key.artifact_secret()).context("cannot build the artifact signer")?;
+    Ok(AuditLineageServiceImpl::new(database, AuditLineageOptions::new(signer)))
+}
+
+/// Relays audit records from this process's bus to a remote audit-lineage.
+async fn forward_audit_records(bus: Arc<dyn EventBus>, chain: AuditLineageClient) {
+    use prost::Message;
+    let mut subscription = match bus.subscribe(audit::AUDIT_RECORDS_TOPIC, "audit-forwarder").await {
+        Ok(subscription) => subscription,
+        Err(error) => {
+            tracing::error!(%error, "cannot forward audit records to audit-lineage");
+            return;
+        }
+    };
+    while let Ok(delivery) = subscription.next().await {
+        let Ok(record) = audit::AuditRecord::decode(delivery.message().payload.clone()) else {
+            tracing::warn!("skipping an undecodable audit record");
+            delivery.ack();
+            continue;
+        };
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match chain.record_audit(record.clone()).await {
+                Ok(_) => break,
+                Err(error) if error.kind == brainstorm_proto::ErrorKind::InvalidArgument => {
+                    tracing::warn!(%error, "audit-lineage refused a record");
+                    break;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "audit-lineage unreachable; retrying the record");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(10));
+                }
+            }
+        }
+        delivery.ack();
+    }
 }
 
 /// Relays settlements from this process's bus to a remote budget-ledger.

@@ -19,10 +19,12 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::{Method, Uri};
 use axum::routing::{delete, get, post, put};
+use brainstorm_audit_lineage::AuditPublisher;
 use brainstorm_budget_ledger::BudgetGuard;
 use brainstorm_common::ApiError;
 use brainstorm_common::bus::EventBus;
 use brainstorm_common::config::Secret;
+use brainstorm_proto::audit::AuditLineageClient;
 use brainstorm_proto::budget::BudgetLedgerClient;
 use brainstorm_proto::catalog::CatalogClient;
 use brainstorm_proto::identity::IdentityClient;
@@ -55,6 +57,9 @@ pub struct EdgeDependencies {
     pub budget: BudgetLedgerClient,
     /// Budget counters and rate limits (in process, or shared through Redis).
     pub guard: Arc<BudgetGuard>,
+    pub audit: AuditLineageClient,
+    /// Queues every request's audit record for the bus, off the request path.
+    pub audit_publisher: AuditPublisher,
 }
 
 /// Everything a handler can reach.
@@ -70,6 +75,8 @@ pub struct EdgeState {
     budget: BudgetLedgerClient,
     budget_settings: Arc<budget_cache::BudgetSettingsCache>,
     guard: Arc<BudgetGuard>,
+    audit: AuditLineageClient,
+    audit_publisher: AuditPublisher,
 }
 
 /// The edge: its router, and the caches the bus keeps fresh.
@@ -96,6 +103,8 @@ impl Edge {
             budget_settings: Arc::new(budget_cache::BudgetSettingsCache::new(dependencies.budget.clone(), options.cache_ttl)),
             budget: dependencies.budget,
             guard: dependencies.guard,
+            audit: dependencies.audit,
+            audit_publisher: dependencies.audit_publisher,
         };
         Edge { router: router(state), authenticator, routing }
     }
@@ -110,7 +119,7 @@ impl Edge {
 }
 
 fn router(state: EdgeState) -> Router {
-    use routes::{admin, budget, completions, identity, providers};
+    use routes::{admin, budget, completions, governance, identity, providers};
     Router::new()
         .route("/health", get(routes::health))
         .route("/v1/register", post(identity::register))
@@ -147,6 +156,16 @@ fn router(state: EdgeState) -> Router {
         .route("/v1/budget/alerts/config", get(budget::get_alert_config).put(budget::put_alert_config))
         .route("/v1/budget/alerts/history", get(budget::alert_history))
         .route("/v1/usage/summary", get(budget::usage_summary))
+        .route("/v1/governance/audit/chain/verify", get(governance::verify_chain))
+        .route("/v1/governance/lineage", get(governance::episode))
+        .route("/v1/governance/lineage/{request_id}", get(governance::lineage))
+        .route("/v1/governance/artifacts/{request_id}", get(governance::artifact))
+        .route("/v1/governance/artifact-key", get(governance::artifact_key))
+        .route("/v1/governance/agents/inventory", get(governance::inventory))
+        .route("/v1/explain/{request_id}", get(governance::explain))
+        .route("/v1/replays/decisions", get(governance::decisions))
+        .route("/v1/replays/simulate", post(governance::simulate))
+        .route("/v1/replays/compare", get(governance::compare))
         .route("/v1/chat/completions", post(completions::chat_completions))
         .route("/v1/messages", post(completions::messages))
         .route("/v1/models", get(completions::list_models))

@@ -10,9 +10,11 @@ use axum::Json;
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
+use brainstorm_audit_lineage::Submitted;
 use brainstorm_budget_ledger::{ActualUsage, BudgetContext, BudgetDenial, Estimate, Outcome, RemainingView, Reservation};
 use brainstorm_common::ApiError;
 use brainstorm_common::money::Usd;
+use brainstorm_proto::audit::{AuditRecord, CandidateDecision, DecisionPath, Principal as AuditPrincipal, TraceContext};
 use brainstorm_providers::catalog::{Model, Price, base_url};
 use brainstorm_providers::chat::{ChatEvent, ChatReply, ChatRequest, InvalidRequest, ReplyAssembler, Usage, reply_events};
 use brainstorm_providers::routing::{self, Candidate, Resolution, Route, RouteError};
@@ -85,7 +87,56 @@ fn tokens(usage: Usage) -> i64 {
     i64::try_from(usage.input_tokens + usage.output_tokens).unwrap_or(i64::MAX)
 }
 
-/// Serves one completion.
+/// What the pipeline learned about a request, for its audit record.
+#[derive(Debug, Default)]
+pub struct AuditFacts {
+    model_requested: String,
+    model_resolved: String,
+    model_executed: String,
+    provider: String,
+    strategy: String,
+    selection_method: String,
+    reason: String,
+    candidates: Vec<String>,
+    input_tokens: u64,
+    output_tokens: u64,
+    cost: Option<Usd>,
+}
+
+fn random_hex(bytes: usize) -> String {
+    let mut text = uuid::Uuid::new_v4().simple().to_string();
+    text.push_str(&uuid::Uuid::new_v4().simple().to_string());
+    text.truncate(bytes * 2);
+    text
+}
+
+/// The W3C trace context: the caller's `traceparent` continued, or a new trace.
+fn trace_context(request_headers: &HeaderMap) -> TraceContext {
+    let incoming = request_headers.get("traceparent").and_then(|value| value.to_str().ok()).and_then(|value| {
+        let parts: Vec<&str> = value.trim().split('-').collect();
+        let valid =
+            parts.len() == 4 && parts[1].len() == 32 && parts[2].len() == 16 && parts[1].bytes().all(|byte| byte.is_ascii_hexdigit());
+        valid.then(|| (parts[1].to_lowercase(), parts[2].to_lowercase()))
+    });
+    match incoming {
+        Some((trace_id, parent)) => TraceContext {
+            trace_id,
+            span_id: random_hex(8),
+            parent_span_id: Some(parent),
+            origin: "traceparent".to_string(),
+            inbound_trusted: false,
+        },
+        None => TraceContext {
+            trace_id: random_hex(16),
+            span_id: random_hex(8),
+            parent_span_id: None,
+            origin: "generated".to_string(),
+            inbound_trusted: false,
+        },
+    }
+}
+
+/// Serves one completion and records its audit evidence (allowed, denied or failed alike).
 pub async fn complete(
     state: &EdgeState,
     caller: &Caller,
@@ -93,6 +144,98 @@ pub async fn complete(
     request_headers: &HeaderMap,
     body: &Value,
     format: ClientFormat,
+) -> Result<Response, ApiError> {
+    let started = Instant::now();
+    let mut facts =
+        AuditFacts { model_requested: body.get("model").and_then(Value::as_str).unwrap_or_default().to_string(), ..AuditFacts::default() };
+    let result = complete_inner(state, caller, request_id, request_headers, body, format, &mut facts).await;
+    let Some(tenant_id) = caller.identity.tenant_id.clone() else { return result };
+    let (outcome, reason_code) = match &result {
+        Ok(_) => ("allowed", "ok".to_string()),
+        Err(error) if error.status.is_client_error() => ("denied", error.code.clone().unwrap_or_else(|| error.error_type.to_string())),
+        Err(error) => ("error", error.code.clone().unwrap_or_else(|| error.error_type.to_string())),
+    };
+    let trace = trace_context(request_headers);
+    let traceparent = format!("00-{}-{}-01", trace.trace_id, trace.span_id);
+    let agent_id = agent_of(request_headers, body);
+    let record = AuditRecord {
+        request_id: request_id.0.clone(),
+        tenant_id,
+        occurred_at: brainstorm_common::time::now_timestamp(),
+        endpoint: match format {
+            ClientFormat::OpenAi => "/v1/chat/completions".to_string(),
+            ClientFormat::Anthropic => "/v1/messages".to_string(),
+        },
+        key_id: Some(caller.identity.key_id.clone()),
+        agent_id: agent_id.clone(),
+        principal: Some(AuditPrincipal {
+            id: caller.identity.key_id.clone(),
+            auth_method: "api_key".to_string(),
+            spiffe_id: None,
+            owner_id: caller.identity.key.as_ref().and_then(|key| key.created_by.clone()),
+        }),
+        model_requested: facts.model_requested,
+        model_resolved: facts.model_resolved,
+        model_executed: facts.model_executed.clone(),
+        provider: facts.provider,
+        strategy: facts.strategy,
+        input_tokens: i64::try_from(facts.input_tokens).unwrap_or(i64::MAX),
+        output_tokens: i64::try_from(facts.output_tokens).unwrap_or(i64::MAX),
+        cost_nanos: facts.cost.map_or(0, Usd::nanos),
+        outcome: outcome.to_string(),
+        reason_code,
+        latency_ms: i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX),
+        trace: Some(trace),
+        decision: Some(DecisionPath {
+            selected_model: facts.model_executed,
+            selection_method: facts.selection_method,
+            reason: facts.reason,
+            candidates: facts.candidates.into_iter().map(|model| CandidateDecision { model, ..CandidateDecision::default() }).collect(),
+            ..DecisionPath::default()
+        }),
+        coverage: "captured".to_string(),
+        conversation_id: request_headers.get("x-conversation-id").and_then(|value| value.to_str().ok()).map(str::to_string),
+        ..AuditRecord::default()
+    };
+    let commitment = match state.audit_publisher.submit(record) {
+        Ok(Submitted::Queued { commitment }) => (commitment, "captured"),
+        Ok(Submitted::Dropped { commitment }) => (commitment, "dropped"),
+        // Evidence is not optional: without room to record it, the request is refused.
+        Err(error) => return Err(ApiError::unavailable("audit_unavailable", format!("audit evidence cannot be recorded: {error}"))),
+    };
+    let evidence = [
+        ("x-br-audit-hash", commitment.0.clone()),
+        ("x-br-evidence-receipt", format!("sha256:{}", commitment.0)),
+        ("x-br-evidence-coverage", commitment.1.to_string()),
+        ("x-br-explain", request_id.0.clone()),
+        ("x-br-verdict-id", format!("vrd_{}", request_id.0.trim_start_matches("req_"))),
+        ("traceparent", traceparent),
+    ];
+    match result {
+        Ok(mut response) => {
+            for (name, value) in evidence {
+                set(response.headers_mut(), name, &value);
+            }
+            Ok(response)
+        }
+        Err(mut error) => {
+            for (name, value) in evidence {
+                error.push_header(HeaderName::from_static(name), &value);
+            }
+            Err(error)
+        }
+    }
+}
+
+/// The completion itself.
+async fn complete_inner(
+    state: &EdgeState,
+    caller: &Caller,
+    request_id: &RequestId,
+    request_headers: &HeaderMap,
+    body: &Value,
+    format: ClientFormat,
+    facts: &mut AuditFacts,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
     let chat = match format {
@@ -113,6 +256,13 @@ pub async fn complete(
             if !caller.may_use_model(&chat.model) {
                 return Err(ApiError::forbidden("model_not_allowed", format!("this key may not use model `{}`", chat.model)));
             }
+            facts.model_resolved = routing::SANDBOX_MODEL.to_string();
+            facts.model_executed = routing::SANDBOX_MODEL.to_string();
+            facts.provider = "brainstorm".to_string();
+            facts.strategy = "price".to_string();
+            facts.selection_method = "sandbox".to_string();
+            facts.reason = "no provider key registered".to_string();
+            facts.cost = Some(Usd::ZERO);
             let estimate =
                 Estimate { request_id: request_id.0.clone(), cost: Usd::ZERO, tokens: tokens(routing::estimate_usage(&chat, None)) };
             let reservation = state.guard.reserve(&context, &estimate).await.map_err(|denial| denial.to_api_error())?;
@@ -127,6 +277,11 @@ pub async fn complete(
     if !route.allow_fallback {
         route.candidates.truncate(1);
     }
+    facts.model_resolved = route.candidates.first().map(Candidate::id).unwrap_or_default();
+    facts.strategy = route.strategy.clone();
+    facts.selection_method = route.method.as_str().to_string();
+    facts.reason = route.reason.clone();
+    facts.candidates = route.candidates.iter().map(Candidate::id).collect();
 
     // Reserve the worst case before any upstream call; settle the actual cost after.
     let estimate_of = |route: &Route| {
@@ -172,6 +327,8 @@ pub async fn complete(
             state.upstream.complete(&target, &chat).await.map(Err)
         };
         let provider_latency = provider_started.elapsed();
+        facts.model_executed = candidate.id();
+        facts.provider = candidate.provider.id.to_string();
         set(&mut headers, "x-br-provider-latency-ms", &milliseconds(provider_latency));
         match outcome {
             Ok(Ok(events)) => {
@@ -189,6 +346,9 @@ pub async fn complete(
                     latency_ms: u64::try_from(provider_latency.as_millis()).ok(),
                 };
                 let cost = price_of(candidate).map_or(Usd::ZERO, |price| price.cost(reply.usage));
+                facts.input_tokens = reply.usage.input_tokens;
+                facts.output_tokens = reply.usage.output_tokens;
+                facts.cost = Some(cost);
                 match reservation.settle(settle(cost, reply.usage)).await {
                     Ok(remaining) => budget_headers(&mut headers, &remaining),
                     Err(error) => tracing::error!(%error, "settling a completion failed; the reservation stays counted"),

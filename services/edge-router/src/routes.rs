@@ -3,6 +3,7 @@
 pub mod admin;
 pub mod budget;
 pub mod completions;
+pub mod governance;
 pub mod identity;
 pub mod providers;
 

@@ -35,6 +35,15 @@ impl MasterKey {
         Ok(MasterKey(bytes.into()))
     }
 
+    /// A secret for signing evidence artifacts, derived from (and not revealing) the master key.
+    pub fn artifact_secret(&self) -> [u8; 32] {
+        use sha2::Digest;
+        let mut hasher = sha2::Sha256::new();
+        hasher.update(b"brainstorm/artifact-signing/v1\0");
+        hasher.update(self.0.as_slice());
+        hasher.finalize().into()
+    }
+
     /// A fresh random key, as hex (for embedded mode's generated key file).
     pub fn generate_hex() -> String {
         let mut bytes = [0u8; 32];
