@@ -7,6 +7,7 @@ const PROTOS: &[&str] = &[
     "brainstorm/events/v1/events.proto",
     "brainstorm/catalog/v1/catalog.proto",
     "brainstorm/budget/v1/budget.proto",
+    "brainstorm/policy/v1/policy.proto",
 ];
 
 fn main() -> Result<(), Box<dyn Error>> {
