@@ -17,7 +17,7 @@ use brainstorm_proto::ServiceResult;
 use brainstorm_proto::policy::{KillSwitchSnapshot, PolicyEvent, PolicyFirewallClient, TenantRef, policy_event};
 use tokio::time::Instant;
 
-use crate::killswitch::{KillSwitchDecision, KillSwitchState, RequestFacts, check};
+use crate::killswitch::{KillSwitchDecision, KillSwitchState, RequestFacts, check, is_guarded_path};
 
 /// The spec's cache TTL of kill-switch state.
 pub const KILL_SWITCH_TTL: Duration = Duration::from_millis(500);
@@ -93,6 +93,10 @@ impl KillSwitchGate {
 
     /// The kill-switch decision for one request of `tenant_id`.
     pub async fn check(&self, tenant_id: &str, request: &RequestFacts<'_>) -> KillSwitchDecision {
+        // Exempt and non-`/v1` paths are allowed whatever the state: no need to read it.
+        if !is_guarded_path(request.path) {
+            return KillSwitchDecision::Allow;
+        }
         self.view(tenant_id).await.check(request)
     }
 
