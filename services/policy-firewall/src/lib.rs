@@ -6,6 +6,7 @@
 
 pub mod anomaly;
 pub mod approvals;
+pub mod consumer;
 pub mod firewall;
 pub mod gate;
 pub mod glob;
@@ -17,6 +18,7 @@ mod service;
 pub mod store;
 
 pub use approvals::{ApprovalScope, ArgumentFingerprint, approval_required_error, argument_fingerprint, is_high_risk_tool};
+pub use consumer::{AnomalyConsumer, AnomalyFeed};
 pub use firewall::{
     ApprovalNeeded, CompiledFirewall, FirewallAction, FirewallConfig, FirewallMode, FirewallOutcome, InspectedCall, ToolCall, ToolCaller,
     Verdict,

@@ -107,6 +107,7 @@ on_both_engines!(
     an_allowance_is_consumed_by_exactly_one_of_concurrent_retries,
     the_anomaly_detector_alerts_exports_imports_and_reports,
     guardians_on_two_edges_follow_the_bus_at_once,
+    settlements_on_the_bus_feed_the_anomaly_detector,
 );
 
 async fn the_tenant_switch_moves_between_states_keeps_fifty_activations_and_publishes_snapshots(database: Database) -> TestResult {
@@ -982,4 +983,52 @@ where
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     false
+}
+
+async fn settlements_on_the_bus_feed_the_anomaly_detector(database: Database) -> TestResult {
+    use brainstorm_proto::budget::{BudgetEvent, SETTLEMENTS_TOPIC, Settlement, budget_event};
+    let harness = Harness::new(database)?;
+    let bus: Arc<dyn EventBus> = Arc::new(harness.bus.clone());
+    let mut consumer = brainstorm_policy_firewall::AnomalyConsumer::subscribe(&bus, harness.service.clone()).await?;
+    let tenant = new_tenant();
+    let start = Utc::now();
+    let publish = |index: i64, cost_nanos: i64| {
+        let settlement = Settlement {
+            request_id: format!("req_{index}"),
+            tenant_id: tenant.clone(),
+            agent_id: Some("planner".to_string()),
+            input_tokens: 100,
+            output_tokens: 100,
+            cost_nanos,
+            outcome: "succeeded".to_string(),
+            occurred_at: brainstorm_common::time::format_timestamp(start + ChronoDuration::seconds(index)),
+            ..Settlement::default()
+        };
+        let event = BudgetEvent { kind: Some(budget_event::Kind::Settlement(settlement)) };
+        let bus = bus.clone();
+        let tenant = tenant.clone();
+        async move { bus.publish(SETTLEMENTS_TOPIC, &tenant, event.encode_to_vec().into()).await }
+    };
+    for index in 0..12 {
+        publish(index, 10_000_000 + index * 100_000).await?;
+    }
+    publish(12, 900_000_000).await?;
+    let mut alerts = 0;
+    for _ in 0..13 {
+        alerts += tokio::time::timeout(Duration::from_secs(2), consumer.handle_next()).await??;
+    }
+    assert!(alerts >= 2, "the costly request is anomalous for the tenant and for the agent: {alerts}");
+    let listed = harness.service.list_anomalies(ListAnomaliesRequest { tenant_id: tenant.clone(), limit: 10 }).await?;
+    assert!(listed.alerts.iter().any(|alert| alert.entity_type == "agent" && alert.entity_id == "planner" && alert.metric == "cost_usd"));
+    let stats = harness
+        .service
+        .get_anomaly_stats(AnomalyStatsRef {
+            tenant_id: tenant.clone(),
+            entity_type: "tenant".to_string(),
+            entity_id: tenant.clone(),
+            metric: "tokens".to_string(),
+        })
+        .await?;
+    assert_eq!((stats.count, stats.mean), (13, 200.0), "every settlement is one tokens observation");
+    Ok(())
 }
