@@ -235,7 +235,8 @@ pub fn check(state: &KillSwitchState, request: &RequestFacts<'_>) -> KillSwitchD
                 ScopeType::Tool => BlockScope::Tool(scope.id.clone()),
                 ScopeType::Provider => BlockScope::Provider(scope.id.clone()),
             };
-            return KillSwitchDecision::Blocked { scope: label, reason: scope.reason.clone() };
+            let reason = if scope.reason.is_empty() { "kill switch active".to_string() } else { scope.reason.clone() };
+            return KillSwitchDecision::Blocked { scope: label, reason };
         }
     }
     KillSwitchDecision::Allow
@@ -429,6 +430,17 @@ mod tests {
         let google = state(false, vec![scope("provider", "Gemini")]);
         let request = RequestFacts { model: Some("gemini-2.0-flash"), ..post("/v1/chat/completions") };
         assert!(check(&google, &request).is_blocked(), "a `gemini` scope is Google's");
+    }
+
+    #[test]
+    fn a_scope_without_a_reason_still_says_why() {
+        let mut silent = scope("agent", "planner");
+        silent.reason = String::new();
+        let request = RequestFacts { agent_id: Some("planner"), ..post("/v1/chat/completions") };
+        assert_eq!(
+            check(&state(false, vec![silent]), &request),
+            KillSwitchDecision::Blocked { scope: BlockScope::Agent("planner".to_string()), reason: "kill switch active".to_string() }
+        );
     }
 
     #[test]
