@@ -708,7 +708,9 @@ impl CompiledFirewall {
                     if !mask_names.contains(mask_name) {
                         mask_names.push(mask_name.clone());
                     }
-                    redacted = regex.replace_all(&redacted, format!("[REDACTED:{mask_name}]").as_str()).into_owned();
+                    // NoExpand: a `$` in a mask name is text, not a capture-group reference.
+                    let replacement = format!("[REDACTED:{mask_name}]");
+                    redacted = regex.replace_all(&redacted, regex::NoExpand(&replacement)).into_owned();
                 }
             }
             redacted
@@ -1000,14 +1002,17 @@ mod tests {
     #[test]
     fn steps_8_and_9_redact_secrets_and_mask_patterns() -> Result<(), String> {
         let config = FirewallConfig {
-            mask_patterns: vec![MaskPattern { name: "employee_id".to_string(), pattern: r"EMP-\d{6}".to_string() }],
+            mask_patterns: vec![
+                MaskPattern { name: "employee_id".to_string(), pattern: r"EMP-\d{6}".to_string() },
+                MaskPattern { name: "$0-price".to_string(), pattern: r"USD \d+".to_string() },
+            ],
             ..FirewallConfig::default()
         };
         let compiled = firewall(config)?;
         let outcome = compiled.inspect(
             &[call(
                 "post",
-                json!({"note": "key sk-proj-abcdefghijklmnopqrstuvwxyz123456 for EMP-123456", "tags": ["AKIAIOSFODNN7EXAMPLE"]}),
+                json!({"note": "key sk-proj-abcdefghijklmnopqrstuvwxyz123456 for EMP-123456", "tags": ["AKIAIOSFODNN7EXAMPLE"], "cost": "USD 40"}),
             )],
             &caller(),
             None,
@@ -1017,6 +1022,7 @@ mod tests {
         let arguments: Value = serde_json::from_str(&outcome.calls[0].call.arguments).map_err(|error| error.to_string())?;
         assert_eq!(arguments["note"], json!("key [REDACTED:openai_api_key] for [REDACTED:employee_id]"));
         assert_eq!(arguments["tags"], json!(["[REDACTED:aws_access_key_id]"]));
+        assert_eq!(arguments["cost"], json!("[REDACTED:$0-price]"), "mask names are literal text");
         assert_eq!(outcome.interception("t", &caller(), None, "now").map(|interception| interception.severity), Some("medium".to_string()));
         Ok(())
     }

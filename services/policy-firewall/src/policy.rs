@@ -379,15 +379,18 @@ fn holds(condition: &CompiledCondition, context: &Value) -> bool {
             }
             _ => false,
         },
-        ConditionOp::Gt | ConditionOp::Gte | ConditionOp::Lt | ConditionOp::Lte => {
-            let (Some(left), Some(right)) = (actual.and_then(number_of), number_of(&condition.value)) else { return false };
-            match condition.op {
-                ConditionOp::Gt => left > right,
-                ConditionOp::Gte => left >= right,
-                ConditionOp::Lt => left < right,
-                _ => left <= right,
-            }
-        }
+        ConditionOp::Gt => compare(actual, &condition.value, |left, right| left > right),
+        ConditionOp::Gte => compare(actual, &condition.value, |left, right| left >= right),
+        ConditionOp::Lt => compare(actual, &condition.value, |left, right| left < right),
+        ConditionOp::Lte => compare(actual, &condition.value, |left, right| left <= right),
+    }
+}
+
+/// A numeric comparison; false unless both sides are numbers (or numeric strings).
+fn compare(actual: Option<&Value>, expected: &Value, ordered: fn(f64, f64) -> bool) -> bool {
+    match (actual.and_then(number_of), number_of(expected)) {
+        (Some(left), Some(right)) => ordered(left, right),
+        _ => false,
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use brainstorm_common::bus::EventBus;
 use brainstorm_common::store::Database;
-use brainstorm_common::time::format_timestamp;
+use brainstorm_common::time::{format_timestamp, parse_timestamp};
 use brainstorm_proto::policy::*;
 use brainstorm_proto::{ErrorKind, ServiceError, ServiceResult};
 use brainstorm_providers::vault::{self, MasterKey, SealedSecret};
@@ -827,7 +827,8 @@ impl PolicyFirewallService for PolicyFirewallServiceImpl {
             .observations
             .into_iter()
             .filter_map(|observation| {
-                let timestamp = if observation.timestamp.is_empty() { now.clone() } else { observation.timestamp };
+                // Normalised, so recent-alert windows compare instants as text.
+                let timestamp = parse_timestamp(&observation.timestamp).map_or_else(|| now.clone(), format_timestamp);
                 let key = SeriesKey { entity_type: observation.entity_type, entity_id: observation.entity_id, metric: observation.metric };
                 detector.observe(key, observation.value, &timestamp)
             })
