@@ -8,6 +8,7 @@ const PROTOS: &[&str] = &[
     "brainstorm/catalog/v1/catalog.proto",
     "brainstorm/budget/v1/budget.proto",
     "brainstorm/audit/v1/audit.proto",
+    "brainstorm/policy/v1/policy.proto",
 ];
 
 fn main() -> Result<(), Box<dyn Error>> {

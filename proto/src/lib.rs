@@ -10,5 +10,6 @@ mod error;
 pub mod events;
 mod grpc;
 pub mod identity;
+pub mod policy;
 
 pub use error::{ErrorKind, ServiceError, ServiceResult};

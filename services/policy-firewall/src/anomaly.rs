@@ -1,0 +1,235 @@
+//! The adaptive 3-sigma anomaly detector: a running mean and standard deviation (Welford) per entity
+//! and metric; a value more than three standard deviations above the mean of what came before raises
+//! an alert, and every value (anomalous or not) is then learned, so the baseline adapts.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use brainstorm_proto::policy::{AnomalyAlert, Baseline, MetricStats};
+
+/// Alerts need this many earlier observations: a young baseline says little.
+pub const MIN_SAMPLES: u64 = 10;
+/// How many standard deviations above the mean is anomalous.
+pub const SIGMA_THRESHOLD: f64 = 3.0;
+/// A flat baseline uses this share of its mean as its standard deviation, so noise on a constant
+/// series does not alert.
+const FLAT_STD_DEV_SHARE: f64 = 0.05;
+/// Alerts kept per tenant.
+pub const MAX_ALERTS: usize = 1000;
+
+/// One entity's metric.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SeriesKey {
+    pub entity_type: String,
+    pub entity_id: String,
+    pub metric: String,
+}
+
+/// Running statistics of one series.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Welford {
+    pub count: u64,
+    pub mean: f64,
+    /// Sum of squared deviations from the mean.
+    pub m2: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+impl Welford {
+    /// Learns one value.
+    pub fn push(&mut self, value: f64) {
+        if self.count == 0 {
+            self.min = value;
+            self.max = value;
+        } else {
+            self.min = self.min.min(value);
+            self.max = self.max.max(value);
+        }
+        self.count += 1;
+        let delta = value - self.mean;
+        self.mean += delta / self.count as f64;
+        self.m2 += delta * (value - self.mean);
+    }
+
+    /// Sample standard deviation (0 below two values).
+    pub fn std_dev(&self) -> f64 {
+        if self.count < 2 { 0.0 } else { (self.m2 / (self.count - 1) as f64).max(0.0).sqrt() }
+    }
+
+    /// The standard deviation alerts are measured in (floored for flat series).
+    fn alert_std_dev(&self) -> f64 {
+        self.std_dev().max(self.mean.abs() * FLAT_STD_DEV_SHARE).max(f64::EPSILON)
+    }
+
+    pub fn stats(&self) -> MetricStats {
+        MetricStats { count: self.count, mean: self.mean, std_dev: self.std_dev(), min: self.min, max: self.max }
+    }
+}
+
+/// One tenant's detector: series baselines and recent alerts.
+#[derive(Debug, Default)]
+pub struct Detector {
+    series: BTreeMap<SeriesKey, Welford>,
+    alerts: VecDeque<AnomalyAlert>,
+}
+
+impl Detector {
+    /// Tests a value against its series' baseline, then learns it. Non-finite values are ignored.
+    pub fn observe(&mut self, key: SeriesKey, value: f64, timestamp: &str) -> Option<AnomalyAlert> {
+        if !value.is_finite() {
+            return None;
+        }
+        let series = self.series.entry(key.clone()).or_default();
+        let alert = if series.count >= MIN_SAMPLES {
+            let std_dev = series.alert_std_dev();
+            let sigma = (value - series.mean) / std_dev;
+            (sigma > SIGMA_THRESHOLD).then(|| AnomalyAlert {
+                entity_type: key.entity_type,
+                entity_id: key.entity_id,
+                metric: key.metric,
+                current_value: value,
+                threshold: series.mean + SIGMA_THRESHOLD * std_dev,
+                mean: series.mean,
+                std_dev,
+                sigma,
+                timestamp: timestamp.to_string(),
+            })
+        } else {
+            None
+        };
+        series.push(value);
+        if let Some(alert) = &alert {
+            if self.alerts.len() == MAX_ALERTS {
+                self.alerts.pop_front();
+            }
+            self.alerts.push_back(alert.clone());
+        }
+        alert
+    }
+
+    /// Recent alerts, newest first.
+    pub fn alerts(&self, limit: usize) -> Vec<AnomalyAlert> {
+        self.alerts.iter().rev().take(limit).cloned().collect()
+    }
+
+    /// Alerts at or after an instant (RFC 3339 text compares as time).
+    pub fn alerts_since(&self, since: &str) -> usize {
+        self.alerts.iter().filter(|alert| alert.timestamp.as_str() >= since).count()
+    }
+
+    pub fn series_count(&self) -> usize {
+        self.series.len()
+    }
+
+    pub fn stats(&self, key: &SeriesKey) -> Option<MetricStats> {
+        self.series.get(key).map(Welford::stats)
+    }
+
+    /// Every baseline, for export.
+    pub fn baselines(&self) -> Vec<Baseline> {
+        self.series
+            .iter()
+            .map(|(key, series)| Baseline {
+                entity_type: key.entity_type.clone(),
+                entity_id: key.entity_id.clone(),
+                metric: key.metric.clone(),
+                count: series.count,
+                mean: series.mean,
+                m2: series.m2,
+                min: series.min,
+                max: series.max,
+            })
+            .collect()
+    }
+
+    /// Replaces the baselines given (others stay); returns how many were imported. Invalid baselines
+    /// (empty names, no samples, non-finite or negative spread, min above max) are refused.
+    pub fn import(&mut self, baselines: &[Baseline]) -> Result<usize, String> {
+        for baseline in baselines {
+            let finite = [baseline.mean, baseline.m2, baseline.min, baseline.max].iter().all(|value| value.is_finite());
+            if baseline.entity_type.is_empty() || baseline.entity_id.is_empty() || baseline.metric.is_empty() {
+                return Err("every baseline needs entityType, entityId and metric".to_string());
+            }
+            if baseline.count == 0 || !finite || baseline.m2 < 0.0 || baseline.min > baseline.max {
+                return Err(format!("baseline {}/{}/{} is not a valid summary", baseline.entity_type, baseline.entity_id, baseline.metric));
+            }
+        }
+        for baseline in baselines {
+            let key = SeriesKey {
+                entity_type: baseline.entity_type.clone(),
+                entity_id: baseline.entity_id.clone(),
+                metric: baseline.metric.clone(),
+            };
+            let series = Welford { count: baseline.count, mean: baseline.mean, m2: baseline.m2, min: baseline.min, max: baseline.max };
+            self.series.insert(key, series);
+        }
+        Ok(baselines.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(metric: &str) -> SeriesKey {
+        SeriesKey { entity_type: "agent".to_string(), entity_id: "planner".to_string(), metric: metric.to_string() }
+    }
+
+    fn learned(values: &[f64]) -> Detector {
+        let mut detector = Detector::default();
+        for value in values {
+            assert!(detector.observe(key("cost_usd"), *value, "2026-01-01T00:00:00.000Z").is_none());
+        }
+        detector
+    }
+
+    #[test]
+    fn running_statistics_are_exact() {
+        let detector = learned(&[2.0, 4.0, 4.0, 4.0, 5.0, 5.0, 7.0, 9.0]);
+        let Some(stats) = detector.stats(&key("cost_usd")) else { unreachable!("observed") };
+        assert_eq!((stats.count, stats.mean, stats.min, stats.max), (8, 5.0, 2.0, 9.0));
+        assert!((stats.std_dev - (32.0f64 / 7.0).sqrt()).abs() < 1e-12);
+        assert!(detector.stats(&key("tokens")).is_none());
+    }
+
+    #[test]
+    fn a_value_beyond_three_sigma_alerts_and_is_learned() {
+        let values = [10.0, 11.0, 9.0, 10.0, 12.0, 8.0, 10.0, 11.0, 9.0, 10.0];
+        let mut detector = learned(&values);
+        let before = detector.stats(&key("cost_usd")).unwrap_or_default();
+        assert!(detector.observe(key("cost_usd"), 13.0, "t1").is_none(), "within three sigma");
+        let Some(alert) = detector.observe(key("cost_usd"), 40.0, "t2") else { unreachable!("40 is far above") };
+        assert!(alert.sigma > 3.0);
+        assert!(alert.threshold < 40.0 && alert.threshold > before.mean);
+        assert_eq!((alert.entity_type.as_str(), alert.metric.as_str(), alert.current_value), ("agent", "cost_usd", 40.0));
+        assert_eq!(detector.stats(&key("cost_usd")).map(|stats| stats.count), Some(12), "the anomaly is learned too");
+        assert_eq!(detector.alerts(10).len(), 1);
+        assert_eq!(detector.alerts_since("t2"), 1);
+        assert_eq!(detector.alerts_since("t3"), 0);
+    }
+
+    #[test]
+    fn young_or_flat_baselines_do_not_alert_on_noise() {
+        let mut young = learned(&[1.0, 1.0, 1.0]);
+        assert!(young.observe(key("cost_usd"), 1000.0, "t").is_none(), "fewer than ten samples");
+        let mut flat = learned(&[100.0; 12]);
+        assert!(flat.observe(key("cost_usd"), 101.0, "t").is_none(), "1% above a flat series is noise");
+        assert!(flat.observe(key("cost_usd"), 200.0, "t").is_some());
+        let mut drop = learned(&[10.0, 11.0, 9.0, 10.0, 12.0, 8.0, 10.0, 11.0, 9.0, 10.0]);
+        assert!(drop.observe(key("cost_usd"), 0.0, "t").is_none(), "only rises alert");
+    }
+
+    #[test]
+    fn baselines_export_and_import() -> Result<(), String> {
+        let source = learned(&[10.0, 11.0, 9.0, 10.0, 12.0, 8.0, 10.0, 11.0, 9.0, 10.0]);
+        let exported = source.baselines();
+        let mut target = Detector::default();
+        assert_eq!(target.import(&exported)?, 1);
+        assert_eq!(target.stats(&key("cost_usd")), source.stats(&key("cost_usd")));
+        assert!(target.observe(key("cost_usd"), 40.0, "t").is_some(), "an imported baseline alerts at once");
+        let mut invalid = exported[0].clone();
+        invalid.count = 0;
+        assert!(target.import(&[invalid]).is_err());
+        Ok(())
+    }
+}
