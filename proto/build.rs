@@ -21,6 +21,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         .build_client(true)
         // The edge answers governance reads with these messages as they are.
         .type_attribute(".brainstorm.audit.v1", "#[derive(serde::Serialize)]")
+        .type_attribute(".brainstorm.policy.v1", "#[derive(serde::Serialize)]")
         .compile_fds(file_descriptors)?;
     Ok(())
 }

@@ -160,6 +160,7 @@ impl Gateway {
                     ("catalog", "catalog-health-sentinel"),
                     ("budget", "budget-ledger"),
                     ("audit", "audit-lineage"),
+                    ("policy", "policy-firewall"),
                 ] {
                     let grpc_listen = format!("127.0.0.1:{}", free_port()?);
                     let health_port = free_port()?;

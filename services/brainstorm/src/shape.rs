@@ -23,10 +23,12 @@ use brainstorm_common::outbox::MailOutbox;
 use brainstorm_common::store::Database;
 use brainstorm_edge_router::{Edge, EdgeDependencies, EdgeOptions};
 use brainstorm_identity::{IdentityOptions, IdentityServiceImpl};
+use brainstorm_policy_firewall::{AnomalyConsumer, Guardian, GuardianOptions, PolicyFirewallOptions, PolicyFirewallServiceImpl};
 use brainstorm_proto::audit::{self, AuditLineageClient};
 use brainstorm_proto::budget::{self, BudgetLedgerClient, CurrentTotalsRequest};
 use brainstorm_proto::catalog::CatalogClient;
 use brainstorm_proto::identity::IdentityClient;
+use brainstorm_proto::policy::PolicyFirewallClient;
 use brainstorm_providers::catalog::ModelCatalog;
 use brainstorm_providers::upstream::UpstreamClient;
 use brainstorm_providers::vault::MasterKey;
@@ -35,12 +37,13 @@ use tonic::transport::{Channel, Endpoint};
 use crate::shutdown::Shutdown;
 
 /// Services this build can host.
-const HOSTABLE: [ServiceName; 5] = [
+const HOSTABLE: [ServiceName; 6] = [
     ServiceName::EdgeRouter,
     ServiceName::Identity,
     ServiceName::CatalogHealthSentinel,
     ServiceName::BudgetLedger,
     ServiceName::AuditLineage,
+    ServiceName::PolicyFirewall,
 ];
 
 /// How long the edge trusts a resolved API key or a tenant's routing configuration before asking
@@ -72,6 +75,7 @@ pub async fn up(settings: Settings) -> anyhow::Result<()> {
     spawn_audit_consumer(&bus, audit_service.clone(), shutdown.clone().requested()).await?;
     let audit = AuditLineageClient::local(audit_service);
     let (audit_publisher, _publishing) = AuditPublisher::spawn(bus.clone(), PublisherOptions::default());
+    let policy = PolicyFirewallClient::local(policy_service(database.clone(), bus.clone(), Some(master_key.clone()), &shutdown).await?);
     let ledger = BudgetLedgerServiceImpl::new(database.clone(), BudgetLedgerOptions::default());
     spawn_settlement_consumer(&bus, ledger.clone(), shutdown.clone().requested()).await?;
     let budget = BudgetLedgerClient::local(ledger);
@@ -86,6 +90,8 @@ pub async fn up(settings: Settings) -> anyhow::Result<()> {
         guard,
         audit,
         audit_publisher,
+        guardian: guardian(&policy),
+        policy,
     };
     serve_edge(&settings, dependencies, bus, shutdown).await?;
     database.close().await;
@@ -107,9 +113,15 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
         tracing::warn!("BR_KAFKA_BROKERS is set but this build's bus is in-process: edges learn of changes by cache expiry");
     }
     let hosts_edge = hosted.contains(&ServiceName::EdgeRouter);
-    let needs_database = [ServiceName::Identity, ServiceName::CatalogHealthSentinel, ServiceName::BudgetLedger, ServiceName::AuditLineage]
-        .iter()
-        .any(|service| hosted.contains(service));
+    let needs_database = [
+        ServiceName::Identity,
+        ServiceName::CatalogHealthSentinel,
+        ServiceName::BudgetLedger,
+        ServiceName::AuditLineage,
+        ServiceName::PolicyFirewall,
+    ]
+    .iter()
+    .any(|service| hosted.contains(service));
     let database = if needs_database {
         let url = settings
             .database_url
@@ -174,6 +186,14 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
         }
         _ => None,
     };
+    let policy = match (&database, hosted.contains(&ServiceName::PolicyFirewall)) {
+        (Some(database), true) => {
+            let master_key = settings.master_key.as_ref().map(|key| MasterKey::from_hex(key.expose())).transpose()?;
+            Some(PolicyFirewallClient::local(policy_service(database.clone(), bus.clone(), master_key, &shutdown).await?))
+        }
+        _ if hosts_edge => Some(PolicyFirewallClient::grpc(remote(&settings, ServiceName::PolicyFirewall)?)),
+        _ => None,
+    };
     let mut tasks = tokio::task::JoinSet::new();
     let mut grpc = tonic::transport::Server::builder().tcp_nodelay(true);
     let mut grpc_router = None;
@@ -194,6 +214,13 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
             None => grpc.add_service(service),
         });
     }
+    if let (true, Some(policy)) = (hosted.contains(&ServiceName::PolicyFirewall), &policy) {
+        let service = policy.as_grpc_service();
+        grpc_router = Some(match grpc_router {
+            Some(router) => router.add_service(service),
+            None => grpc.add_service(service),
+        });
+    }
     if let (true, Some(budget)) = (hosted.contains(&ServiceName::BudgetLedger), &budget) {
         let service = budget.as_grpc_service();
         grpc_router = Some(match grpc_router {
@@ -209,8 +236,8 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
             router.serve_with_shutdown(address, stop.requested()).await.with_context(|| format!("gRPC server on {address} failed"))
         });
     }
-    match (hosts_edge, identity, catalog, budget, audit) {
-        (true, Some(identity), Some(catalog), Some(budget), Some(audit)) => {
+    match (hosts_edge, identity, catalog, budget, audit, policy) {
+        (true, Some(identity), Some(catalog), Some(budget), Some(audit), Some(policy)) => {
             let guard = budget_guard(&settings, bus.clone(), &budget).await?;
             let (audit_publisher, _publishing) = AuditPublisher::spawn(bus.clone(), PublisherOptions::default());
             let dependencies = EdgeDependencies {
@@ -222,6 +249,8 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
                 guard,
                 audit,
                 audit_publisher,
+                guardian: guardian(&policy),
+                policy,
             };
             let (settings, bus, stop) = (settings.clone(), bus.clone(), shutdown.clone());
             tasks.spawn(async move { serve_edge(&settings, dependencies, bus, stop).await });
@@ -294,6 +323,25 @@ async fn budget_guard(settings: &Settings, bus: Arc<dyn EventBus>, budget: &Budg
         Err(error) => tracing::warn!(%error, "cannot seed budget counters from the ledger; they start from zero"),
     }
     Ok(Arc::new(guard))
+}
+
+/// The policy-firewall service, with its anomaly detector fed from the settlements.
+async fn policy_service(
+    database: Database,
+    bus: Arc<dyn EventBus>,
+    master_key: Option<MasterKey>,
+    shutdown: &Shutdown,
+) -> anyhow::Result<PolicyFirewallServiceImpl> {
+    let options = PolicyFirewallOptions { master_key, ..PolicyFirewallOptions::default() };
+    let service = PolicyFirewallServiceImpl::new(database, bus.clone(), options);
+    let consumer = AnomalyConsumer::subscribe(&bus, service.clone()).await?;
+    tokio::spawn(consumer.run(shutdown.clone().requested()));
+    Ok(service)
+}
+
+/// The edge's in-memory guardian over the policy-firewall client.
+fn guardian(policy: &PolicyFirewallClient) -> Arc<Guardian> {
+    Arc::new(Guardian::new(policy.clone(), GuardianOptions::default()))
 }
 
 /// The audit service, signing artifacts with a key derived from the master key.

@@ -19,6 +19,8 @@ use prost::Message;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+use brainstorm_policy_firewall::RequestFacts;
+
 use crate::EdgeState;
 
 /// Permissions held by the platform administrator key.
@@ -174,7 +176,16 @@ impl FromRequestParts<EdgeState> for Caller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &EdgeState) -> Result<Self, Self::Rejection> {
-        state.authenticator.authenticate(&parts.headers).await
+        let caller = state.authenticator.authenticate(&parts.headers).await?;
+        // The tenant's kill switch: every non-exempt path answers 503 while it is active.
+        if let Some(tenant_id) = caller.identity.tenant_id.as_deref() {
+            let facts =
+                RequestFacts { path: parts.uri.path(), method: parts.method.as_str(), agent_id: None, tool_names: &[], model: None };
+            if let Some(error) = state.guardian.kill_switch(tenant_id, &facts).await.api_error() {
+                return Err(error);
+            }
+        }
+        Ok(caller)
     }
 }
 

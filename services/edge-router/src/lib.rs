@@ -24,10 +24,12 @@ use brainstorm_budget_ledger::BudgetGuard;
 use brainstorm_common::ApiError;
 use brainstorm_common::bus::EventBus;
 use brainstorm_common::config::Secret;
+use brainstorm_policy_firewall::Guardian;
 use brainstorm_proto::audit::AuditLineageClient;
 use brainstorm_proto::budget::BudgetLedgerClient;
 use brainstorm_proto::catalog::CatalogClient;
 use brainstorm_proto::identity::IdentityClient;
+use brainstorm_proto::policy::PolicyFirewallClient;
 use brainstorm_providers::catalog::ModelCatalog;
 use brainstorm_providers::upstream::UpstreamClient;
 
@@ -60,6 +62,9 @@ pub struct EdgeDependencies {
     pub audit: AuditLineageClient,
     /// Queues every request's audit record for the bus, off the request path.
     pub audit_publisher: AuditPublisher,
+    pub policy: PolicyFirewallClient,
+    /// Kill switches, guardrails and the tool firewall held in memory for the hot path.
+    pub guardian: Arc<Guardian>,
 }
 
 /// Everything a handler can reach.
@@ -77,6 +82,8 @@ pub struct EdgeState {
     guard: Arc<BudgetGuard>,
     audit: AuditLineageClient,
     audit_publisher: AuditPublisher,
+    policy: PolicyFirewallClient,
+    guardian: Arc<Guardian>,
 }
 
 /// The edge: its router, and the caches the bus keeps fresh.
@@ -84,6 +91,7 @@ pub struct Edge {
     pub router: Router,
     authenticator: Arc<Authenticator>,
     routing: Arc<RoutingCache>,
+    guardian: Arc<Guardian>,
 }
 
 impl Edge {
@@ -105,21 +113,26 @@ impl Edge {
             guard: dependencies.guard,
             audit: dependencies.audit,
             audit_publisher: dependencies.audit_publisher,
+            policy: dependencies.policy,
+            guardian: dependencies.guardian.clone(),
         };
-        Edge { router: router(state), authenticator, routing }
+        Edge { router: router(state), authenticator, routing, guardian: dependencies.guardian }
     }
 
     /// Follows identity and catalog changes on the bus (runs until the bus closes).
     pub async fn follow_bus(&self, bus: Arc<dyn EventBus>, group: &str) {
+        // Every edge process must see every guardian event: its own consumer group.
+        let guardian_group = format!("{group}-{}", uuid::Uuid::new_v4().simple());
         tokio::join!(
             self.authenticator.clone().follow_identity_events(bus.clone(), group.to_string()),
-            self.routing.clone().follow_catalog_events(bus, group.to_string()),
+            self.routing.clone().follow_catalog_events(bus.clone(), group.to_string()),
+            self.guardian.clone().follow_events(bus, guardian_group),
         );
     }
 }
 
 fn router(state: EdgeState) -> Router {
-    use routes::{admin, budget, completions, governance, identity, providers};
+    use routes::{admin, budget, completions, governance, guardian, identity, providers};
     Router::new()
         .route("/health", get(routes::health))
         .route("/v1/register", post(identity::register))
@@ -156,6 +169,14 @@ fn router(state: EdgeState) -> Router {
         .route("/v1/budget/alerts/config", get(budget::get_alert_config).put(budget::put_alert_config))
         .route("/v1/budget/alerts/history", get(budget::alert_history))
         .route("/v1/usage/summary", get(budget::usage_summary))
+        .route("/v1/killswitch/activate", post(guardian::activate))
+        .route("/v1/killswitch/deactivate", post(guardian::deactivate))
+        .route("/v1/killswitch/status", get(guardian::status))
+        .route("/v1/killswitch/scope", post(guardian::activate_scope))
+        .route("/v1/killswitch/scopes", get(guardian::scopes))
+        .route("/v1/killswitch/scope/{kind}/{id}", delete(guardian::deactivate_scope))
+        .route("/v1/guardrails/config", get(guardian::guardrails_config).put(guardian::put_guardrails_config))
+        .route("/v1/guardrails/test", post(guardian::test_guardrails))
         .route("/v1/governance/audit/chain/verify", get(governance::verify_chain))
         .route("/v1/governance/lineage", get(governance::episode))
         .route("/v1/governance/lineage/{request_id}", get(governance::lineage))

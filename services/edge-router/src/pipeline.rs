@@ -14,6 +14,7 @@ use brainstorm_audit_lineage::Submitted;
 use brainstorm_budget_ledger::{ActualUsage, BudgetContext, BudgetDenial, Estimate, Outcome, RemainingView, Reservation};
 use brainstorm_common::ApiError;
 use brainstorm_common::money::Usd;
+use brainstorm_policy_firewall::RequestFacts;
 use brainstorm_proto::audit::{AuditRecord, CandidateDecision, DecisionPath, Principal as AuditPrincipal, TraceContext};
 use brainstorm_providers::catalog::{Model, Price, base_url};
 use brainstorm_providers::chat::{ChatEvent, ChatReply, ChatRequest, InvalidRequest, ReplyAssembler, Usage, reply_events};
@@ -98,6 +99,8 @@ pub struct AuditFacts {
     selection_method: String,
     reason: String,
     candidates: Vec<String>,
+    /// Headers the guardian stages add (guardrail status, ...).
+    guardian_headers: Vec<(HeaderName, String)>,
     input_tokens: u64,
     output_tokens: u64,
     cost: Option<Usd>,
@@ -197,6 +200,7 @@ pub async fn complete(
         conversation_id: request_headers.get("x-conversation-id").and_then(|value| value.to_str().ok()).map(str::to_string),
         ..AuditRecord::default()
     };
+    let guardian_headers = std::mem::take(&mut facts.guardian_headers);
     let commitment = match state.audit_publisher.submit(record) {
         Ok(Submitted::Queued { commitment }) => (commitment, "captured"),
         Ok(Submitted::Dropped { commitment }) => (commitment, "dropped"),
@@ -216,11 +220,19 @@ pub async fn complete(
             for (name, value) in evidence {
                 set(response.headers_mut(), name, &value);
             }
+            for (name, value) in guardian_headers {
+                if let Ok(value) = HeaderValue::from_str(&value) {
+                    response.headers_mut().insert(name, value);
+                }
+            }
             Ok(response)
         }
         Err(mut error) => {
             for (name, value) in evidence {
                 error.push_header(HeaderName::from_static(name), &value);
+            }
+            for (name, value) in guardian_headers {
+                error.push_header(name, &value);
             }
             Err(error)
         }
@@ -247,7 +259,37 @@ async fn complete_inner(
         let code = if message.starts_with("route.strategy") { "invalid_strategy" } else { "invalid_route" };
         ApiError::invalid_request(code, message)
     })?;
-    let config = state.routing.get(caller.tenant_id()?).await?;
+    let tenant_id = caller.tenant_id()?;
+    // Guardian, before anything is spent: scoped kill switches (agent, tool, provider) ...
+    let agent_id = agent_of(request_headers, body);
+    let tool_names: Vec<&str> = chat.tools.iter().map(|tool| tool.name.as_str()).collect();
+    let facts_for_switch = RequestFacts {
+        path: match format {
+            ClientFormat::OpenAi => "/v1/chat/completions",
+            ClientFormat::Anthropic => "/v1/messages",
+        },
+        method: "POST",
+        agent_id: agent_id.as_deref(),
+        tool_names: &tool_names,
+        model: Some(&chat.model),
+    };
+    if let Some(error) = state.guardian.kill_switch(tenant_id, &facts_for_switch).await.api_error() {
+        return Err(error);
+    }
+    // ... and guardrails on the prompt, unless the caller switched the guardian off for this request.
+    let guardian_off =
+        request_headers.get("x-br-guardian").and_then(|value| value.to_str().ok()).is_some_and(|value| value.eq_ignore_ascii_case("off"));
+    facts.guardian_headers.push((HeaderName::from_static("x-br-guardian-status"), if guardian_off { "off" } else { "on" }.to_string()));
+    if !guardian_off {
+        let prompt: Vec<String> = chat.system.iter().cloned().chain(chat.messages.iter().map(|message| message.text())).collect();
+        if let Some(scan) = state.guardian.scan_input(tenant_id, &prompt.join("\n")).await? {
+            facts.guardian_headers.extend(scan.headers());
+            if let Some(error) = scan.api_error() {
+                return Err(error);
+            }
+        }
+    }
+    let config = state.routing.get(tenant_id).await?;
     let context = budget_context(state, caller, request_headers, body).await?;
     let reply_id = reply_id(request_id, format);
     let resolution = routing::resolve(&chat.model, &config.routing, &state.models, &chat, &options).map_err(route_error)?;

@@ -4,6 +4,7 @@ pub mod admin;
 pub mod budget;
 pub mod completions;
 pub mod governance;
+pub mod guardian;
 pub mod identity;
 pub mod providers;
 

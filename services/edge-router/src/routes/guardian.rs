@@ -1,0 +1,144 @@
+//! The guardian's control surface: kill switches (tenant and scoped) and guardrails.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use brainstorm_common::ApiError;
+use brainstorm_policy_firewall::{GuardrailConfig, ScanResult};
+use brainstorm_proto::policy::*;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::EdgeState;
+use crate::auth::Caller;
+use crate::extract::{JsonBody, OptionalJsonBody};
+
+type Answer = Result<Json<Value>, ApiError>;
+
+fn render<T: serde::Serialize>(message: &T) -> Answer {
+    serde_json::to_value(message).map(Json).map_err(|error| {
+        tracing::error!(%error, "cannot render a guardian answer");
+        ApiError::internal()
+    })
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ActivateBody {
+    reason: Option<String>,
+}
+
+/// `POST /v1/killswitch/activate` (security.write): `{reason}`; 409 when already active.
+pub async fn activate(State(state): State<EdgeState>, caller: Caller, JsonBody(body): JsonBody<ActivateBody>) -> Answer {
+    caller.require("security.write")?;
+    let reason = body
+        .reason
+        .filter(|reason| !reason.trim().is_empty())
+        .ok_or_else(|| ApiError::invalid_request("missing_field", "reason is required"))?;
+    let tenant_id = caller.tenant_id()?.to_string();
+    let status = state
+        .policy
+        .activate_kill_switch(ActivateKillSwitchRequest { tenant_id, reason, activated_by: caller.identity.key_id.clone() })
+        .await?;
+    Ok(Json(
+        json!({"ok": true, "active": status.active, "activated_at": status.activated_at, "activated_by": status.activated_by, "reason": status.reason}),
+    ))
+}
+
+/// `POST /v1/killswitch/deactivate` (security.write); 409 when inactive.
+pub async fn deactivate(State(state): State<EdgeState>, caller: Caller) -> Answer {
+    caller.require("security.write")?;
+    let tenant_id = caller.tenant_id()?.to_string();
+    let status = state
+        .policy
+        .deactivate_kill_switch(DeactivateKillSwitchRequest { tenant_id, deactivated_by: caller.identity.key_id.clone() })
+        .await?;
+    Ok(Json(json!({"ok": true, "active": false, "deactivated_at": status.deactivated_at})))
+}
+
+/// `GET /v1/killswitch/status`: state, history (last 50) and active scopes.
+pub async fn status(State(state): State<EdgeState>, caller: Caller) -> Answer {
+    let status = state.policy.get_kill_switch_status(TenantRef { tenant_id: caller.tenant_id()?.to_string() }).await?;
+    render(&status)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScopeBody {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    id: Option<String>,
+    reason: Option<String>,
+}
+
+/// `POST /v1/killswitch/scope` (security.write): `{type: agent|tool|provider, id, reason?}`.
+pub async fn activate_scope(State(state): State<EdgeState>, caller: Caller, JsonBody(body): JsonBody<ScopeBody>) -> Answer {
+    caller.require("security.write")?;
+    let kind = body.kind.ok_or_else(|| ApiError::invalid_request("missing_field", "type is required (agent, tool or provider)"))?;
+    let id = body.id.filter(|id| !id.is_empty()).ok_or_else(|| ApiError::invalid_request("missing_field", "id is required"))?;
+    let request = ActivateScopeRequest {
+        tenant_id: caller.tenant_id()?.to_string(),
+        r#type: kind,
+        id,
+        reason: body.reason,
+        activated_by: caller.identity.key_id.clone(),
+    };
+    let scope = state.policy.activate_scope(request).await?;
+    Ok(Json(json!({"ok": true, "type": scope.r#type, "id": scope.id, "reason": scope.reason})))
+}
+
+/// `GET /v1/killswitch/scopes`.
+pub async fn scopes(State(state): State<EdgeState>, caller: Caller) -> Answer {
+    let list = state.policy.list_scopes(TenantRef { tenant_id: caller.tenant_id()?.to_string() }).await?;
+    let scopes = serde_json::to_value(&list.scopes).map_err(|_| ApiError::internal())?;
+    Ok(Json(json!({"count": list.scopes.len(), "scopes": scopes})))
+}
+
+/// `DELETE /v1/killswitch/scope/{type}/{id}` (security.write): 404 when absent.
+pub async fn deactivate_scope(State(state): State<EdgeState>, caller: Caller, Path((kind, id)): Path<(String, String)>) -> Answer {
+    caller.require("security.write")?;
+    let scope = state.policy.deactivate_scope(ScopeRef { tenant_id: caller.tenant_id()?.to_string(), r#type: kind, id }).await?;
+    Ok(Json(json!({"ok": true, "type": scope.r#type, "id": scope.id})))
+}
+
+/// `GET /v1/guardrails/config` (security.read).
+pub async fn guardrails_config(State(state): State<EdgeState>, caller: Caller) -> Answer {
+    caller.require("security.read")?;
+    let config = state.policy.get_guardrail_config(TenantRef { tenant_id: caller.tenant_id()?.to_string() }).await?;
+    render(&GuardrailConfig::from_proto(&config))
+}
+
+/// `PUT /v1/guardrails/config` (security.write): `{enabled, mode, confidenceThreshold, providers}`;
+/// absent fields keep their value.
+pub async fn put_guardrails_config(
+    State(state): State<EdgeState>,
+    caller: Caller,
+    OptionalJsonBody(body): OptionalJsonBody<Value>,
+) -> Answer {
+    caller.require("security.write")?;
+    let tenant_id = caller.tenant_id()?.to_string();
+    let current = GuardrailConfig::from_proto(&state.policy.get_guardrail_config(TenantRef { tenant_id: tenant_id.clone() }).await?);
+    let mut merged = serde_json::to_value(&current).map_err(|_| ApiError::internal())?;
+    let Value::Object(changes) = body else { return Err(ApiError::invalid_request("invalid_body", "the body must be a JSON object")) };
+    if let Some(object) = merged.as_object_mut() {
+        object.extend(changes);
+    }
+    let config: GuardrailConfig =
+        serde_json::from_value(merged).map_err(|error| ApiError::invalid_request("invalid_guardrail_config", error.to_string()))?;
+    let stored = state.policy.put_guardrail_config(config.to_proto(&tenant_id, None)).await?;
+    state.guardian.evict(&tenant_id);
+    render(&GuardrailConfig::from_proto(&stored))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TestBody {
+    text: Option<String>,
+}
+
+/// `POST /v1/guardrails/test` (security.read): scans a text with the tenant's configuration.
+pub async fn test_guardrails(State(state): State<EdgeState>, caller: Caller, JsonBody(body): JsonBody<TestBody>) -> Answer {
+    caller.require("security.read")?;
+    let text = body.text.ok_or_else(|| ApiError::invalid_request("missing_field", "text is required"))?;
+    let result = state.policy.test_guardrails(ScanTextRequest { tenant_id: caller.tenant_id()?.to_string(), text }).await?;
+    Ok(Json(ScanResult::from_proto(&result).test_response_json()))
+}
