@@ -38,8 +38,8 @@ PRODUCTION_VALUES = HERE / "values-production.yaml"
 
 RELEASE = "brainstorm"
 NAMESPACE = "brainstorm"
-SERVICES_TODAY = {"identity", "catalog-health-sentinel", "budget-ledger", "edge-router"}
-GRPC_TODAY = {"identity", "catalog-health-sentinel", "budget-ledger"}
+SERVICES_TODAY = {"identity", "catalog-health-sentinel", "budget-ledger", "audit-lineage", "policy-firewall", "edge-router"}
+GRPC_TODAY = SERVICES_TODAY - {"edge-router"}
 GRPC_PORT = 50051
 HTTP_PORT = 8080
 
