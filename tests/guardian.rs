@@ -9,7 +9,11 @@ use serde_json::{Value, json};
 
 type TestResult = anyhow::Result<()>;
 
-brainstorm_e2e::in_both_shapes!(the_kill_switch_stops_traffic_but_not_the_exempt_paths, scoped_switches_and_guardrails);
+brainstorm_e2e::in_both_shapes!(
+    the_kill_switch_stops_traffic_but_not_the_exempt_paths,
+    scoped_switches_and_guardrails,
+    security_policies_version_test_and_dry_run
+);
 
 fn completion(text: &str) -> Value {
     json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": text}]})
@@ -94,5 +98,52 @@ async fn scoped_switches_and_guardrails(shape: Shape) -> TestResult {
     let tested = gateway.call(Method::POST, "/v1/guardrails/test", Some(&key), Some(json!({"text": "mail me at ada@example.com"}))).await?;
     assert_eq!(tested.status, 200, "{}", tested.text);
     assert_eq!(tested.body["result"]["safe"], false, "{}", tested.text);
+    Ok(())
+}
+
+async fn security_policies_version_test_and_dry_run(shape: Shape) -> TestResult {
+    let gateway = Gateway::start(shape).await?;
+    let (key, _) = gateway.register("Policies").await?;
+    assert_eq!(gateway.call(Method::GET, "/v1/security/policies", Some(&key), None).await?.body, json!({"ruleset": null}));
+    let empty = gateway
+        .call(Method::POST, "/v1/governance/policy/dry-run", Some(&key), Some(json!({"action": "tool.call", "toolName": "shell"})))
+        .await?;
+    assert_eq!(empty.status, 200, "{}", empty.text);
+    assert_eq!(empty.body["decision"], "allow");
+    let rules = json!({"rules": [{"id": "no-shell", "description": "no shell", "action": "deny", "priority": 10,
+        "conditions": [{"field": "tool.name", "op": "matches", "value": "shell*"}]}]});
+    let first = gateway.call(Method::PUT, "/v1/security/policies", Some(&key), Some(rules.clone())).await?;
+    assert_eq!(first.status, 200, "{}", first.text);
+    assert_eq!(first.body["status"], "updated");
+    let second = gateway.call(Method::PUT, "/v1/security/policies", Some(&key), Some(rules)).await?;
+    assert_eq!(
+        second.body["version"].as_i64(),
+        first.body["version"].as_i64().map(|version| version + 1),
+        "versions are integers that go up"
+    );
+    let tested = gateway
+        .call(
+            Method::POST,
+            "/v1/security/policies/test",
+            Some(&key),
+            Some(json!({"context": {"tool.name": "shell_exec", "action": "tool.call"}})),
+        )
+        .await?;
+    assert_eq!(tested.status, 200, "{}", tested.text);
+    assert_eq!(tested.body["decision"], "deny", "{}", tested.text);
+    let dry = gateway
+        .call(Method::POST, "/v1/governance/policy/dry-run", Some(&key), Some(json!({"action": "tool.call", "toolName": "shell_exec"})))
+        .await?;
+    assert_eq!(dry.body["decision"], "deny", "{}", dry.text);
+    assert_eq!(gateway.call(Method::POST, "/v1/governance/policy/dry-run", Some(&key), Some(json!({}))).await?.status, 400);
+    assert!(
+        gateway.call(Method::GET, "/v1/security/policies/presets", Some(&key), None).await?.body["presets"].get("l3-baseline").is_some()
+    );
+    assert_eq!(gateway.call(Method::GET, "/v1/security/status", Some(&key), None).await?.status, 200);
+    assert_eq!(gateway.call(Method::GET, "/v1/firewall/interceptions", Some(&key), None).await?.status, 200);
+    assert_eq!(gateway.call(Method::GET, "/v1/security/anomalies", Some(&key), None).await?.status, 200);
+    let bad =
+        gateway.call(Method::PUT, "/v1/security/policies", Some(&key), Some(json!({"rules": [{"id": "x", "action": "explode"}]}))).await?;
+    assert_eq!(bad.status, 400, "{}", bad.text);
     Ok(())
 }

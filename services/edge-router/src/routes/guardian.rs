@@ -142,3 +142,144 @@ pub async fn test_guardrails(State(state): State<EdgeState>, caller: Caller, Jso
     let result = state.policy.test_guardrails(ScanTextRequest { tenant_id: caller.tenant_id()?.to_string(), text }).await?;
     Ok(Json(ScanResult::from_proto(&result).test_response_json()))
 }
+
+fn ruleset_view(ruleset: &Ruleset) -> Value {
+    let rules: Vec<Value> = ruleset
+        .rules
+        .iter()
+        .filter_map(|rule| brainstorm_policy_firewall::Rule::from_proto(rule).ok())
+        .filter_map(|rule| serde_json::to_value(rule).ok())
+        .collect();
+    json!({"version": ruleset.version, "rules": rules, "updated_at": ruleset.updated_at})
+}
+
+/// `GET /v1/security/policies` (security.read): the ruleset, or `{ruleset: null}`.
+pub async fn get_policies(State(state): State<EdgeState>, caller: Caller) -> Answer {
+    caller.require("security.read")?;
+    let response = state.policy.get_policies(TenantRef { tenant_id: caller.tenant_id()?.to_string() }).await?;
+    Ok(Json(match response.ruleset {
+        Some(ruleset) => json!({"ruleset": ruleset_view(&ruleset)}),
+        None => json!({"ruleset": null}),
+    }))
+}
+
+#[derive(Deserialize)]
+pub struct RulesetBody {
+    rules: Option<Vec<brainstorm_policy_firewall::Rule>>,
+}
+
+/// `PUT /v1/security/policies` (security.write): replaces the rules; the version goes up by one.
+pub async fn put_policies(State(state): State<EdgeState>, caller: Caller, JsonBody(body): JsonBody<RulesetBody>) -> Answer {
+    caller.require("security.write")?;
+    let rules = body.rules.ok_or_else(|| ApiError::invalid_request("missing_field", "rules is required"))?;
+    let tenant_id = caller.tenant_id()?.to_string();
+    let request = PutPoliciesRequest {
+        tenant_id: tenant_id.clone(),
+        rules: rules.iter().map(|rule| rule.to_proto()).collect(),
+        updated_by: caller.identity.key_id.clone(),
+    };
+    let ruleset = state.policy.put_policies(request).await?;
+    state.guardian.evict(&tenant_id);
+    Ok(Json(json!({"ruleset": ruleset_view(&ruleset), "version": ruleset.version, "status": "updated"})))
+}
+
+#[derive(Deserialize)]
+pub struct PolicyTestBody {
+    context: Option<Value>,
+}
+
+/// `POST /v1/security/policies/test` (security.read): `{context: {"tool.name", "agent.role", action, ...}}`.
+pub async fn test_policy(State(state): State<EdgeState>, caller: Caller, JsonBody(body): JsonBody<PolicyTestBody>) -> Answer {
+    caller.require("security.read")?;
+    let context = body
+        .context
+        .filter(Value::is_object)
+        .ok_or_else(|| ApiError::invalid_request("missing_field", "context (an object) is required"))?;
+    let result = state
+        .policy
+        .test_policy(TestPolicyRequest { tenant_id: caller.tenant_id()?.to_string(), context_json: context.to_string() })
+        .await?;
+    render(&result)
+}
+
+/// `GET /v1/security/policies/presets` (security.read).
+pub async fn policy_presets(State(state): State<EdgeState>, caller: Caller) -> Answer {
+    caller.require("security.read")?;
+    let list = state.policy.list_policy_presets(ListPolicyPresetsRequest {}).await?;
+    let mut presets = serde_json::Map::new();
+    for preset in &list.presets {
+        let rules: Vec<Value> = preset
+            .rules
+            .iter()
+            .filter_map(|rule| brainstorm_policy_firewall::Rule::from_proto(rule).ok())
+            .filter_map(|rule| serde_json::to_value(rule).ok())
+            .collect();
+        presets.insert(preset.name.clone(), json!({"description": preset.description, "rules": rules}));
+    }
+    Ok(Json(json!({"presets": presets})))
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DryRunBody {
+    action: Option<String>,
+    actor: Option<Value>,
+    target: Option<String>,
+    category: Option<String>,
+    agent_id: Option<String>,
+    tool_name: Option<String>,
+    model_name: Option<String>,
+}
+
+/// `POST /v1/governance/policy/dry-run` (security.read): what the ruleset would decide.
+pub async fn dry_run(State(state): State<EdgeState>, caller: Caller, JsonBody(body): JsonBody<DryRunBody>) -> Answer {
+    caller.require("security.read")?;
+    let action =
+        body.action.filter(|action| !action.is_empty()).ok_or_else(|| ApiError::invalid_request("missing_field", "action is required"))?;
+    let actor = body.actor.unwrap_or(Value::Null);
+    let request = DryRunPolicyRequest {
+        tenant_id: caller.tenant_id()?.to_string(),
+        action,
+        actor_type: actor.get("type").and_then(Value::as_str).map(str::to_string),
+        actor_id: actor.get("id").and_then(Value::as_str).map(str::to_string),
+        target: body.target,
+        category: body.category,
+        agent_id: body.agent_id,
+        tool_name: body.tool_name,
+        model_name: body.model_name,
+    };
+    render(&state.policy.dry_run_policy(request).await?)
+}
+
+/// `GET /v1/security/status` (security.read).
+pub async fn security_status(State(state): State<EdgeState>, caller: Caller) -> Answer {
+    caller.require("security.read")?;
+    render(&state.policy.get_security_status(TenantRef { tenant_id: caller.tenant_id()?.to_string() }).await?)
+}
+
+#[derive(Deserialize)]
+pub struct PageQuery {
+    limit: Option<u32>,
+    offset: Option<u32>,
+}
+
+/// `GET /v1/firewall/interceptions?limit=&offset=` (security.read): default limit 50, offset 0.
+pub async fn interceptions(
+    State(state): State<EdgeState>,
+    caller: Caller,
+    axum::extract::Query(query): axum::extract::Query<PageQuery>,
+) -> Answer {
+    caller.require("security.read")?;
+    let request = ListInterceptionsRequest {
+        tenant_id: caller.tenant_id()?.to_string(),
+        limit: query.limit.unwrap_or(50),
+        offset: query.offset.unwrap_or(0),
+    };
+    render(&state.policy.list_interceptions(request).await?)
+}
+
+/// `GET /v1/security/anomalies` (security.read).
+pub async fn anomalies(State(state): State<EdgeState>, caller: Caller) -> Answer {
+    caller.require("security.read")?;
+    render(&state.policy.list_anomalies(ListAnomaliesRequest { tenant_id: caller.tenant_id()?.to_string(), limit: 100 }).await?)
+}
