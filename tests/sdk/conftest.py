@@ -25,10 +25,18 @@ def binary(variable="BR_BINARY"):
     return path
 
 
+_HANDED_OUT = set()
+
+
 def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A free port never handed out twice in this run (ports asked for back to back cannot collide)."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def wait_healthy(port, processes):

@@ -65,10 +65,20 @@ pub fn binary() -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
-/// A port free at the time of asking.
+/// A port free at the time of asking, never handed out twice in this test process: two ports asked
+/// for one after the other (a gRPC and a health port, say) cannot collide.
 pub fn free_port() -> anyhow::Result<u16> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(listener.local_addr()?.port())
+    static HANDED_OUT: std::sync::OnceLock<std::sync::Mutex<std::collections::HashSet<u16>>> = std::sync::OnceLock::new();
+    let handed_out = HANDED_OUT.get_or_init(Default::default);
+    for _ in 0..100 {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let port = listener.local_addr()?.port();
+        let mut taken = handed_out.lock().map_err(|_| anyhow::anyhow!("port registry poisoned"))?;
+        if taken.insert(port) {
+            return Ok(port);
+        }
+    }
+    bail!("no fresh free port after 100 tries")
 }
 
 /// A fresh temporary directory.
