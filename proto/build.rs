@@ -11,6 +11,8 @@ const PROTOS: &[&str] = &[
     "brainstorm/policy/v1/policy.proto",
 ];
 
+const CAMEL_CASE: &str = "#[serde(rename_all = \"camelCase\")]";
+
 fn main() -> Result<(), Box<dyn Error>> {
     for proto in PROTOS {
         println!("cargo:rerun-if-changed={proto}");
@@ -22,6 +24,17 @@ fn main() -> Result<(), Box<dyn Error>> {
         // The edge answers governance reads with these messages as they are.
         .type_attribute(".brainstorm.audit.v1", "#[derive(serde::Serialize)]")
         .type_attribute(".brainstorm.policy.v1", "#[derive(serde::Serialize)]")
+        // The spec spells these security shapes in camelCase (`activatedAt`, `evaluatedCount`,
+        // `matchedRule`, `stdDev`, `consumedByRequestId`, ...).
+        .type_attribute(".brainstorm.policy.v1.KillSwitchHistoryEntry", CAMEL_CASE)
+        .type_attribute(".brainstorm.policy.v1.ScopedSwitch", CAMEL_CASE)
+        .type_attribute(".brainstorm.policy.v1.PolicyTestResult", CAMEL_CASE)
+        .type_attribute(".brainstorm.policy.v1.DryRunPolicyResult", CAMEL_CASE)
+        .type_attribute(".brainstorm.policy.v1.PolicySummary", CAMEL_CASE)
+        .type_attribute(".brainstorm.policy.v1.AnomalySummary", CAMEL_CASE)
+        .type_attribute(".brainstorm.policy.v1.AnomalyAlert", CAMEL_CASE)
+        .type_attribute(".brainstorm.policy.v1.MetricStats", CAMEL_CASE)
+        .type_attribute(".brainstorm.policy.v1.Approval", CAMEL_CASE)
         .compile_fds(file_descriptors)?;
     Ok(())
 }

@@ -2,7 +2,7 @@
 //! served by any provider format (streaming and tool calls included), model resolution, fallback and
 //! exact costs, against a mock upstream that records what it received.
 
-use brainstorm_e2e::{Gateway, Reply, Shape};
+use brainstorm_e2e::{Gateway, Reply, Shape, sse_data};
 use brainstorm_mock_upstream::{FailSpec, MockConfig, MockUpstream, RecordedRequest};
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -282,14 +282,6 @@ async fn anthropic_clients_reach_openai_models(shape: Shape) -> TestResult {
     Ok(())
 }
 
-fn sse_data(text: &str) -> Vec<Value> {
-    text.lines()
-        .filter_map(|line| line.strip_prefix("data: "))
-        .filter(|data| *data != "[DONE]")
-        .filter_map(|data| serde_json::from_str(data).ok())
-        .collect()
-}
-
 async fn streams_are_translated_event_by_event_with_tool_calls(shape: Shape) -> TestResult {
     let setup = setup(shape).await?;
     let (gateway, mock, key) = (&setup.gateway, &setup.mock, setup.key.as_str());
@@ -309,7 +301,10 @@ async fn streams_are_translated_event_by_event_with_tool_calls(shape: Shape) -> 
     let cost = expected_cost(usage["prompt_tokens"].as_u64().unwrap_or(0), usage["completion_tokens"].as_u64().unwrap_or(0), 1_000, 5_000);
     assert!(streamed.text.contains(&format!(": x-br-actual-cost={cost}")), "the stream carries its exact cost");
 
-    // OpenAI client, Anthropic upstream: a tool call streamed as argument fragments.
+    // OpenAI client, Anthropic upstream: a tool call streamed as argument fragments. (The tool firewall
+    // holds tool calls until they are complete; with it off, fragments flow as they arrive.)
+    let off = gateway.call(Method::PUT, "/v1/firewall/config", Some(key), Some(json!({"mode": "off"}))).await?;
+    assert_eq!(off.status, 200, "{}", off.text);
     let body = json!({"model": "anthropic/claude-haiku-4-5", "stream": true, "tools": tools, "messages": [{"role": "user", "content": "please use a tool now"}]});
     let streamed = gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(body)).await?;
     let chunks = sse_data(&streamed.text);

@@ -368,3 +368,12 @@ impl Reply {
         self.headers.get(name).and_then(|value| value.to_str().ok())
     }
 }
+
+/// The JSON payloads of a server-sent event stream's `data:` lines (`[DONE]` and non-JSON skipped).
+pub fn sse_data(text: &str) -> Vec<Value> {
+    text.lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .filter(|data| *data != "[DONE]")
+        .filter_map(|data| serde_json::from_str(data).ok())
+        .collect()
+}

@@ -6,6 +6,7 @@ mod auth;
 mod budget_cache;
 mod extract;
 mod pipeline;
+mod reply_guard;
 mod routes;
 mod routing_cache;
 mod sandbox;
@@ -184,6 +185,16 @@ fn router(state: EdgeState) -> Router {
         .route("/v1/security/anomalies", get(guardian::anomalies))
         .route("/v1/governance/policy/dry-run", post(guardian::dry_run))
         .route("/v1/firewall/interceptions", get(guardian::interceptions))
+        .route("/v1/firewall/config", get(guardian::firewall_config).put(guardian::put_firewall_config))
+        .route("/v1/guardrails/providers", get(guardian::guardrail_providers).post(guardian::register_guardrail_provider))
+        .route("/v1/guardrails/providers/{id}", delete(guardian::delete_guardrail_provider))
+        .route("/v1/guardrails/templates", get(guardian::guardrail_templates))
+        .route("/v1/security/anomalies/baselines", get(guardian::export_baselines).post(guardian::import_baselines))
+        .route("/v1/security/anomalies/stats/{entity_type}/{entity_id}/{metric}", get(guardian::anomaly_stats))
+        .route("/v1/approvals/pending", get(guardian::pending_approvals))
+        .route("/v1/approvals/{id}", get(guardian::get_approval))
+        .route("/v1/approvals/{id}/approve", post(guardian::approve))
+        .route("/v1/approvals/{id}/deny", post(guardian::deny))
         .route("/v1/governance/audit/chain/verify", get(governance::verify_chain))
         .route("/v1/governance/lineage", get(governance::episode))
         .route("/v1/governance/lineage/{request_id}", get(governance::lineage))

@@ -14,10 +14,10 @@ use brainstorm_audit_lineage::Submitted;
 use brainstorm_budget_ledger::{ActualUsage, BudgetContext, BudgetDenial, Estimate, Outcome, RemainingView, Reservation};
 use brainstorm_common::ApiError;
 use brainstorm_common::money::Usd;
-use brainstorm_policy_firewall::RequestFacts;
+use brainstorm_policy_firewall::{ApprovalContext, FirewallMode, RequestFacts, ToolCall, ToolCaller, glob_matches};
 use brainstorm_proto::audit::{AuditRecord, CandidateDecision, DecisionPath, Principal as AuditPrincipal, TraceContext};
 use brainstorm_providers::catalog::{Model, Price, base_url};
-use brainstorm_providers::chat::{ChatEvent, ChatReply, ChatRequest, InvalidRequest, ReplyAssembler, Usage, reply_events};
+use brainstorm_providers::chat::{ChatEvent, ChatReply, ChatRequest, FinishReason, InvalidRequest, ReplyAssembler, Usage, reply_events};
 use brainstorm_providers::routing::{self, Candidate, Resolution, Route, RouteError};
 use brainstorm_providers::upstream::{EventStream, Target, UpstreamError};
 use brainstorm_providers::{anthropic, openai};
@@ -27,6 +27,7 @@ use serde_json::{Map, Value, json};
 use crate::EdgeState;
 use crate::auth::Caller;
 use crate::extract::RequestId;
+use crate::reply_guard::{GuardReport, ReplyGuard, ToolVerdict};
 use crate::routing_cache::route_options;
 use crate::sandbox;
 
@@ -101,6 +102,12 @@ pub struct AuditFacts {
     candidates: Vec<String>,
     /// Headers the guardian stages add (guardrail status, ...).
     guardian_headers: Vec<(HeaderName, String)>,
+    /// `X-BR-Guardian-Status`: on, off, warned, approved or blocked.
+    guardian_status: &'static str,
+    /// Time spent in the guardian stages before the response started.
+    guardian_overhead: std::time::Duration,
+    /// A guardian decision that refused part of an answered request (its audit reason code).
+    denial: Option<&'static str>,
     input_tokens: u64,
     output_tokens: u64,
     cost: Option<Usd>,
@@ -154,6 +161,7 @@ pub async fn complete(
     let result = complete_inner(state, caller, request_id, request_headers, body, format, &mut facts).await;
     let Some(tenant_id) = caller.identity.tenant_id.clone() else { return result };
     let (outcome, reason_code) = match &result {
+        Ok(_) if facts.denial.is_some() => ("denied", facts.denial.unwrap_or_default().to_string()),
         Ok(_) => ("allowed", "ok".to_string()),
         Err(error) if error.status.is_client_error() => ("denied", error.code.clone().unwrap_or_else(|| error.error_type.to_string())),
         Err(error) => ("error", error.code.clone().unwrap_or_else(|| error.error_type.to_string())),
@@ -200,7 +208,11 @@ pub async fn complete(
         conversation_id: request_headers.get("x-conversation-id").and_then(|value| value.to_str().ok()).map(str::to_string),
         ..AuditRecord::default()
     };
-    let guardian_headers = std::mem::take(&mut facts.guardian_headers);
+    let mut guardian_headers = std::mem::take(&mut facts.guardian_headers);
+    if !facts.guardian_status.is_empty() {
+        guardian_headers.push((HeaderName::from_static("x-br-guardian-status"), facts.guardian_status.to_string()));
+        guardian_headers.push((HeaderName::from_static("x-br-guardian-overhead-ms"), milliseconds(facts.guardian_overhead)));
+    }
     let commitment = match state.audit_publisher.submit(record) {
         Ok(Submitted::Queued { commitment }) => (commitment, "captured"),
         Ok(Submitted::Dropped { commitment }) => (commitment, "dropped"),
@@ -261,6 +273,7 @@ async fn complete_inner(
     })?;
     let tenant_id = caller.tenant_id()?;
     // Guardian, before anything is spent: scoped kill switches (agent, tool, provider) ...
+    let guardian_started = Instant::now();
     let agent_id = agent_of(request_headers, body);
     let tool_names: Vec<&str> = chat.tools.iter().map(|tool| tool.name.as_str()).collect();
     let facts_for_switch = RequestFacts {
@@ -276,19 +289,67 @@ async fn complete_inner(
     if let Some(error) = state.guardian.kill_switch(tenant_id, &facts_for_switch).await.api_error() {
         return Err(error);
     }
-    // ... and guardrails on the prompt, unless the caller switched the guardian off for this request.
-    let guardian_off =
-        request_headers.get("x-br-guardian").and_then(|value| value.to_str().ok()).is_some_and(|value| value.eq_ignore_ascii_case("off"));
-    facts.guardian_headers.push((HeaderName::from_static("x-br-guardian-status"), if guardian_off { "off" } else { "on" }.to_string()));
+    let requested_mode = match body.get("x_firewall_mode") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(mode)) => Some(FirewallMode::parse(mode).ok_or_else(|| {
+            ApiError::invalid_request("invalid_firewall_mode", format!("x_firewall_mode `{mode}` is not enforce, monitor or off"))
+        })?),
+        Some(_) => return Err(ApiError::invalid_request("invalid_firewall_mode", "x_firewall_mode must be a string")),
+    };
+    // ... then guardrails on the prompt and the tool firewall's request-side decisions, unless the
+    // caller switched the guardian off for this request (honoured only for keys that could change
+    // the tenant's security configuration anyway).
+    let guardian_off = caller.identity.permissions.contains("security.write")
+        && request_headers
+            .get("x-br-guardian")
+            .and_then(|value| value.to_str().ok())
+            .is_some_and(|value| value.eq_ignore_ascii_case("off"));
+    facts.guardian_status = if guardian_off { "off" } else { "on" };
+    let mut reply_guard = None;
+    let mut downgrade_tool = None;
     if !guardian_off {
-        let prompt: Vec<String> = chat.system.iter().cloned().chain(chat.messages.iter().map(|message| message.text())).collect();
-        if let Some(scan) = state.guardian.scan_input(tenant_id, &prompt.join("\n")).await? {
-            facts.guardian_headers.extend(scan.headers());
-            if let Some(error) = scan.api_error() {
-                return Err(error);
+        let tenant_guardian = state.guardian.config(tenant_id).await?;
+        if tenant_guardian.guardrails.config().enabled {
+            let prompt: Vec<String> = chat.system.iter().cloned().chain(chat.messages.iter().map(|message| message.text())).collect();
+            if let Some(scan) = state.guardian.scan_input(tenant_id, &prompt.join("\n")).await? {
+                facts.guardian_headers.extend(scan.headers());
+                if let Some(error) = scan.api_error() {
+                    facts.guardian_status = "blocked";
+                    return Err(error);
+                }
+                if scan.action != brainstorm_policy_firewall::ScanAction::Pass {
+                    facts.guardian_status = "warned";
+                }
             }
         }
+        let firewall = tenant_guardian.firewall.config();
+        let mode = FirewallMode::effective(firewall.mode, requested_mode);
+        if mode == FirewallMode::Enforce {
+            downgrade_tool = tool_names
+                .iter()
+                .find(|name| firewall.downgrade_on_tools.iter().any(|pattern| glob_matches(pattern, name)))
+                .map(|name| name.to_string());
+        }
+        if mode != FirewallMode::Off {
+            reply_guard = Some(ReplyGuard {
+                guardian: state.guardian.clone(),
+                tenant_id: tenant_id.to_string(),
+                caller: tool_caller(caller, agent_id.as_deref()),
+                requested_mode,
+                approval: ApprovalContext {
+                    surface: match format {
+                        ClientFormat::OpenAi => "chat_completions",
+                        ClientFormat::Anthropic => "messages",
+                    }
+                    .to_string(),
+                    agent_id: agent_id.clone(),
+                    owner_id: caller.identity.key.as_ref().and_then(|key| key.created_by.clone()),
+                    request_id: request_id.0.clone(),
+                },
+            });
+        }
     }
+    facts.guardian_overhead = guardian_started.elapsed();
     let config = state.routing.get(tenant_id).await?;
     let context = budget_context(state, caller, request_headers, body).await?;
     let reply_id = reply_id(request_id, format);
@@ -318,6 +379,15 @@ async fn complete_inner(
     }
     if !route.allow_fallback {
         route.candidates.truncate(1);
+    }
+    if let Some(tool) = &downgrade_tool {
+        // The request offers a tool the firewall downgrades on: cheapest candidates first.
+        route.candidates.sort_by_key(|candidate| candidate.estimated_cost.map_or(i64::MAX, Usd::nanos));
+        route.reason = format!("{}; downgraded: the request offers tool `{tool}`", route.reason);
+        facts.guardian_headers.push((HeaderName::from_static("x-br-tool-firewall-status"), "downgrade".to_string()));
+        facts
+            .guardian_headers
+            .push((HeaderName::from_static("x-br-tool-firewall-reason"), format!("deny_list: `{tool}` downgrades the request")));
     }
     facts.model_resolved = route.candidates.first().map(Candidate::id).unwrap_or_default();
     facts.strategy = route.strategy.clone();
@@ -375,9 +445,10 @@ async fn complete_inner(
         match outcome {
             Ok(Ok(events)) => {
                 budget_headers(&mut headers, reservation.remaining());
-                return Ok(stream_response(events, headers, candidate, reply_id, format, &chat, reservation));
+                let spec = stream_spec(candidate, reply_id, format, &chat);
+                return Ok(relay(events, headers, spec, reservation, reply_guard.take()));
             }
-            Ok(Err(reply)) => {
+            Ok(Err(mut reply)) => {
                 let settle = |cost: Usd, usage: Usage| ActualUsage {
                     cost,
                     input_tokens: i64::try_from(usage.input_tokens).unwrap_or(i64::MAX),
@@ -395,6 +466,7 @@ async fn complete_inner(
                     Ok(remaining) => budget_headers(&mut headers, &remaining),
                     Err(error) => tracing::error!(%error, "settling a completion failed; the reservation stays counted"),
                 }
+                guard_whole_reply(state, tenant_id, reply_guard.as_ref(), guardian_off, &mut reply, facts).await?;
                 set(&mut headers, "x-br-total-latency-ms", &milliseconds(started.elapsed()));
                 return Ok(reply_response(reply, headers, candidate, &route, reply_id, format));
             }
@@ -417,6 +489,58 @@ async fn complete_inner(
     };
     let provider = failed_model.split('/').next().unwrap_or_default();
     Err(ApiError::provider_error(error.status(), provider, format!("{failed_model}: {error}")))
+}
+
+/// Who makes a request's tool calls, for the firewall's RBAC step.
+fn tool_caller(caller: &Caller, agent_id: Option<&str>) -> ToolCaller {
+    ToolCaller {
+        actor_id: agent_id.map_or_else(|| caller.identity.key_id.clone(), str::to_string),
+        actor_type: if agent_id.is_some() { "agent" } else { "api_key" }.to_string(),
+        role: caller.identity.role.clone(),
+        permissions: caller.identity.permissions.iter().cloned().collect(),
+        allowed_tools: None,
+        agent_id: agent_id.map(str::to_string),
+    }
+}
+
+/// The guardian on a whole reply: the tool firewall and approvals on its tool calls, then the output
+/// guardrails (when the tenant turned `scanOutput` on).
+async fn guard_whole_reply(
+    state: &EdgeState,
+    tenant_id: &str,
+    guard: Option<&ReplyGuard>,
+    guardian_off: bool,
+    reply: &mut ChatReply,
+    facts: &mut AuditFacts,
+) -> Result<(), ApiError> {
+    let started = Instant::now();
+    let mut report = GuardReport::default();
+    let guarded = match guard {
+        Some(guard) => guard.guard_reply(reply, &mut report).await,
+        None => Ok(()),
+    };
+    facts.guardian_headers.append(&mut report.headers);
+    if let Some(status) = report.status {
+        facts.guardian_status = status;
+    }
+    if reply.finish == FinishReason::ContentFilter && report.status == Some("blocked") {
+        facts.denial = Some("tool_firewall_blocked");
+    }
+    if guarded.is_ok()
+        && !guardian_off
+        && let Some(scan) = state.guardian.scan_output(tenant_id, &reply.text()).await?
+    {
+        if scan.action != brainstorm_policy_firewall::ScanAction::Pass {
+            facts.guardian_headers.extend(scan.headers());
+            facts.guardian_status = if scan.action == brainstorm_policy_firewall::ScanAction::Block { "blocked" } else { "warned" };
+        }
+        if let Some(error) = scan.api_error() {
+            facts.guardian_overhead += started.elapsed();
+            return Err(error);
+        }
+    }
+    facts.guardian_overhead += started.elapsed();
+    guarded
 }
 
 fn reply_id(request_id: &RequestId, format: ClientFormat) -> String {
@@ -565,7 +689,7 @@ async fn sandbox_response(chat: &ChatRequest, id: String, format: ClientFormat, 
             input_estimate: reply.usage.input_tokens,
             stream_usage: chat.stream_usage,
         };
-        return relay(events, headers, spec, reservation);
+        return relay(events, headers, spec, reservation, None);
     }
     let actual = ActualUsage {
         cost: Usd::ZERO,
@@ -592,26 +716,17 @@ async fn sandbox_response(chat: &ChatRequest, id: String, format: ClientFormat, 
     (headers, Json(body)).into_response()
 }
 
-fn stream_response(
-    events: EventStream,
-    headers: HeaderMap,
-    candidate: &Candidate,
-    id: String,
-    format: ClientFormat,
-    chat: &ChatRequest,
-    reservation: Reservation,
-) -> Response {
-    let input_estimate = routing::estimate_usage(chat, candidate.entry.as_ref()).input_tokens;
-    let spec = RelaySpec {
+/// What a stream from `candidate` relays: ids, price and the client's format.
+fn stream_spec(candidate: &Candidate, id: String, format: ClientFormat, chat: &ChatRequest) -> RelaySpec {
+    RelaySpec {
         id,
         model: candidate.id(),
         provider: candidate.provider.id.to_string(),
         price: price_of(candidate),
         format,
-        input_estimate,
+        input_estimate: routing::estimate_usage(chat, candidate.entry.as_ref()).input_tokens,
         stream_usage: chat.stream_usage,
-    };
-    relay(events, headers, spec, reservation)
+    }
 }
 
 struct RelaySpec {
@@ -641,6 +756,20 @@ impl Writer {
         match self {
             Writer::OpenAi(writer) => writer.end(),
             Writer::Anthropic(writer) => writer.end(),
+        }
+    }
+
+    /// A refusal inside a stream whose headers are gone: the error envelope as the client's SDK
+    /// reads a stream error.
+    fn refusal(&self, error: &ApiError) -> String {
+        let body = error.body();
+        match self {
+            Writer::OpenAi(_) => format!("data: {body}\n\n"),
+            Writer::Anthropic(_) => {
+                let mut event = json!({"type": "error", "error": body["error"].clone(), "recovery": body["recovery"].clone()});
+                event["error"]["type"] = json!(error.error_type);
+                format!("event: error\ndata: {event}\n\n")
+            }
         }
     }
 
@@ -700,11 +829,78 @@ struct RelayState {
     settlement: StreamSettlement,
     pending: VecDeque<Bytes>,
     ended: bool,
+    /// The tool firewall, when it applies: tool-call events are held until the calls are complete.
+    guard: Option<ReplyGuard>,
+    held: Vec<ToolCall>,
+    /// A refusal (approval required) replaces the rest of the stream; it is sent at the end.
+    refusal: Option<Bytes>,
+}
+
+impl RelayState {
+    /// Holds a tool-call event when the firewall applies; false means "write it now".
+    fn hold(&mut self, event: &ChatEvent) -> bool {
+        if self.guard.is_none() {
+            return false;
+        }
+        let slot = |held: &mut Vec<ToolCall>, index: usize| {
+            while held.len() <= index {
+                held.push(ToolCall::default());
+            }
+            index
+        };
+        match event {
+            ChatEvent::ToolCallStart { index, id, name } => {
+                let index = slot(&mut self.held, *index);
+                self.held[index].id = id.clone();
+                self.held[index].name = name.clone();
+                true
+            }
+            ChatEvent::ToolCallDelta { index, arguments } => {
+                let index = slot(&mut self.held, *index);
+                self.held[index].arguments.push_str(arguments);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Runs the firewall on the held calls and writes what it lets through. Returns true when the
+    /// calls were blocked (the reply must finish with `content_filter`).
+    async fn release(&mut self) -> bool {
+        let Some(guard) = &self.guard else { return false };
+        let calls = std::mem::take(&mut self.held);
+        if calls.is_empty() {
+            return false;
+        }
+        let mut report = GuardReport::default();
+        let verdict = guard.inspect(calls, &mut report).await;
+        for (name, value) in &report.headers {
+            // Headers are gone by now: the firewall's verdict travels as SSE comments.
+            self.pending.push_back(Bytes::from(format!(": {name}={value}\n\n")));
+        }
+        match verdict {
+            Ok(ToolVerdict::Calls(calls)) => {
+                for (index, call) in calls.into_iter().enumerate() {
+                    let start = ChatEvent::ToolCallStart { index, id: call.id, name: call.name };
+                    let delta = ChatEvent::ToolCallDelta { index, arguments: call.arguments };
+                    for event in [start, delta] {
+                        self.pending.extend(self.writer.write(&event).into_iter().map(Bytes::from));
+                    }
+                }
+                false
+            }
+            Ok(ToolVerdict::Blocked) => true,
+            Err(error) => {
+                self.refusal = Some(Bytes::from(self.writer.refusal(&error)));
+                true
+            }
+        }
+    }
 }
 
 /// Streams `events` to the client in its format. Frames are produced as events arrive: the client's
 /// reading pace is the upstream's reading pace, and dropping the body drops the upstream connection.
-fn relay(events: EventStream, mut headers: HeaderMap, spec: RelaySpec, reservation: Reservation) -> Response {
+fn relay(events: EventStream, mut headers: HeaderMap, spec: RelaySpec, reservation: Reservation, guard: Option<ReplyGuard>) -> Response {
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     let writer = match spec.format {
@@ -727,6 +923,9 @@ fn relay(events: EventStream, mut headers: HeaderMap, spec: RelaySpec, reservati
         },
         pending: VecDeque::new(),
         ended: false,
+        guard,
+        held: Vec::new(),
+        refusal: None,
     };
     let body = futures::stream::unfold(state, |mut state| async move {
         loop {
@@ -739,7 +938,16 @@ fn relay(events: EventStream, mut headers: HeaderMap, spec: RelaySpec, reservati
             match state.events.next().await {
                 Some(Ok(event)) => {
                     state.assembler.push(&event);
-                    state.pending.extend(state.writer.write(&event).into_iter().map(Bytes::from));
+                    if state.refusal.is_some() || state.hold(&event) {
+                        continue;
+                    }
+                    let event = match event {
+                        ChatEvent::Finish(_) if state.release().await => ChatEvent::Finish(FinishReason::ContentFilter),
+                        event => event,
+                    };
+                    if state.refusal.is_none() {
+                        state.pending.extend(state.writer.write(&event).into_iter().map(Bytes::from));
+                    }
                 }
                 Some(Err(error)) => {
                     state.pending.push_back(Bytes::from(state.writer.error(&format!("the provider stream failed: {error}"))));
@@ -748,13 +956,22 @@ fn relay(events: EventStream, mut headers: HeaderMap, spec: RelaySpec, reservati
                     state.settlement.settle(Outcome::Failed);
                 }
                 None => {
+                    // Calls still held (a stream that never said it finished) are judged now.
+                    if state.release().await && state.refusal.is_none() {
+                        state
+                            .pending
+                            .extend(state.writer.write(&ChatEvent::Finish(FinishReason::ContentFilter)).into_iter().map(Bytes::from));
+                    }
                     state.ended = true;
                     state.settlement.usage = state.assembler.usage;
                     if let Some(cost) = state.settlement.settle(Outcome::Succeeded) {
                         // Headers are gone by now: the actual cost travels as an SSE comment.
                         state.pending.push_back(Bytes::from(format!(": x-br-actual-cost={}\n\n", dollars(cost))));
                     }
-                    state.pending.extend(state.writer.end().into_iter().map(Bytes::from));
+                    match state.refusal.take() {
+                        Some(refusal) => state.pending.push_back(refusal),
+                        None => state.pending.extend(state.writer.end().into_iter().map(Bytes::from)),
+                    }
                 }
             }
         }

@@ -1,9 +1,10 @@
-//! The guardian's control surface: kill switches (tenant and scoped) and guardrails.
+//! The guardian's control surface: kill switches (tenant and scoped), guardrails and their providers,
+//! the tool firewall, security policies, anomalies and the approval queue.
 
 use axum::Json;
 use axum::extract::{Path, State};
 use brainstorm_common::ApiError;
-use brainstorm_policy_firewall::{GuardrailConfig, ScanResult};
+use brainstorm_policy_firewall::{FirewallConfig, GuardrailConfig, ScanResult};
 use brainstorm_proto::policy::*;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -275,11 +276,253 @@ pub async fn interceptions(
         limit: query.limit.unwrap_or(50),
         offset: query.offset.unwrap_or(0),
     };
-    render(&state.policy.list_interceptions(request).await?)
+    let list = state.policy.list_interceptions(request).await?;
+    let interceptions: Vec<Value> = list.interceptions.iter().map(interception_view).collect();
+    Ok(Json(json!({"interceptions": interceptions, "total": list.total, "limit": list.limit, "offset": list.offset})))
 }
 
 /// `GET /v1/security/anomalies` (security.read).
 pub async fn anomalies(State(state): State<EdgeState>, caller: Caller) -> Answer {
     caller.require("security.read")?;
     render(&state.policy.list_anomalies(ListAnomaliesRequest { tenant_id: caller.tenant_id()?.to_string(), limit: 100 }).await?)
+}
+
+/// `GET /v1/firewall/interceptions` body shape: `details{action, verdicts[]}` as the spec lays it out.
+fn interception_view(interception: &Interception) -> Value {
+    json!({
+        "id": interception.id,
+        "severity": interception.severity,
+        "actorId": interception.actor_id,
+        "actorType": interception.actor_type,
+        "resource": interception.resource,
+        "details": {"action": interception.action, "verdicts": interception.verdicts, "requestId": interception.request_id},
+        "createdAt": interception.created_at,
+    })
+}
+
+/// `GET /v1/firewall/config` (security.read): the tool firewall's configuration.
+pub async fn firewall_config(State(state): State<EdgeState>, caller: Caller) -> Answer {
+    caller.require("security.read")?;
+    let config = state.policy.get_firewall_config(TenantRef { tenant_id: caller.tenant_id()?.to_string() }).await?;
+    render(&FirewallConfig::from_proto(&config).map_err(|error| {
+        tracing::error!(%error, "a stored firewall configuration does not read back");
+        ApiError::internal()
+    })?)
+}
+
+/// `PUT /v1/firewall/config` (security.write): `{mode, denyList, maskPatterns, substitutions,
+/// downgradeOnTools}`; absent fields keep their value.
+pub async fn put_firewall_config(
+    State(state): State<EdgeState>,
+    caller: Caller,
+    OptionalJsonBody(body): OptionalJsonBody<Value>,
+) -> Answer {
+    caller.require("security.write")?;
+    let tenant_id = caller.tenant_id()?.to_string();
+    let stored = state.policy.get_firewall_config(TenantRef { tenant_id: tenant_id.clone() }).await?;
+    let current = FirewallConfig::from_proto(&stored).map_err(|_| ApiError::internal())?;
+    let mut merged = serde_json::to_value(&current).map_err(|_| ApiError::internal())?;
+    let Value::Object(changes) = body else { return Err(ApiError::invalid_request("invalid_body", "the body must be a JSON object")) };
+    if let Some(object) = merged.as_object_mut() {
+        object.extend(changes);
+    }
+    let config: FirewallConfig =
+        serde_json::from_value(merged).map_err(|error| ApiError::invalid_request("invalid_firewall_config", error.to_string()))?;
+    config.validate().map_err(|error| ApiError::invalid_request("invalid_firewall_config", error))?;
+    let stored = state.policy.put_firewall_config(config.to_proto(&tenant_id, None)).await?;
+    state.guardian.evict(&tenant_id);
+    render(&FirewallConfig::from_proto(&stored).map_err(|_| ApiError::internal())?)
+}
+
+/// `GET /v1/guardrails/providers` (security.read): the built-in scanners and the external providers.
+pub async fn guardrail_providers(State(state): State<EdgeState>, caller: Caller) -> Answer {
+    caller.require("security.read")?;
+    render(&state.policy.list_guardrail_providers(TenantRef { tenant_id: caller.tenant_id()?.to_string() }).await?)
+}
+
+/// `GET /v1/guardrails/templates` (security.read): the external provider templates.
+pub async fn guardrail_templates(State(state): State<EdgeState>, caller: Caller) -> Answer {
+    caller.require("security.read")?;
+    render(&state.policy.list_guardrail_templates(ListGuardrailTemplatesRequest {}).await?)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResultMappingBody {
+    safe: Option<String>,
+    confidence: Option<String>,
+    reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderBody {
+    id: Option<String>,
+    name: Option<String>,
+    endpoint: Option<String>,
+    #[serde(alias = "apiKey")]
+    api_key: Option<String>,
+    template: Option<String>,
+    #[serde(alias = "resultMapping")]
+    result_mapping: Option<ResultMappingBody>,
+    #[serde(alias = "timeoutMs")]
+    timeout_ms: Option<u32>,
+}
+
+/// `POST /v1/guardrails/providers` (security.write): registers (or replaces) an external provider;
+/// its key is sealed and never returned.
+pub async fn register_guardrail_provider(State(state): State<EdgeState>, caller: Caller, JsonBody(body): JsonBody<ProviderBody>) -> Answer {
+    caller.require("security.write")?;
+    let tenant_id = caller.tenant_id()?.to_string();
+    let id = body.id.filter(|id| !id.is_empty()).ok_or_else(|| ApiError::invalid_request("missing_field", "id is required"))?;
+    let endpoint = body.endpoint.ok_or_else(|| ApiError::invalid_request("missing_field", "endpoint is required"))?;
+    let request = RegisterGuardrailProviderRequest {
+        tenant_id: tenant_id.clone(),
+        name: body.name.unwrap_or_else(|| id.clone()),
+        id,
+        endpoint,
+        api_key: body.api_key.filter(|key| !key.is_empty()),
+        template: body.template.unwrap_or_else(|| "generic".to_string()),
+        result_mapping: body.result_mapping.map(|mapping| ResultMapping {
+            safe: mapping.safe.unwrap_or_default(),
+            confidence: mapping.confidence.unwrap_or_default(),
+            reason: mapping.reason.unwrap_or_default(),
+        }),
+        timeout_ms: body.timeout_ms.unwrap_or(0),
+    };
+    let provider = state.policy.register_guardrail_provider(request).await?;
+    state.guardian.evict(&tenant_id);
+    render(&provider)
+}
+
+/// `DELETE /v1/guardrails/providers/{id}` (security.write).
+pub async fn delete_guardrail_provider(State(state): State<EdgeState>, caller: Caller, Path(id): Path<String>) -> Answer {
+    caller.require("security.write")?;
+    let tenant_id = caller.tenant_id()?.to_string();
+    let deleted = state.policy.delete_guardrail_provider(GuardrailProviderRef { tenant_id: tenant_id.clone(), id }).await?;
+    state.guardian.evict(&tenant_id);
+    render(&deleted)
+}
+
+/// `GET /v1/security/anomalies/baselines` (security.read): `{baselines, node}`.
+pub async fn export_baselines(State(state): State<EdgeState>, caller: Caller) -> Answer {
+    caller.require("security.read")?;
+    render(&state.policy.export_baselines(TenantRef { tenant_id: caller.tenant_id()?.to_string() }).await?)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BaselineBody {
+    #[serde(alias = "entityType")]
+    entity_type: String,
+    #[serde(alias = "entityId")]
+    entity_id: String,
+    metric: String,
+    count: u64,
+    mean: f64,
+    m2: f64,
+    min: f64,
+    max: f64,
+}
+
+#[derive(Deserialize)]
+pub struct ImportBody {
+    baselines: Option<Vec<BaselineBody>>,
+}
+
+/// `POST /v1/security/anomalies/baselines` (security.write): `{baselines[]}` → `{imported}`.
+pub async fn import_baselines(State(state): State<EdgeState>, caller: Caller, JsonBody(body): JsonBody<ImportBody>) -> Answer {
+    caller.require("security.write")?;
+    let baselines = body.baselines.ok_or_else(|| ApiError::invalid_request("missing_field", "baselines (an array) is required"))?;
+    let request = ImportBaselinesRequest {
+        tenant_id: caller.tenant_id()?.to_string(),
+        baselines: baselines
+            .into_iter()
+            .map(|baseline| Baseline {
+                entity_type: baseline.entity_type,
+                entity_id: baseline.entity_id,
+                metric: baseline.metric,
+                count: baseline.count,
+                mean: baseline.mean,
+                m2: baseline.m2,
+                min: baseline.min,
+                max: baseline.max,
+            })
+            .collect(),
+    };
+    let imported = state.policy.import_baselines(request).await?;
+    Ok(Json(json!({"imported": imported.imported})))
+}
+
+/// `GET /v1/security/anomalies/stats/{entity_type}/{entity_id}/{metric}` (security.read): `{stats}`.
+pub async fn anomaly_stats(
+    State(state): State<EdgeState>,
+    caller: Caller,
+    Path((entity_type, entity_id, metric)): Path<(String, String, String)>,
+) -> Answer {
+    caller.require("security.read")?;
+    let request = AnomalyStatsRef { tenant_id: caller.tenant_id()?.to_string(), entity_type, entity_id, metric };
+    let stats = state.policy.get_anomaly_stats(request).await?;
+    Ok(Json(json!({"stats": serde_json::to_value(stats).map_err(|_| ApiError::internal())?})))
+}
+
+/// `GET /v1/approvals/pending` (security.read): the durable queue, argument keys but never values.
+pub async fn pending_approvals(State(state): State<EdgeState>, caller: Caller) -> Answer {
+    caller.require("security.read")?;
+    let list = state.policy.list_pending_approvals(TenantRef { tenant_id: caller.tenant_id()?.to_string() }).await?;
+    let approvals = serde_json::to_value(&list.approvals).map_err(|_| ApiError::internal())?;
+    Ok(Json(json!({"approvals": approvals, "count": list.approvals.len()})))
+}
+
+/// `GET /v1/approvals/{id}` (security.read): one approval, whatever its state.
+pub async fn get_approval(State(state): State<EdgeState>, caller: Caller, Path(id): Path<String>) -> Answer {
+    caller.require("security.read")?;
+    render(&state.policy.get_approval(ApprovalRef { tenant_id: caller.tenant_id()?.to_string(), id }).await?)
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ReviewBody {
+    scope: Option<String>,
+    #[serde(alias = "review_note", alias = "reviewNote")]
+    note: Option<String>,
+}
+
+/// `POST /v1/approvals/{id}/approve` (approvals.write): `{scope: exact|tool, note}`; high-risk tools
+/// need a note. The allowance is single use and lapses 15 minutes after approval.
+pub async fn approve(
+    State(state): State<EdgeState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    OptionalJsonBody(body): OptionalJsonBody<ReviewBody>,
+) -> Answer {
+    caller.require("approvals.write")?;
+    let request = ApproveApprovalRequest {
+        tenant_id: caller.tenant_id()?.to_string(),
+        id,
+        scope: body.scope.unwrap_or_default(),
+        review_note: body.note.filter(|note| !note.trim().is_empty()),
+        reviewed_by: caller.identity.key_id.clone(),
+    };
+    render(&state.policy.approve_approval(request).await?)
+}
+
+/// `POST /v1/approvals/{id}/deny` (approvals.write): `{note}`; a denied call allows nothing.
+pub async fn deny(
+    State(state): State<EdgeState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    OptionalJsonBody(body): OptionalJsonBody<ReviewBody>,
+) -> Answer {
+    caller.require("approvals.write")?;
+    if body.scope.is_some() {
+        return Err(ApiError::invalid_request("invalid_body", "a denial takes no scope"));
+    }
+    let request = DenyApprovalRequest {
+        tenant_id: caller.tenant_id()?.to_string(),
+        id,
+        review_note: body.note.filter(|note| !note.trim().is_empty()),
+        reviewed_by: caller.identity.key_id.clone(),
+    };
+    render(&state.policy.deny_approval(request).await?)
 }

@@ -1,0 +1,116 @@
+//! The guardian on a completion's reply: the tool firewall on the tool calls the model asked for, and
+//! human approvals for the calls a security policy holds. Streams and whole replies use the same guard:
+//! a stream holds back only its tool-call events (text flows as it arrives) until the calls are known.
+
+use std::sync::Arc;
+
+use axum::http::HeaderName;
+use brainstorm_common::ApiError;
+use brainstorm_policy_firewall::firewall::Step;
+use brainstorm_policy_firewall::{ApprovalContext, FirewallAction, FirewallMode, Guardian, ToolCall, ToolCaller, approval_required_error};
+use brainstorm_providers::chat::{ChatReply, FinishReason, Part};
+
+/// Everything the tool firewall needs about one request, owned so a stream can carry it.
+pub struct ReplyGuard {
+    pub guardian: Arc<Guardian>,
+    pub tenant_id: String,
+    pub caller: ToolCaller,
+    /// The request's `x_firewall_mode` (it may only tighten the tenant's mode).
+    pub requested_mode: Option<FirewallMode>,
+    pub approval: ApprovalContext,
+}
+
+/// What the guardian decided about a reply's tool calls.
+#[derive(Debug, PartialEq)]
+pub enum ToolVerdict {
+    /// Pass these calls on (renamed and redacted where the firewall enforces).
+    Calls(Vec<ToolCall>),
+    /// Drop every tool call: the reply finishes with `content_filter`.
+    Blocked,
+}
+
+/// The headers and status the guard adds to a response.
+#[derive(Debug, Default)]
+pub struct GuardReport {
+    pub headers: Vec<(HeaderName, String)>,
+    /// `blocked`, `approved` or `warned` when the guard acted; None leaves the guardian status as is.
+    pub status: Option<&'static str>,
+}
+
+impl ReplyGuard {
+    /// Runs the nine firewall steps on `calls`, then resolves the approvals a policy asks for. An
+    /// error is the `approval_required` refusal, or the policy service being unreachable with nothing
+    /// cached (fail closed).
+    pub async fn inspect(&self, calls: Vec<ToolCall>, report: &mut GuardReport) -> Result<ToolVerdict, ApiError> {
+        if calls.is_empty() {
+            return Ok(ToolVerdict::Calls(calls));
+        }
+        let outcome = self
+            .guardian
+            .inspect_tool_calls(&self.tenant_id, &calls, &self.caller, self.requested_mode, Some(&self.approval.request_id))
+            .await?;
+        report.headers.extend(outcome.headers());
+        if let Some(denied) = outcome.verdicts.iter().find(|verdict| verdict.step == Step::SemanticPolicy) {
+            report.headers.push((HeaderName::from_static("x-br-policy-denied"), denied.reason.clone()));
+        }
+        if let Some(held) = outcome.approvals.first() {
+            report.headers.push((HeaderName::from_static("x-br-policy-match"), held.rule_id.clone()));
+        }
+        if !outcome.enforced {
+            if outcome.action != FirewallAction::Pass {
+                report.status = Some("warned");
+            }
+            return Ok(ToolVerdict::Calls(calls));
+        }
+        if outcome.action == FirewallAction::Block {
+            report.status = Some("blocked");
+            return Ok(ToolVerdict::Blocked);
+        }
+        for needed in &outcome.approvals {
+            let resolution = self.guardian.resolve_approval(&self.tenant_id, needed, &self.approval).await?;
+            let approval = resolution.approval.unwrap_or_default();
+            if !resolution.allowed {
+                report.status = Some("blocked");
+                report.headers.push((HeaderName::from_static("x-br-approval-id"), approval.id.clone()));
+                return Err(approval_required_error(&approval));
+            }
+            report.headers.push((HeaderName::from_static("x-br-approval-id"), approval.id.clone()));
+            report.status = Some("approved");
+        }
+        if report.status.is_none() && outcome.action != FirewallAction::Pass {
+            report.status = Some("warned");
+        }
+        Ok(ToolVerdict::Calls(outcome.calls.into_iter().map(|inspected| inspected.call).collect()))
+    }
+
+    /// Guards a whole reply in place: its tool-call parts are replaced by what the firewall lets
+    /// through, or dropped with finish reason `content_filter`.
+    pub async fn guard_reply(&self, reply: &mut ChatReply, report: &mut GuardReport) -> Result<(), ApiError> {
+        let calls: Vec<ToolCall> = reply
+            .parts
+            .iter()
+            .filter_map(|part| match part {
+                Part::ToolCall { id, name, arguments } => {
+                    Some(ToolCall { id: id.clone(), name: name.clone(), arguments: arguments.clone() })
+                }
+                _ => None,
+            })
+            .collect();
+        if calls.is_empty() {
+            return Ok(());
+        }
+        let verdict = self.inspect(calls, report).await?;
+        reply.parts.retain(|part| !matches!(part, Part::ToolCall { .. }));
+        match verdict {
+            ToolVerdict::Calls(calls) => {
+                reply.parts.extend(calls.into_iter().map(|call| Part::ToolCall {
+                    id: call.id,
+                    name: call.name,
+                    arguments: call.arguments,
+                }));
+            }
+            ToolVerdict::Blocked => reply.finish = FinishReason::ContentFilter,
+        }
+        Ok(())
+    }
+}
