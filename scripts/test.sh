@@ -20,8 +20,12 @@ cargo build -p brainstorm -p brainstorm-mock-upstream
 echo "== cargo test (unit, store suites on SQLite and PostgreSQL, end-to-end in both shapes)"
 cargo test --workspace
 echo "== Kafka bus and the audit path over Kafka (librdkafka's mock cluster, then a real tansu broker)"
-BR_TEST_KAFKA_BROKERS="$(scripts/ensure-kafka.sh)" cargo test -p brainstorm-common -p brainstorm-audit-lineage \
+export BR_TEST_KAFKA_BROKERS="$(scripts/ensure-kafka.sh)"
+cargo test -p brainstorm-common -p brainstorm-audit-lineage \
   --features brainstorm-common/kafka,brainstorm-audit-lineage/kafka --test kafka_bus --test kafka_audit
+echo "== the distributed shape on Kafka (two edges, an audit-lineage crash, a kill switch across edges)"
+cargo build -p brainstorm --features kafka
+cargo test -p brainstorm-e2e --features kafka --test kafka
 echo "== SDK end-to-end tests (official openai and anthropic clients)"
 BR_BINARY="$CARGO_TARGET_DIR/debug/brainstorm" BR_MOCK_UPSTREAM="$CARGO_TARGET_DIR/debug/mock-upstream" tests/sdk/run.sh
 if [ -x tests/deploy/check_chart.sh ]; then

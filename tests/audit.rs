@@ -4,13 +4,13 @@
 
 use std::time::Duration;
 
-use brainstorm_e2e::{Gateway, Shape};
+use brainstorm_e2e::{Gateway, Shape, run_to_end};
 use reqwest::Method;
 use serde_json::{Value, json};
 
 type TestResult = anyhow::Result<()>;
 
-brainstorm_e2e::in_both_shapes!(completions_are_chained_and_explained);
+brainstorm_e2e::in_both_shapes!(completions_are_chained_and_explained, refusals_at_the_door_are_chained_too);
 
 async fn completions_are_chained_and_explained(shape: Shape) -> TestResult {
     let gateway = Gateway::start(shape).await?;
@@ -74,5 +74,78 @@ async fn completions_are_chained_and_explained(shape: Shape) -> TestResult {
     let developer = gateway.call(Method::POST, "/v1/api-keys", Some(&key), Some(json!({"role": "developer"}))).await?;
     let developer = developer.body["api_key"]["key"].as_str().unwrap_or_default().to_string();
     assert_eq!(gateway.call(Method::GET, "/v1/governance/audit/chain/verify", Some(&developer), None).await?.status, 403);
+
+    // The exported chain verifies offline; an edited copy does not.
+    let export = gateway.call(Method::GET, "/v1/governance/audit/chain/export", Some(&key), None).await?;
+    assert_eq!(export.status, 200, "{}", export.text);
+    assert_eq!(export.text.lines().count(), 3, "a header and two records: {}", export.text);
+    let file = gateway.work_dir.join("chain.jsonl");
+    std::fs::write(&file, &export.text)?;
+    let (intact, output) = run_to_end(&["audit", "verify", &file.display().to_string()], &[], &gateway.work_dir)?;
+    assert!(intact, "{output}");
+    assert!(export.text.contains("gpt-4o-mini"), "the records name the model asked for: {}", export.text);
+    std::fs::write(&file, export.text.replacen("gpt-4o-mini", "gpt-4o-nano", 1))?;
+    let (tampered, output) = run_to_end(&["audit", "verify", &file.display().to_string()], &[], &gateway.work_dir)?;
+    assert!(!tampered, "an edited export must fail: {output}");
+    Ok(())
+}
+
+/// Refusals before the pipeline runs are evidence as well: an unknown key (the platform chain), a
+/// missing permission, an unreadable body and the tenant kill switch (the tenant's chain).
+async fn refusals_at_the_door_are_chained_too(shape: Shape) -> TestResult {
+    let gateway = Gateway::start(shape).await?;
+    let (key, _) = gateway.register("Door").await?;
+    let body = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]});
+
+    let unknown = gateway.call(Method::POST, "/v1/chat/completions", Some("br_live_not_a_key_0000000000"), Some(body.clone())).await?;
+    assert_eq!(unknown.status, 401, "{}", unknown.text);
+    assert_eq!(unknown.header("x-br-audit-hash").map(str::len), Some(64), "an unknown key is refused on the record");
+    let admin = brainstorm_e2e::PLATFORM_ADMIN_KEY;
+    let mut platform = Value::Null;
+    for _ in 0..100 {
+        platform = gateway.call(Method::GET, "/v1/governance/audit/chain/verify", Some(admin), None).await?.body;
+        if platform["checked"].as_u64() >= Some(1) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(platform["valid"], true, "{platform}");
+    assert!(platform["checked"].as_u64() >= Some(1), "{platform}");
+
+    let auditor = gateway.call(Method::POST, "/v1/api-keys", Some(&key), Some(json!({"role": "auditor"}))).await?;
+    let auditor = auditor.body["api_key"]["key"].as_str().unwrap_or_default().to_string();
+    let forbidden = gateway.call(Method::POST, "/v1/chat/completions", Some(&auditor), Some(body.clone())).await?;
+    assert_eq!(forbidden.status, 403, "{}", forbidden.text);
+    assert!(forbidden.header("x-br-audit-hash").is_some());
+    let garbled = gateway
+        .request(Method::POST, "/v1/messages", Some(&key))
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await?;
+    assert_eq!(garbled.status().as_u16(), 400);
+    assert!(garbled.headers().get("x-br-audit-hash").is_some());
+
+    let activated = gateway.call(Method::POST, "/v1/killswitch/activate", Some(&key), Some(json!({"reason": "door test"}))).await?;
+    assert_eq!(activated.status, 200);
+    let switched = gateway.call(Method::POST, "/v1/chat/completions", Some(&key), Some(body)).await?;
+    assert_eq!(switched.status, 503, "{}", switched.text);
+    let request_id = switched.header("x-br-request-id").unwrap_or_default().to_string();
+    assert!(switched.header("x-br-audit-hash").is_some());
+
+    // Three refusals in the tenant's chain, the kill switch's with its reason code.
+    let mut report = Value::Null;
+    for _ in 0..100 {
+        report = gateway.call(Method::GET, "/v1/governance/audit/chain/verify", Some(&key), None).await?.body;
+        if report["checked"].as_u64() >= Some(3) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(report["valid"], true, "{report}");
+    assert_eq!(report["checked"], 3, "{report}");
+    let lineage = gateway.call(Method::GET, &format!("/v1/governance/lineage/{request_id}"), Some(&key), None).await?;
+    assert_eq!(lineage.status, 200, "{}", lineage.text);
+    assert_eq!(lineage.body["policy_context"]["reason_code"], "kill_switch_active", "{}", lineage.text);
     Ok(())
 }

@@ -190,6 +190,23 @@ async fn the_firewall_holds_back_streamed_tool_calls(shape: Shape) -> TestResult
     );
     assert!(streamed.text.contains(": x-br-tool-firewall-status=mask"), "{}", streamed.text);
     assert!(streamed.text.trim_end().ends_with("data: [DONE]"));
+    // The stream's audit record is completed at its end: the trailer carries its commitment, and the
+    // record carries the tokens and the cost the stream used.
+    assert!(streamed.text.contains(": x-br-audit-hash="), "{}", streamed.text);
+    let request_id = streamed.header("x-br-request-id").unwrap_or_default().to_string();
+    let mut decision = Value::Null;
+    for _ in 0..50 {
+        let decisions = gateway.call(Method::GET, "/v1/replays/decisions", Some(key), None).await?;
+        if let Some(found) =
+            decisions.body["decisions"].as_array().and_then(|list| list.iter().find(|entry| entry["requestId"] == request_id.as_str()))
+        {
+            decision = found.clone();
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(decision["outputTokens"].as_i64().is_some_and(|tokens| tokens > 0), "{decision}");
+    assert!(decision["costUsd"].as_f64().is_some_and(|cost| cost > 0.0), "{decision}");
 
     let mut body = tool_request("drop_users", "drop them");
     body["stream"] = json!(true);

@@ -37,6 +37,9 @@ pub const MASTER_KEY: &str = "00112233445566778899aabbccddeeff001122334455667788
 /// The platform administrator key every test gateway is started with.
 pub const PLATFORM_ADMIN_KEY: &str = "br_live_platform_admin_key_for_tests_0001";
 
+/// How a process was started: label, arguments and settings.
+type Launch = (String, Vec<String>, Vec<(String, String)>);
+
 /// A running gateway; its processes are killed when it is dropped.
 pub struct Gateway {
     pub base_url: String,
@@ -48,6 +51,8 @@ pub struct Gateway {
     pub work_dir: PathBuf,
     pub client: reqwest::Client,
     processes: Vec<(String, Child)>,
+    /// How each process was started, so a killed one can be started again.
+    launches: Vec<Launch>,
 }
 
 /// The `brainstorm` binary next to the test executable (built by `cargo build -p brainstorm`), or
@@ -137,6 +142,7 @@ impl Gateway {
             work_dir: work_dir.clone(),
             client,
             processes: Vec::new(),
+            launches: Vec::new(),
         };
         let outbox_text = outbox.display().to_string();
         let mut common: Vec<(String, String)> = vec![
@@ -199,7 +205,7 @@ impl Gateway {
     }
 
     fn spawn(&mut self, label: &str, arguments: &[&str], env: &[(String, String)]) -> anyhow::Result<()> {
-        let log = std::fs::File::create(self.work_dir.join(format!("{label}.log")))?;
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.work_dir.join(format!("{label}.log")))?;
         let child = Command::new(binary()?)
             .args(arguments)
             .envs(env.iter().map(|(name, value)| (name.as_str(), value.as_str())))
@@ -209,7 +215,33 @@ impl Gateway {
             .spawn()
             .with_context(|| format!("cannot start brainstorm {}", arguments.join(" ")))?;
         self.processes.push((label.to_string(), child));
+        self.launches.retain(|(launched, _, _)| launched != label);
+        self.launches.push((label.to_string(), arguments.iter().map(|argument| argument.to_string()).collect(), env.to_vec()));
         Ok(())
+    }
+
+    /// Kills one process outright (SIGKILL), as a crash would.
+    pub fn kill(&mut self, label: &str) -> anyhow::Result<()> {
+        let index = self.processes.iter().position(|(name, _)| name == label).with_context(|| format!("no process `{label}`"))?;
+        let (_, mut child) = self.processes.remove(index);
+        child.kill()?;
+        child.wait()?;
+        Ok(())
+    }
+
+    /// Starts a killed process again with its arguments and settings, and waits until it is healthy.
+    pub async fn restart(&mut self, label: &str) -> anyhow::Result<()> {
+        let (_, arguments, env) =
+            self.launches.iter().find(|(name, _, _)| name == label).cloned().with_context(|| format!("`{label}` was never started"))?;
+        let arguments: Vec<&str> = arguments.iter().map(String::as_str).collect();
+        let health_port = arguments
+            .windows(2)
+            .find(|pair| pair[0] == "--listen")
+            .and_then(|pair| pair[1].rsplit(':').next())
+            .and_then(|port| port.parse::<u16>().ok())
+            .with_context(|| format!("`{label}` has no --listen port"))?;
+        self.spawn(label, &arguments, &env)?;
+        self.wait_healthy(health_port).await
     }
 
     async fn wait_healthy(&mut self, port: u16) -> anyhow::Result<()> {

@@ -17,7 +17,7 @@ use brainstorm_audit_lineage::{
 };
 use brainstorm_budget_ledger::{BudgetGuard, BudgetLedgerOptions, BudgetLedgerServiceImpl, spawn_settlement_consumer};
 use brainstorm_catalog::{CatalogOptions, CatalogServiceImpl};
-use brainstorm_common::bus::{EventBus, InProcessBus};
+use brainstorm_common::bus::{EventBus, InProcessBus, select_broadcast_bus, select_bus};
 use brainstorm_common::config::{ServiceName, Settings};
 use brainstorm_common::outbox::MailOutbox;
 use brainstorm_common::store::Database;
@@ -108,10 +108,11 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
         }
         hosted.insert(service);
     }
-    let bus: Arc<dyn EventBus> = Arc::new(InProcessBus::new());
-    if settings.kafka_brokers.is_some() {
-        tracing::warn!("BR_KAFKA_BROKERS is set but this build's bus is in-process: edges learn of changes by cache expiry");
-    }
+    // With Kafka, every process shares one bus: edges publish settlements and audit records, the
+    // services that own them consume, and every edge hears every invalidation. Without it, each
+    // process has its own bus and the edge relays settlements and records over gRPC.
+    let on_kafka = settings.kafka_brokers.is_some();
+    let bus = select_bus(settings.kafka_brokers.as_deref()).context("cannot reach the Kafka bus (BR_KAFKA_BROKERS)")?;
     let hosts_edge = hosted.contains(&ServiceName::EdgeRouter);
     let needs_database = [
         ServiceName::Identity,
@@ -162,9 +163,11 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
         }
         _ if hosts_edge => {
             let remote = BudgetLedgerClient::grpc(remote(&settings, ServiceName::BudgetLedger)?);
-            // Until the Kafka bus lands, settlements published on this process's bus reach the remote
+            // Without a shared bus, settlements published on this process's bus reach the remote
             // ledger through its RecordEvent call (idempotent per request id).
-            tokio::spawn(forward_settlements(bus.clone(), remote.clone()));
+            if !on_kafka {
+                tokio::spawn(forward_settlements(bus.clone(), remote.clone()));
+            }
             Some(remote)
         }
         _ => None,
@@ -179,9 +182,11 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
         }
         _ if hosts_edge => {
             let remote = AuditLineageClient::grpc(remote(&settings, ServiceName::AuditLineage)?);
-            // Until the Kafka bus is wired into `serve`, records queued on this process's bus reach the
-            // remote chain writer through its idempotent RecordAudit call.
-            tokio::spawn(forward_audit_records(bus.clone(), remote.clone()));
+            // Without a shared bus, records queued on this process's bus reach the remote chain writer
+            // through its idempotent RecordAudit call.
+            if !on_kafka {
+                tokio::spawn(forward_audit_records(bus.clone(), remote.clone()));
+            }
             Some(remote)
         }
         _ => None,
@@ -252,8 +257,9 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
                 guardian: guardian(&policy),
                 policy,
             };
-            let (settings, bus, stop) = (settings.clone(), bus.clone(), shutdown.clone());
-            tasks.spawn(async move { serve_edge(&settings, dependencies, bus, stop).await });
+            let broadcast = select_broadcast_bus(settings.kafka_brokers.as_deref(), &bus)?;
+            let (settings, stop) = (settings.clone(), shutdown.clone());
+            tasks.spawn(async move { serve_edge(&settings, dependencies, broadcast, stop).await });
         }
         _ => {
             let listen = settings.listen;

@@ -101,14 +101,35 @@ pub fn select_bus(kafka_brokers: Option<&str>) -> Result<Arc<dyn EventBus>, BusE
     }
 }
 
+/// The bus for per-process broadcast groups (cache invalidation): on Kafka, a new group starts at the
+/// newest message instead of replaying history; in process, `shared` itself (the publishers' bus).
+pub fn select_broadcast_bus(kafka_brokers: Option<&str>, shared: &Arc<dyn EventBus>) -> Result<Arc<dyn EventBus>, BusError> {
+    match kafka_brokers.map(str::trim).filter(|brokers| !brokers.is_empty()) {
+        None => Ok(shared.clone()),
+        Some(brokers) => kafka_broadcast_bus(brokers),
+    }
+}
+
 #[cfg(feature = "kafka")]
 fn kafka_bus(brokers: &str) -> Result<Arc<dyn EventBus>, BusError> {
     Ok(Arc::new(kafka::KafkaBus::new(kafka::KafkaOptions::new(brokers))?))
 }
 
+#[cfg(feature = "kafka")]
+fn kafka_broadcast_bus(brokers: &str) -> Result<Arc<dyn EventBus>, BusError> {
+    let mut options = kafka::KafkaOptions::new(brokers);
+    options.new_groups_start_at_earliest = false;
+    Ok(Arc::new(kafka::KafkaBus::new(options)?))
+}
+
 #[cfg(not(feature = "kafka"))]
 fn kafka_bus(_brokers: &str) -> Result<Arc<dyn EventBus>, BusError> {
     Err(BusError::Backend("BR_KAFKA_BROKERS is set but this build has no Kafka support (cargo feature `kafka`)".to_string()))
+}
+
+#[cfg(not(feature = "kafka"))]
+fn kafka_broadcast_bus(brokers: &str) -> Result<Arc<dyn EventBus>, BusError> {
+    kafka_bus(brokers)
 }
 
 /// Consumer groups of each topic.

@@ -176,17 +176,38 @@ impl FromRequestParts<EdgeState> for Caller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &EdgeState) -> Result<Self, Self::Rejection> {
-        let caller = state.authenticator.authenticate(&parts.headers).await?;
-        // The tenant's kill switch: every non-exempt path answers 503 while it is active.
-        if let Some(tenant_id) = caller.identity.tenant_id.as_deref() {
-            let facts =
-                RequestFacts { path: parts.uri.path(), method: parts.method.as_str(), agent_id: None, tool_names: &[], model: None };
-            if let Some(error) = state.guardian.kill_switch(tenant_id, &facts).await.api_error() {
-                return Err(error);
-            }
-        }
-        Ok(caller)
+        admit(parts, state).await.map_err(|refused| refused.error)
     }
+}
+
+/// A caller that was not admitted: the refusal, and who it was when the key resolved.
+pub struct Refused {
+    pub error: ApiError,
+    pub identity: Option<Arc<CallerIdentity>>,
+}
+
+/// `Caller`, or why not: for the routes that record their refusals as evidence (completions).
+pub struct CallerAttempt(pub Result<Caller, Refused>);
+
+impl FromRequestParts<EdgeState> for CallerAttempt {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, state: &EdgeState) -> Result<Self, Self::Rejection> {
+        Ok(CallerAttempt(admit(parts, state).await))
+    }
+}
+
+/// Authenticates the request, then applies the tenant's kill switch: every non-exempt path answers
+/// 503 while it is active.
+async fn admit(parts: &Parts, state: &EdgeState) -> Result<Caller, Refused> {
+    let caller = state.authenticator.authenticate(&parts.headers).await.map_err(|error| Refused { error, identity: None })?;
+    if let Some(tenant_id) = caller.identity.tenant_id.as_deref() {
+        let facts = RequestFacts { path: parts.uri.path(), method: parts.method.as_str(), agent_id: None, tool_names: &[], model: None };
+        if let Some(error) = state.guardian.kill_switch(tenant_id, &facts).await.api_error() {
+            return Err(Refused { error, identity: Some(caller.identity) });
+        }
+    }
+    Ok(caller)
 }
 
 /// The key from `Authorization: Bearer` or, as Anthropic clients send it, `x-api-key`.

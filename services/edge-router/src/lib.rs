@@ -122,12 +122,13 @@ impl Edge {
 
     /// Follows identity and catalog changes on the bus (runs until the bus closes).
     pub async fn follow_bus(&self, bus: Arc<dyn EventBus>, group: &str) {
-        // Every edge process must see every guardian event: its own consumer group.
-        let guardian_group = format!("{group}-{}", uuid::Uuid::new_v4().simple());
+        // Every edge process must see every event (they invalidate its own caches): a consumer group
+        // of its own.
+        let group = format!("{group}-{}", uuid::Uuid::new_v4().simple());
         tokio::join!(
-            self.authenticator.clone().follow_identity_events(bus.clone(), group.to_string()),
-            self.routing.clone().follow_catalog_events(bus.clone(), group.to_string()),
-            self.guardian.clone().follow_events(bus, guardian_group),
+            self.authenticator.clone().follow_identity_events(bus.clone(), group.clone()),
+            self.routing.clone().follow_catalog_events(bus.clone(), group.clone()),
+            self.guardian.clone().follow_events(bus, group),
         );
     }
 }
@@ -196,6 +197,7 @@ fn router(state: EdgeState) -> Router {
         .route("/v1/approvals/{id}/approve", post(guardian::approve))
         .route("/v1/approvals/{id}/deny", post(guardian::deny))
         .route("/v1/governance/audit/chain/verify", get(governance::verify_chain))
+        .route("/v1/governance/audit/chain/export", get(governance::export_chain))
         .route("/v1/governance/lineage", get(governance::episode))
         .route("/v1/governance/lineage/{request_id}", get(governance::lineage))
         .route("/v1/governance/artifacts/{request_id}", get(governance::artifact))

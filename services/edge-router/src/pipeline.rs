@@ -25,7 +25,7 @@ use futures::StreamExt;
 use serde_json::{Map, Value, json};
 
 use crate::EdgeState;
-use crate::auth::Caller;
+use crate::auth::{Caller, CallerIdentity, Refused};
 use crate::extract::RequestId;
 use crate::reply_guard::{GuardReport, ReplyGuard, ToolVerdict};
 use crate::routing_cache::route_options;
@@ -90,7 +90,7 @@ fn tokens(usage: Usage) -> i64 {
 }
 
 /// What the pipeline learned about a request, for its audit record.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct AuditFacts {
     model_requested: String,
     model_resolved: String,
@@ -108,6 +108,8 @@ pub struct AuditFacts {
     guardian_overhead: std::time::Duration,
     /// A guardian decision that refused part of an answered request (its audit reason code).
     denial: Option<&'static str>,
+    /// A streamed answer's record waits for the stream's end (tokens, cost) and is submitted there.
+    stream_evidence: Option<tokio::sync::oneshot::Sender<PendingEvidence>>,
     input_tokens: u64,
     output_tokens: u64,
     cost: Option<Usd>,
@@ -146,20 +148,74 @@ fn trace_context(request_headers: &HeaderMap) -> TraceContext {
     }
 }
 
-/// Serves one completion and records its audit evidence (allowed, denied or failed alike).
-pub async fn complete(
+/// The chain that holds evidence of requests that belong to no tenant (unknown keys, the platform
+/// administrator's key): tenant ids are UUIDs, so it cannot collide with one.
+pub const PLATFORM_CHAIN: &str = "platform";
+
+/// Who a request's evidence belongs to.
+struct Attribution {
+    tenant_id: String,
+    key_id: Option<String>,
+    owner_id: Option<String>,
+}
+
+impl Attribution {
+    fn of(identity: Option<&CallerIdentity>) -> Self {
+        match identity {
+            Some(identity) => Attribution {
+                tenant_id: identity.tenant_id.clone().unwrap_or_else(|| PLATFORM_CHAIN.to_string()),
+                key_id: Some(identity.key_id.clone()),
+                owner_id: identity.key.as_ref().and_then(|key| key.created_by.clone()),
+            },
+            None => Attribution { tenant_id: PLATFORM_CHAIN.to_string(), key_id: None, owner_id: None },
+        }
+    }
+}
+
+/// Serves one completion request from its first byte: admission (key, kill switch, permission), the
+/// body, then the pipeline. Every outcome, refusals at the door included, is recorded as evidence.
+pub async fn serve(
     state: &EdgeState,
-    caller: &Caller,
+    attempt: Result<Caller, Refused>,
+    request_id: &RequestId,
+    request_headers: &HeaderMap,
+    body: Result<Value, ApiError>,
+    format: ClientFormat,
+) -> Result<Response, ApiError> {
+    let started = Instant::now();
+    let model_requested = body.as_ref().ok().and_then(|body| body.get("model")).and_then(Value::as_str).unwrap_or_default().to_string();
+    let mut facts = AuditFacts { model_requested, ..AuditFacts::default() };
+    let empty = Value::Null;
+    let (identity, result) = match (attempt, &body) {
+        (Err(refused), _) => (refused.identity, Err(refused.error)),
+        (Ok(caller), Err(error)) => (Some(caller.identity), Err(error.clone())),
+        (Ok(caller), Ok(body)) => {
+            let result = match caller.require("router.write") {
+                Ok(()) => complete_inner(state, &caller, request_id, request_headers, body, format, &mut facts).await,
+                Err(error) => Err(error),
+            };
+            (Some(caller.identity), result)
+        }
+    };
+    let attribution = Attribution::of(identity.as_deref());
+    let body = body.as_ref().unwrap_or(&empty);
+    seal(state, attribution, request_id, request_headers, body, format, started, facts, result)
+}
+
+/// Records a request's evidence and adds the evidence headers to its answer.
+#[allow(clippy::too_many_arguments)]
+fn seal(
+    state: &EdgeState,
+    attribution: Attribution,
     request_id: &RequestId,
     request_headers: &HeaderMap,
     body: &Value,
     format: ClientFormat,
+    started: Instant,
+    mut facts: AuditFacts,
+    result: Result<Response, ApiError>,
 ) -> Result<Response, ApiError> {
-    let started = Instant::now();
-    let mut facts =
-        AuditFacts { model_requested: body.get("model").and_then(Value::as_str).unwrap_or_default().to_string(), ..AuditFacts::default() };
-    let result = complete_inner(state, caller, request_id, request_headers, body, format, &mut facts).await;
-    let Some(tenant_id) = caller.identity.tenant_id.clone() else { return result };
+    let Attribution { tenant_id, key_id, owner_id } = attribution;
     let (outcome, reason_code) = match &result {
         Ok(_) if facts.denial.is_some() => ("denied", facts.denial.unwrap_or_default().to_string()),
         Ok(_) => ("allowed", "ok".to_string()),
@@ -177,14 +233,14 @@ pub async fn complete(
             ClientFormat::OpenAi => "/v1/chat/completions".to_string(),
             ClientFormat::Anthropic => "/v1/messages".to_string(),
         },
-        key_id: Some(caller.identity.key_id.clone()),
-        agent_id: agent_id.clone(),
-        principal: Some(AuditPrincipal {
-            id: caller.identity.key_id.clone(),
+        principal: key_id.as_ref().map(|key_id| AuditPrincipal {
+            id: key_id.clone(),
             auth_method: "api_key".to_string(),
             spiffe_id: None,
-            owner_id: caller.identity.key.as_ref().and_then(|key| key.created_by.clone()),
+            owner_id: owner_id.clone(),
         }),
+        key_id,
+        agent_id: agent_id.clone(),
         model_requested: facts.model_requested,
         model_resolved: facts.model_resolved,
         model_executed: facts.model_executed.clone(),
@@ -212,6 +268,25 @@ pub async fn complete(
     if !facts.guardian_status.is_empty() {
         guardian_headers.push((HeaderName::from_static("x-br-guardian-status"), facts.guardian_status.to_string()));
         guardian_headers.push((HeaderName::from_static("x-br-guardian-overhead-ms"), milliseconds(facts.guardian_overhead)));
+    }
+    if result.is_ok()
+        && let Some(evidence) = facts.stream_evidence.take()
+    {
+        // A stream's record is completed (tokens, cost, how it ended) and submitted when the stream
+        // ends; its commitment then travels as a trailing SSE comment. What is known now goes out
+        // as headers.
+        let _ = evidence.send(PendingEvidence { record, publisher: state.audit_publisher.clone() });
+        return result.map(|mut response| {
+            set(response.headers_mut(), "x-br-explain", &request_id.0);
+            set(response.headers_mut(), "x-br-verdict-id", &format!("vrd_{}", request_id.0.trim_start_matches("req_")));
+            set(response.headers_mut(), "traceparent", &traceparent);
+            for (name, value) in guardian_headers {
+                if let Ok(value) = HeaderValue::from_str(&value) {
+                    response.headers_mut().insert(name, value);
+                }
+            }
+            response
+        });
     }
     let commitment = match state.audit_publisher.submit(record) {
         Ok(Submitted::Queued { commitment }) => (commitment, "captured"),
@@ -446,7 +521,9 @@ async fn complete_inner(
             Ok(Ok(events)) => {
                 budget_headers(&mut headers, reservation.remaining());
                 let spec = stream_spec(candidate, reply_id, format, &chat);
-                return Ok(relay(events, headers, spec, reservation, reply_guard.take()));
+                let (evidence, pending) = tokio::sync::oneshot::channel();
+                facts.stream_evidence = Some(evidence);
+                return Ok(relay(events, headers, spec, reservation, reply_guard.take(), Some(pending)));
             }
             Ok(Err(mut reply)) => {
                 let settle = |cost: Usd, usage: Usage| ActualUsage {
@@ -689,7 +766,7 @@ async fn sandbox_response(chat: &ChatRequest, id: String, format: ClientFormat, 
             input_estimate: reply.usage.input_tokens,
             stream_usage: chat.stream_usage,
         };
-        return relay(events, headers, spec, reservation, None);
+        return relay(events, headers, spec, reservation, None, None);
     }
     let actual = ActualUsage {
         cost: Usd::ZERO,
@@ -792,12 +869,48 @@ struct StreamSettlement {
     usage: Usage,
     started: Instant,
     reservation: Option<Reservation>,
+    /// The request's audit record, completed and submitted when the stream settles.
+    evidence: Option<tokio::sync::oneshot::Receiver<PendingEvidence>>,
+}
+
+/// A streamed request's audit record, waiting for the stream's end.
+struct PendingEvidence {
+    record: AuditRecord,
+    publisher: brainstorm_audit_lineage::AuditPublisher,
 }
 
 impl StreamSettlement {
-    /// Settles (once) and returns the exact cost.
-    fn settle(&mut self, outcome: Outcome) -> Option<Usd> {
+    /// Completes the stream's audit record with what the stream used and submits it; returns the
+    /// commitment and coverage for the trailer.
+    fn submit_evidence(&mut self, outcome: Outcome, cost: Option<Usd>) -> Option<(String, &'static str)> {
+        let PendingEvidence { mut record, publisher } = self.evidence.take()?.try_recv().ok()?;
+        record.input_tokens = i64::try_from(self.usage.input_tokens).unwrap_or(i64::MAX);
+        record.output_tokens = i64::try_from(self.usage.output_tokens).unwrap_or(i64::MAX);
+        record.cost_nanos = cost.map_or(0, Usd::nanos);
+        record.latency_ms = record.latency_ms.saturating_add(i64::try_from(self.started.elapsed().as_millis()).unwrap_or(i64::MAX));
+        match outcome {
+            Outcome::Succeeded => {}
+            Outcome::Failed => {
+                record.outcome = "error".to_string();
+                record.reason_code = "stream_failed".to_string();
+            }
+            Outcome::ClientDisconnected => record.reason_code = "client_disconnected".to_string(),
+        }
+        match publisher.submit(record) {
+            Ok(Submitted::Queued { commitment }) => Some((commitment, "captured")),
+            Ok(Submitted::Dropped { commitment }) => Some((commitment, "dropped")),
+            Err(error) => {
+                tracing::error!(%error, "a stream's audit record could not be recorded");
+                None
+            }
+        }
+    }
+
+    /// Settles (once), records the stream's evidence, and returns the exact cost and the evidence
+    /// trailer (commitment, coverage).
+    fn settle(&mut self, outcome: Outcome) -> (Option<Usd>, Option<(String, &'static str)>) {
         let cost = self.price.map(|price| price.cost(self.usage));
+        let evidence = self.submit_evidence(outcome, cost);
         if let Some(reservation) = self.reservation.take() {
             tracing::debug!(model = %self.model, input_tokens = self.usage.input_tokens, output_tokens = self.usage.output_tokens, outcome = outcome.as_str(), "stream settled");
             reservation.settle_in_background(ActualUsage {
@@ -810,13 +923,13 @@ impl StreamSettlement {
                 latency_ms: u64::try_from(self.started.elapsed().as_millis()).ok(),
             });
         }
-        cost
+        (cost, evidence)
     }
 }
 
 impl Drop for StreamSettlement {
     fn drop(&mut self) {
-        if self.reservation.is_some() {
+        if self.reservation.is_some() || self.evidence.is_some() {
             self.settle(Outcome::ClientDisconnected);
         }
     }
@@ -900,7 +1013,14 @@ impl RelayState {
 
 /// Streams `events` to the client in its format. Frames are produced as events arrive: the client's
 /// reading pace is the upstream's reading pace, and dropping the body drops the upstream connection.
-fn relay(events: EventStream, mut headers: HeaderMap, spec: RelaySpec, reservation: Reservation, guard: Option<ReplyGuard>) -> Response {
+fn relay(
+    events: EventStream,
+    mut headers: HeaderMap,
+    spec: RelaySpec,
+    reservation: Reservation,
+    guard: Option<ReplyGuard>,
+    evidence: Option<tokio::sync::oneshot::Receiver<PendingEvidence>>,
+) -> Response {
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     let writer = match spec.format {
@@ -920,6 +1040,7 @@ fn relay(events: EventStream, mut headers: HeaderMap, spec: RelaySpec, reservati
             usage: Usage::default(),
             started: Instant::now(),
             reservation: Some(reservation),
+            evidence,
         },
         pending: VecDeque::new(),
         ended: false,
@@ -964,9 +1085,15 @@ fn relay(events: EventStream, mut headers: HeaderMap, spec: RelaySpec, reservati
                     }
                     state.ended = true;
                     state.settlement.usage = state.assembler.usage;
-                    if let Some(cost) = state.settlement.settle(Outcome::Succeeded) {
-                        // Headers are gone by now: the actual cost travels as an SSE comment.
+                    let (cost, evidence) = state.settlement.settle(Outcome::Succeeded);
+                    // Headers are gone by now: the actual cost and the evidence travel as SSE comments.
+                    if let Some(cost) = cost {
                         state.pending.push_back(Bytes::from(format!(": x-br-actual-cost={}\n\n", dollars(cost))));
+                    }
+                    if let Some((commitment, coverage)) = evidence {
+                        state.pending.push_back(Bytes::from(format!(
+                            ": x-br-audit-hash={commitment}\n\n: x-br-evidence-receipt=sha256:{commitment}\n\n: x-br-evidence-coverage={coverage}\n\n"
+                        )));
                     }
                     match state.refusal.take() {
                         Some(refusal) => state.pending.push_back(refusal),

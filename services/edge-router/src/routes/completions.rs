@@ -10,7 +10,7 @@ use brainstorm_providers::routing::SANDBOX_MODEL;
 use serde_json::{Value, json};
 
 use crate::EdgeState;
-use crate::auth::Caller;
+use crate::auth::{Caller, CallerAttempt};
 use crate::extract::{JsonBody, RequestId};
 use crate::pipeline::{self, ClientFormat};
 
@@ -20,25 +20,23 @@ const CATALOG_CREATED: i64 = 1_761_955_200;
 /// `POST /v1/chat/completions` (router.write).
 pub async fn chat_completions(
     State(state): State<EdgeState>,
-    caller: Caller,
+    CallerAttempt(attempt): CallerAttempt,
     Extension(request_id): Extension<RequestId>,
     headers: HeaderMap,
-    JsonBody(body): JsonBody<Value>,
+    body: Result<JsonBody<Value>, ApiError>,
 ) -> Result<Response, ApiError> {
-    caller.require("router.write")?;
-    pipeline::complete(&state, &caller, &request_id, &headers, &body, ClientFormat::OpenAi).await
+    pipeline::serve(&state, attempt, &request_id, &headers, body.map(|JsonBody(body)| body), ClientFormat::OpenAi).await
 }
 
 /// `POST /v1/messages` (router.write).
 pub async fn messages(
     State(state): State<EdgeState>,
-    caller: Caller,
+    CallerAttempt(attempt): CallerAttempt,
     Extension(request_id): Extension<RequestId>,
     headers: HeaderMap,
-    JsonBody(body): JsonBody<Value>,
+    body: Result<JsonBody<Value>, ApiError>,
 ) -> Result<Response, ApiError> {
-    caller.require("router.write")?;
-    pipeline::complete(&state, &caller, &request_id, &headers, &body, ClientFormat::Anthropic).await
+    pipeline::serve(&state, attempt, &request_id, &headers, body.map(|JsonBody(body)| body), ClientFormat::Anthropic).await
 }
 
 fn model_entry(id: &str, owned_by: &str) -> Value {

@@ -1,14 +1,15 @@
 //! Audit and lineage reads: chain verification, explain, lineage, signed artifacts, the agents
-//! inventory and routing replays. Answers are the audit-lineage messages as they are (money in
-//! nano-dollar fields, scores in millionths).
+//! inventory and routing replays. Most answers are the audit-lineage messages as they are (money in
+//! nano-dollar fields, scores in millionths); replays speak the spec's USD and field names.
 
 use axum::Json;
 use axum::extract::{Path, Query, State};
 use brainstorm_audit_lineage::price_table;
 use brainstorm_common::ApiError;
+use brainstorm_common::money::Usd;
 use brainstorm_proto::audit::*;
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::EdgeState;
 use crate::auth::Caller;
@@ -23,11 +24,20 @@ fn json<T: serde::Serialize>(message: &T) -> Answer {
     })
 }
 
-/// `GET /v1/governance/audit/chain/verify` (governance.read).
+/// `GET /v1/governance/audit/chain/verify` (governance.read): the tenant's chain; for the platform
+/// administrator, the platform chain (refusals that belong to no tenant, such as unknown keys).
 pub async fn verify_chain(State(state): State<EdgeState>, caller: Caller) -> Answer {
-    caller.require("governance.read")?;
-    let report =
-        state.audit.verify_chain(VerifyChainRequest { tenant_id: caller.tenant_id()?.to_string(), max_provenance_checks: None }).await?;
+    let tenant_id = match &caller.identity.tenant_id {
+        Some(tenant_id) => {
+            caller.require("governance.read")?;
+            tenant_id.clone()
+        }
+        None => {
+            caller.require("platform.admin")?;
+            crate::pipeline::PLATFORM_CHAIN.to_string()
+        }
+    };
+    let report = state.audit.verify_chain(VerifyChainRequest { tenant_id, max_provenance_checks: None }).await?;
     json(&report)
 }
 
@@ -96,12 +106,34 @@ pub struct DecisionsQuery {
 /// `GET /v1/replays/decisions` (router.read).
 pub async fn decisions(State(state): State<EdgeState>, caller: Caller, Query(query): Query<DecisionsQuery>) -> Answer {
     caller.require("router.read")?;
-    json(
-        &state
-            .audit
-            .list_decisions(DecisionsRequest { tenant_id: caller.tenant_id()?.to_string(), limit: query.limit, since: query.since })
-            .await?,
-    )
+    let list = state
+        .audit
+        .list_decisions(DecisionsRequest { tenant_id: caller.tenant_id()?.to_string(), limit: query.limit, since: query.since })
+        .await?;
+    let decisions: Vec<Value> = list
+        .decisions
+        .iter()
+        .map(|decision| {
+            json!({
+                "requestId": decision.request_id,
+                "timestamp": decision.timestamp,
+                "model": decision.model,
+                "provider": decision.provider,
+                "endpointId": decision.endpoint_id,
+                "strategy": decision.strategy,
+                "inputTokens": decision.input_tokens,
+                "outputTokens": decision.output_tokens,
+                "latencyMs": decision.latency_ms,
+                "costUsd": usd(decision.cost_nanos),
+            })
+        })
+        .collect();
+    Ok(Json(json!({"decisions": decisions, "count": list.count})))
+}
+
+/// Nano-dollars as the spec's USD numbers.
+fn usd(nanos: i64) -> Value {
+    Usd::from_nanos(nanos).to_json()
 }
 
 #[derive(Deserialize)]
@@ -123,7 +155,22 @@ pub async fn simulate(State(state): State<EdgeState>, caller: Caller, JsonBody(b
         until: body.until,
         prices: price_table(&state.models),
     };
-    json(&state.audit.simulate_replay(request).await?)
+    let simulation = state.audit.simulate_replay(request).await?;
+    let period = simulation.period.unwrap_or_default();
+    let actual = simulation.actual.unwrap_or_default();
+    let simulated = simulation.simulated.unwrap_or_default();
+    Ok(Json(json!({
+        "period": {"since": period.since, "until": period.until},
+        "actual": {"total_requests": actual.total_requests, "total_cost_usd": usd(actual.total_cost_nanos), "avg_latency_ms": actual.avg_latency_ms},
+        "simulated": {
+            "strategy": simulated.strategy,
+            "total_requests": simulated.total_requests,
+            "total_cost_usd": usd(simulated.total_cost_nanos),
+            "avg_latency_ms": simulated.avg_latency_ms,
+            "cost_savings_vs_actual": usd(simulated.cost_savings_vs_actual_nanos),
+            "cost_savings_pct": simulated.cost_savings_pct,
+        },
+    })))
 }
 
 #[derive(Deserialize)]
@@ -134,5 +181,58 @@ pub struct SinceQuery {
 /// `GET /v1/replays/compare` (router.read).
 pub async fn compare(State(state): State<EdgeState>, caller: Caller, Query(query): Query<SinceQuery>) -> Answer {
     caller.require("router.read")?;
-    json(&state.audit.compare_strategies(CompareRequest { tenant_id: caller.tenant_id()?.to_string(), since: query.since }).await?)
+    let comparison =
+        state.audit.compare_strategies(CompareRequest { tenant_id: caller.tenant_id()?.to_string(), since: query.since }).await?;
+    let strategies: Vec<Value> = comparison
+        .strategies
+        .iter()
+        .map(|stats| {
+            json!({
+                "strategy": stats.strategy,
+                "request_count": stats.request_count,
+                "total_cost_usd": usd(stats.total_cost_nanos),
+                "avg_cost_per_request": usd(stats.avg_cost_per_request_nanos),
+                "avg_latency_ms": stats.avg_latency_ms,
+                "p95_latency_ms": stats.p95_latency_ms,
+                "total_output_tokens": stats.total_output_tokens,
+            })
+        })
+        .collect();
+    Ok(Json(json!({"since": comparison.since, "strategies": strategies})))
+}
+
+/// `GET /v1/governance/audit/chain/export` (governance.read): the tenant's chain as JSON lines (a
+/// header line, then one line per record), streamed page by page; `brainstorm audit verify FILE`
+/// checks it offline.
+pub async fn export_chain(State(state): State<EdgeState>, caller: Caller) -> Result<axum::response::Response, ApiError> {
+    caller.require("governance.read")?;
+    let tenant_id = caller.tenant_id()?.to_string();
+    // The first page is read before answering, so an unreachable service is an error, not a cut stream.
+    let first = state.audit.export_chain(ExportChainRequest { tenant_id: tenant_id.clone(), after_sequence: None, limit: None }).await?;
+    let pages = futures::stream::unfold(Some(first), move |page| {
+        let (audit, tenant_id) = (state.audit.clone(), tenant_id.clone());
+        async move {
+            let page = page?;
+            let mut text = page.lines.join("\n");
+            if !text.is_empty() {
+                text.push('\n');
+            }
+            let next = match page.next_after_sequence {
+                None => None,
+                Some(after) => {
+                    let request = ExportChainRequest { tenant_id, after_sequence: Some(after), limit: None };
+                    match audit.export_chain(request).await {
+                        Ok(next) => Some(next),
+                        Err(error) => {
+                            tracing::error!(%error, "the chain export stopped part way");
+                            return Some((Err(std::io::Error::other(error.to_string())), None));
+                        }
+                    }
+                }
+            };
+            Some((Ok::<_, std::io::Error>(axum::body::Bytes::from(text)), next))
+        }
+    });
+    let headers = [(axum::http::header::CONTENT_TYPE, "application/x-ndjson")];
+    Ok(axum::response::IntoResponse::into_response((headers, axum::body::Body::from_stream(pages))))
 }

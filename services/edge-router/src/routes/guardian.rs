@@ -15,6 +15,15 @@ use crate::extract::{JsonBody, OptionalJsonBody};
 
 type Answer = Result<Json<Value>, ApiError>;
 
+/// After a kill-switch change through this edge, its own gate takes the new state at once (other
+/// edges learn from `policy.events`, or within the 500 ms TTL).
+async fn refresh_gate(state: &EdgeState, tenant_id: &str) {
+    match state.policy.get_kill_switch_snapshot(TenantRef { tenant_id: tenant_id.to_string() }).await {
+        Ok(snapshot) => state.guardian.gate().apply_snapshot(&snapshot),
+        Err(error) => tracing::warn!(%error, tenant_id, "cannot refresh the kill-switch gate; it refreshes within its TTL"),
+    }
+}
+
 fn render<T: serde::Serialize>(message: &T) -> Answer {
     serde_json::to_value(message).map(Json).map_err(|error| {
         tracing::error!(%error, "cannot render a guardian answer");
@@ -38,8 +47,13 @@ pub async fn activate(State(state): State<EdgeState>, caller: Caller, JsonBody(b
     let tenant_id = caller.tenant_id()?.to_string();
     let status = state
         .policy
-        .activate_kill_switch(ActivateKillSwitchRequest { tenant_id, reason, activated_by: caller.identity.key_id.clone() })
+        .activate_kill_switch(ActivateKillSwitchRequest {
+            tenant_id: tenant_id.clone(),
+            reason,
+            activated_by: caller.identity.key_id.clone(),
+        })
         .await?;
+    refresh_gate(&state, &tenant_id).await;
     Ok(Json(
         json!({"ok": true, "active": status.active, "activated_at": status.activated_at, "activated_by": status.activated_by, "reason": status.reason}),
     ))
@@ -51,8 +65,12 @@ pub async fn deactivate(State(state): State<EdgeState>, caller: Caller) -> Answe
     let tenant_id = caller.tenant_id()?.to_string();
     let status = state
         .policy
-        .deactivate_kill_switch(DeactivateKillSwitchRequest { tenant_id, deactivated_by: caller.identity.key_id.clone() })
+        .deactivate_kill_switch(DeactivateKillSwitchRequest {
+            tenant_id: tenant_id.clone(),
+            deactivated_by: caller.identity.key_id.clone(),
+        })
         .await?;
+    refresh_gate(&state, &tenant_id).await;
     Ok(Json(json!({"ok": true, "active": false, "deactivated_at": status.deactivated_at})))
 }
 
@@ -83,7 +101,9 @@ pub async fn activate_scope(State(state): State<EdgeState>, caller: Caller, Json
         reason: body.reason,
         activated_by: caller.identity.key_id.clone(),
     };
+    let tenant_id = request.tenant_id.clone();
     let scope = state.policy.activate_scope(request).await?;
+    refresh_gate(&state, &tenant_id).await;
     Ok(Json(json!({"ok": true, "type": scope.r#type, "id": scope.id, "reason": scope.reason})))
 }
 
@@ -97,7 +117,9 @@ pub async fn scopes(State(state): State<EdgeState>, caller: Caller) -> Answer {
 /// `DELETE /v1/killswitch/scope/{type}/{id}` (security.write): 404 when absent.
 pub async fn deactivate_scope(State(state): State<EdgeState>, caller: Caller, Path((kind, id)): Path<(String, String)>) -> Answer {
     caller.require("security.write")?;
-    let scope = state.policy.deactivate_scope(ScopeRef { tenant_id: caller.tenant_id()?.to_string(), r#type: kind, id }).await?;
+    let tenant_id = caller.tenant_id()?.to_string();
+    let scope = state.policy.deactivate_scope(ScopeRef { tenant_id: tenant_id.clone(), r#type: kind, id }).await?;
+    refresh_gate(&state, &tenant_id).await;
     Ok(Json(json!({"ok": true, "type": scope.r#type, "id": scope.id})))
 }
 
