@@ -131,23 +131,34 @@ impl Canonical {
 }
 
 fn write_string(text: &str, out: &mut Vec<u8>) {
+    out.reserve(text.len() + 2);
     out.push(b'"');
-    for character in text.chars() {
-        match character {
-            '"' => out.extend_from_slice(b"\\\""),
-            '\\' => out.extend_from_slice(b"\\\\"),
-            '\u{08}' => out.extend_from_slice(b"\\b"),
-            '\u{09}' => out.extend_from_slice(b"\\t"),
-            '\u{0a}' => out.extend_from_slice(b"\\n"),
-            '\u{0c}' => out.extend_from_slice(b"\\f"),
-            '\u{0d}' => out.extend_from_slice(b"\\r"),
-            control if u32::from(control) < 0x20 => out.extend_from_slice(format!("\\u{:04x}", u32::from(control)).as_bytes()),
-            other => {
-                let mut buffer = [0u8; 4];
-                out.extend_from_slice(other.encode_utf8(&mut buffer).as_bytes());
+    // Every character that needs escaping is ASCII, so runs of other bytes (UTF-8 included) are
+    // copied as they are.
+    let bytes = text.as_bytes();
+    let mut run_start = 0;
+    for (index, &byte) in bytes.iter().enumerate() {
+        let escaped: &[u8] = match byte {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            0x08 => b"\\b",
+            0x09 => b"\\t",
+            0x0a => b"\\n",
+            0x0c => b"\\f",
+            0x0d => b"\\r",
+            control if control < 0x20 => {
+                out.extend_from_slice(&bytes[run_start..index]);
+                out.extend_from_slice(format!("\\u{control:04x}").as_bytes());
+                run_start = index + 1;
+                continue;
             }
-        }
+            _ => continue,
+        };
+        out.extend_from_slice(&bytes[run_start..index]);
+        out.extend_from_slice(escaped);
+        run_start = index + 1;
     }
+    out.extend_from_slice(&bytes[run_start..]);
     out.push(b'"');
 }
 

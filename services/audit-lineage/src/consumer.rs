@@ -8,11 +8,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use brainstorm_common::bus::{BusError, Delivery, EventBus, Subscription};
+use brainstorm_common::bus::{BusError, Delivery, EventBus, Subscription, next_batch};
 use brainstorm_proto::audit::{AUDIT_RECORDS_TOPIC, AuditRecord};
 use prost::Message;
 
-use crate::service::{AuditLineageServiceImpl, is_rejection};
+use crate::service::{AuditLineageServiceImpl, is_rejection, validate_record};
 use crate::store::Appended;
 
 /// The consumer group of audit-lineage on `audit.records`.
@@ -20,6 +20,13 @@ pub const CONSUMER_GROUP: &str = "audit-lineage";
 
 /// Pause after a failed write before the redelivered record is tried again.
 const RETRY_PAUSE: Duration = Duration::from_millis(500);
+
+/// Deliveries already waiting that `run` takes together: one transaction per tenant per batch.
+const MAX_BATCH: usize = 256;
+
+/// How long a batch waits for more deliveries after its first (the chain and ledger lag by at most
+/// this; the edge never waits on them).
+const LINGER: Duration = Duration::from_millis(10);
 
 /// What became of one delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,9 +60,9 @@ impl AuditConsumer {
         loop {
             tokio::select! {
                 () = &mut shutdown => break,
-                handled = self.handle_next() => match handled {
-                    Ok(Handled::Retried) => tokio::time::sleep(RETRY_PAUSE).await,
-                    Ok(Handled::Chained | Handled::Duplicate | Handled::Rejected) => {}
+                handled = self.handle_batch() => match handled {
+                    Ok(handled) if handled.contains(&Handled::Retried) => tokio::time::sleep(RETRY_PAUSE).await,
+                    Ok(_) => {}
                     Err(error) => {
                         tracing::error!(%error, "audit record consumer stopped: the bus failed");
                         break;
@@ -69,6 +76,64 @@ impl AuditConsumer {
     pub async fn handle_next(&mut self) -> Result<Handled, BusError> {
         let delivery = self.subscription.next().await?;
         Ok(handle(&self.service, delivery).await)
+    }
+
+    /// Waits for one delivery, gathers those arriving within `LINGER` (up to `MAX_BATCH`), and chains
+    /// each tenant's records in one transaction, in delivery order.
+    pub async fn handle_batch(&mut self) -> Result<Vec<Handled>, BusError> {
+        let mut deliveries = next_batch(self.subscription.as_mut(), MAX_BATCH, LINGER).await?;
+        if deliveries.len() == 1
+            && let Some(delivery) = deliveries.pop()
+        {
+            return Ok(vec![handle(&self.service, delivery).await]);
+        }
+        let mut handled = Vec::with_capacity(deliveries.len());
+        // Each tenant's records in order; tenants in the order they first appear.
+        let mut tenants: Vec<(String, Vec<(AuditRecord, Delivery)>)> = Vec::new();
+        for delivery in deliveries {
+            let record = match AuditRecord::decode(delivery.message().payload.clone()) {
+                Ok(record) => record,
+                Err(error) => {
+                    tracing::error!(%error, key = %delivery.message().key, "dropping an undecodable audit record");
+                    delivery.ack();
+                    handled.push(Handled::Rejected);
+                    continue;
+                }
+            };
+            if let Err(error) = validate_record(&record) {
+                tracing::error!(%error, request_id = %record.request_id, tenant_id = %record.tenant_id, "dropping an invalid audit record");
+                delivery.ack();
+                handled.push(Handled::Rejected);
+                continue;
+            }
+            match tenants.iter_mut().find(|(tenant_id, _)| *tenant_id == record.tenant_id) {
+                Some((_, batch)) => batch.push((record, delivery)),
+                None => tenants.push((record.tenant_id.clone(), vec![(record, delivery)])),
+            }
+        }
+        for (tenant_id, batch) in tenants {
+            let (records, deliveries): (Vec<AuditRecord>, Vec<Delivery>) = batch.into_iter().unzip();
+            match self.service.append_batch(&tenant_id, &records).await {
+                Ok(appended) => {
+                    for (delivery, appended) in deliveries.into_iter().zip(appended) {
+                        delivery.ack();
+                        handled.push(match appended {
+                            Appended::Chained { .. } => Handled::Chained,
+                            Appended::Duplicate { .. } => Handled::Duplicate,
+                        });
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(%error, tenant_id, records = records.len(), "could not chain a batch of audit records; they will be delivered again");
+                    // Dropped newest first, so the redelivered records come back in their order.
+                    for delivery in deliveries.into_iter().rev() {
+                        drop(delivery);
+                        handled.push(Handled::Retried);
+                    }
+                }
+            }
+        }
+        Ok(handled)
     }
 }
 

@@ -151,6 +151,46 @@ impl AuditLineageServiceImpl {
         Ok((appended, payload))
     }
 
+    /// Chains several records of one tenant in one transaction, in order; each must pass
+    /// `validate_record` (the consumer checks them one by one first).
+    pub async fn append_batch(&self, tenant_id: &str, records: &[AuditRecord]) -> ServiceResult<Vec<Appended>> {
+        struct Prepared {
+            payload: String,
+            occurred_at: String,
+            trace_id: String,
+            digest: Option<String>,
+        }
+        let mut prepared = Vec::with_capacity(records.len());
+        for record in records {
+            validate_record(record)?;
+            if record.tenant_id != tenant_id {
+                return Err(ServiceError::invalid("mixed_tenants", "a batch holds one tenant's records"));
+            }
+            prepared.push(Prepared {
+                payload: canonical_payload(record),
+                occurred_at: normalised_time(&record.occurred_at)?,
+                trace_id: record.trace.as_ref().map(|trace| trace.trace_id.clone()).unwrap_or_default(),
+                digest: record.capture.as_ref().map(capture_digest),
+            });
+        }
+        let entries: Vec<NewEntry<'_>> = records
+            .iter()
+            .zip(&prepared)
+            .map(|(record, prepared)| NewEntry {
+                tenant_id,
+                request_id: &record.request_id,
+                occurred_at: &prepared.occurred_at,
+                trace_id: &prepared.trace_id,
+                payload: &prepared.payload,
+                capture: match (&record.capture, &prepared.digest) {
+                    (Some(capture), Some(digest)) => Some((digest.as_str(), capture.prompt.as_str(), capture.completion.as_str())),
+                    _ => None,
+                },
+            })
+            .collect();
+        self.store.append_batch(tenant_id, &entries, &format_timestamp(self.now())).await.map_err(store_failure)
+    }
+
     async fn anchor(&self, tenant_id: &str) -> ServiceResult<ChainPoint> {
         Ok(self.store.checkpoint(tenant_id).await.map_err(store_failure)?.map_or_else(ChainPoint::genesis, |checkpoint| checkpoint.point))
     }

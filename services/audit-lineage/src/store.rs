@@ -106,6 +106,140 @@ impl AuditStore {
         }
     }
 
+    /// Chains several entries of one tenant after its head, in order, in one transaction (what the
+    /// consumer does with the deliveries it has at hand); each request id once. Races retry the
+    /// whole batch from the new head, like `append`.
+    pub async fn append_batch(&self, tenant_id: &str, entries: &[NewEntry<'_>], recorded_at: &str) -> StoreResult<Vec<Appended>> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.try_append_batch(tenant_id, entries, recorded_at).await {
+                Ok(Some(appended)) => return Ok(appended),
+                Ok(None) if attempt < APPEND_ATTEMPTS => {}
+                Err(error) if attempt < APPEND_ATTEMPTS && is_write_conflict(&error) => {}
+                Ok(None) => return Err(sqlx::Error::Protocol("the chain head kept moving; giving up this batch".to_string())),
+                Err(error) => return Err(error),
+            }
+            tracing::debug!(tenant_id, attempt, "chain head moved; appending the batch again");
+            tokio::time::sleep(Duration::from_millis(5 * u64::from(attempt))).await;
+        }
+    }
+
+    /// One attempt at a batch; None when another writer moved the head first.
+    async fn try_append_batch(&self, tenant_id: &str, entries: &[NewEntry<'_>], recorded_at: &str) -> StoreResult<Option<Vec<Appended>>> {
+        let mut transaction = self.database.pool().begin().await?;
+        // As in `try_append`: take the tenant's lock before reading anything.
+        sqlx::query("UPDATE audit_chain_heads SET updated_at = updated_at WHERE tenant_id = $1")
+            .bind(tenant_id)
+            .execute(&mut *transaction)
+            .await?;
+        let head = sqlx::query("SELECT sequence, hash FROM audit_chain_heads WHERE tenant_id = $1")
+            .bind(tenant_id)
+            .fetch_optional(&mut *transaction)
+            .await?;
+        let start = match &head {
+            Some(row) => ChainPoint { sequence: row.try_get("sequence")?, hash: row.try_get("hash")? },
+            None => ChainPoint::genesis(),
+        };
+        let mut previous = start.clone();
+        let mut first_occurred_at = None;
+        let mut appended = Vec::with_capacity(entries.len());
+        for entry in entries {
+            let sequence = previous.sequence + 1;
+            let hash = chain_hash(entry.payload, &previous.hash);
+            let commitment = payload_commitment(entry.payload);
+            // A request id already chained (a redelivery, or twice in this batch) inserts nothing.
+            let inserted = sqlx::query(
+                "INSERT INTO audit_chain (tenant_id, sequence, request_id, occurred_at, trace_id, chain_schema_version, payload, \
+                 commitment, prev_hash, hash, recorded_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
+                 ON CONFLICT (tenant_id, request_id) DO NOTHING",
+            )
+            .bind(tenant_id)
+            .bind(sequence)
+            .bind(entry.request_id)
+            .bind(entry.occurred_at)
+            .bind(entry.trace_id)
+            .bind(CHAIN_SCHEMA_VERSION)
+            .bind(entry.payload)
+            .bind(&commitment)
+            .bind(&previous.hash)
+            .bind(&hash)
+            .bind(recorded_at)
+            .execute(&mut *transaction)
+            .await;
+            let rows = match inserted {
+                Ok(result) => result.rows_affected(),
+                Err(error) if is_unique_violation(&error) => return Ok(None),
+                Err(error) => return Err(error),
+            };
+            if rows == 0 {
+                let row = sqlx::query("SELECT sequence, hash, commitment FROM audit_chain WHERE tenant_id = $1 AND request_id = $2")
+                    .bind(tenant_id)
+                    .bind(entry.request_id)
+                    .fetch_one(&mut *transaction)
+                    .await?;
+                appended.push(Appended::Duplicate {
+                    sequence: row.try_get("sequence")?,
+                    hash: row.try_get("hash")?,
+                    commitment: row.try_get("commitment")?,
+                });
+                continue;
+            }
+            if let Some((digest, prompt, completion)) = entry.capture {
+                sqlx::query(
+                    "INSERT INTO audit_captures (tenant_id, request_id, sequence, digest, prompt, completion) VALUES ($1, $2, $3, $4, $5, $6)",
+                )
+                .bind(tenant_id)
+                .bind(entry.request_id)
+                .bind(sequence)
+                .bind(digest)
+                .bind(prompt)
+                .bind(completion)
+                .execute(&mut *transaction)
+                .await?;
+            }
+            first_occurred_at.get_or_insert(entry.occurred_at);
+            appended.push(Appended::Chained { sequence, hash: hash.clone(), commitment });
+            previous = ChainPoint { sequence, hash };
+        }
+        if previous.sequence == start.sequence {
+            // Only duplicates: nothing moved.
+            transaction.commit().await?;
+            return Ok(Some(appended));
+        }
+        let moved = match head {
+            Some(_) => sqlx::query(
+                "UPDATE audit_chain_heads SET sequence = $1, hash = $2, updated_at = $3 WHERE tenant_id = $4 AND sequence = $5 AND hash = $6",
+            )
+            .bind(previous.sequence)
+            .bind(&previous.hash)
+            .bind(recorded_at)
+            .bind(tenant_id)
+            .bind(start.sequence)
+            .bind(&start.hash)
+            .execute(&mut *transaction)
+            .await?
+            .rows_affected(),
+            None => sqlx::query(
+                "INSERT INTO audit_chain_heads (tenant_id, sequence, hash, first_occurred_at, updated_at) VALUES ($1, $2, $3, $4, $5) \
+                 ON CONFLICT (tenant_id) DO NOTHING",
+            )
+            .bind(tenant_id)
+            .bind(previous.sequence)
+            .bind(&previous.hash)
+            .bind(first_occurred_at.unwrap_or_default())
+            .bind(recorded_at)
+            .execute(&mut *transaction)
+            .await?
+            .rows_affected(),
+        };
+        if moved != 1 {
+            return Ok(None);
+        }
+        transaction.commit().await?;
+        Ok(Some(appended))
+    }
+
     /// One attempt; None when another writer moved the head first.
     async fn try_append(&self, entry: &NewEntry<'_>, recorded_at: &str) -> StoreResult<Option<Appended>> {
         let mut transaction = self.database.pool().begin().await?;

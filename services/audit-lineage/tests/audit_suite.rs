@@ -137,6 +137,7 @@ on_both_engines!(
     an_export_verifies_offline_and_tampering_in_it_is_caught,
     retention_prunes_behind_a_checkpoint_and_the_rest_still_verifies,
     the_consumer_chains_each_record_once_and_acks_after_commit,
+    a_batch_chains_each_tenant_in_order_once_in_one_transaction,
     captured_text_is_chained_by_digest_and_redaction_keeps_the_chain,
     two_racing_writers_never_fork_a_chain,
     lineage_orders_a_trace_by_span_parentage,
@@ -404,6 +405,51 @@ async fn the_consumer_chains_each_record_once_and_acks_after_commit(database: Da
     let lineage = harness.service.get_lineage(RequestRef { tenant_id: tenant.clone(), request_id: third.request_id.clone() }).await?;
     assert_eq!(lineage.verified.map(|verified| verified.provenance_digest), Some(commitment(&third)));
     assert_eq!(harness.verify(&tenant).await?.checked, 3);
+    Ok(())
+}
+
+async fn a_batch_chains_each_tenant_in_order_once_in_one_transaction(database: Database) -> TestResult {
+    let harness = Harness::new(database)?;
+    let bus: Arc<dyn EventBus> = Arc::new(InProcessBus::new());
+    let mut consumer = AuditConsumer::subscribe(&bus, harness.service.clone()).await?;
+    let (alpha, beta) = (new_tenant(), new_tenant());
+    // One record chained before the batch: the batch continues that chain.
+    let earlier = record(&alpha, harness.now() - Duration::minutes(30));
+    harness.chain(&earlier).await?;
+    let mut alpha_records = Vec::new();
+    for index in 0..6 {
+        let alpha_record = record(&alpha, harness.now() - Duration::minutes(20 - index));
+        publish_record(bus.as_ref(), &alpha_record).await?;
+        alpha_records.push(alpha_record);
+        publish_record(bus.as_ref(), &record(&beta, harness.now() - Duration::minutes(20 - index))).await?;
+    }
+    // Redeliveries inside the batch and of the row chained before it are duplicates.
+    publish_record(bus.as_ref(), &alpha_records[2]).await?;
+    publish_record(bus.as_ref(), &earlier).await?;
+    let mut invalid = record(&beta, harness.now());
+    invalid.outcome = "maybe".to_string();
+    publish_record(bus.as_ref(), &invalid).await?;
+
+    let handled = tokio::time::timeout(std::time::Duration::from_secs(5), consumer.handle_batch()).await??;
+    assert_eq!(handled.len(), 15, "every waiting delivery is taken in one batch: {handled:?}");
+    assert_eq!(handled.iter().filter(|outcome| **outcome == Handled::Chained).count(), 12);
+    assert_eq!(handled.iter().filter(|outcome| **outcome == Handled::Duplicate).count(), 2);
+    assert_eq!(handled.iter().filter(|outcome| **outcome == Handled::Rejected).count(), 1);
+    for (tenant, rows) in [(&alpha, 7), (&beta, 6)] {
+        let report = harness.verify(tenant).await?;
+        assert!(report.valid, "{report:?}");
+        assert_eq!((report.checked, report.head_sequence), (rows, rows as i64));
+    }
+    // In publish order: the batch's records follow the earlier one.
+    for (index, alpha_record) in alpha_records.iter().enumerate() {
+        let lineage =
+            harness.service.get_lineage(RequestRef { tenant_id: alpha.clone(), request_id: alpha_record.request_id.clone() }).await?;
+        let sequence = lineage.verified.map(|verified| verified.event_hash).unwrap_or_default();
+        assert!(!sequence.is_empty(), "record {index} is chained");
+    }
+    let exported = export_all(&harness, &alpha, 100).await?;
+    let order: Vec<usize> = alpha_records.iter().map(|record| exported.find(&record.request_id).unwrap_or(usize::MAX)).collect();
+    assert!(order.windows(2).all(|pair| pair[0] < pair[1]), "the batch keeps publish order: {order:?}");
     Ok(())
 }
 

@@ -5,9 +5,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use brainstorm_common::bus::{BusError, Delivery, EventBus, Subscription};
+use brainstorm_common::bus::{BusError, Delivery, EventBus, Subscription, next_batch};
 use brainstorm_proto::ErrorKind;
-use brainstorm_proto::budget::{BudgetEvent, SETTLEMENTS_TOPIC, budget_event};
+use brainstorm_proto::budget::{BudgetEvent, SETTLEMENTS_TOPIC, Settlement, budget_event};
 use prost::Message;
 
 use crate::service::BudgetLedgerServiceImpl;
@@ -17,6 +17,13 @@ pub const CONSUMER_GROUP: &str = "budget-ledger";
 
 /// Pause after a failed write before the redelivered message is tried again.
 const RETRY_PAUSE: Duration = Duration::from_millis(500);
+
+/// Deliveries already waiting that `run` records together, in one transaction.
+const MAX_BATCH: usize = 256;
+
+/// How long a batch waits for more deliveries after its first (the chain and ledger lag by at most
+/// this; the edge never waits on them).
+const LINGER: Duration = Duration::from_millis(10);
 
 /// What became of one delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,9 +57,9 @@ impl SettlementConsumer {
         loop {
             tokio::select! {
                 () = &mut shutdown => break,
-                handled = self.handle_next() => match handled {
-                    Ok(Handled::Retried) => tokio::time::sleep(RETRY_PAUSE).await,
-                    Ok(Handled::Recorded | Handled::Duplicate | Handled::Rejected) => {}
+                handled = self.handle_batch() => match handled {
+                    Ok(handled) if handled.contains(&Handled::Retried) => tokio::time::sleep(RETRY_PAUSE).await,
+                    Ok(_) => {}
                     Err(error) => {
                         tracing::error!(%error, "budget settlement consumer stopped: the bus failed");
                         break;
@@ -66,6 +73,59 @@ impl SettlementConsumer {
     pub async fn handle_next(&mut self) -> Result<Handled, BusError> {
         let delivery = self.subscription.next().await?;
         Ok(handle(&self.service, delivery).await)
+    }
+
+    /// Waits for one delivery, gathers those arriving within `LINGER` (up to `MAX_BATCH`), and writes
+    /// their settlements in one transaction; other events are handled one by one.
+    pub async fn handle_batch(&mut self) -> Result<Vec<Handled>, BusError> {
+        let deliveries = next_batch(self.subscription.as_mut(), MAX_BATCH, LINGER).await?;
+        let mut handled = Vec::with_capacity(deliveries.len());
+        let mut settlements = Vec::new();
+        for delivery in deliveries {
+            match BudgetEvent::decode(delivery.message().payload.clone()) {
+                Ok(BudgetEvent { kind: Some(budget_event::Kind::Settlement(settlement)) }) if settlements.len() + 1 < MAX_BATCH => {
+                    settlements.push((settlement, delivery));
+                }
+                _ => handled.push(handle(&self.service, delivery).await),
+            }
+        }
+        if settlements.len() <= 1 {
+            for (_, delivery) in settlements {
+                handled.push(handle(&self.service, delivery).await);
+            }
+            return Ok(handled);
+        }
+        let batch: Vec<&Settlement> = settlements.iter().map(|(settlement, _)| settlement).collect();
+        match self.service.record_settlements(&batch).await {
+            Ok(written) => {
+                let mut tenants: Vec<(String, String)> = Vec::new();
+                for ((settlement, delivery), written) in settlements.into_iter().zip(written) {
+                    delivery.ack();
+                    handled.push(if written { Handled::Recorded } else { Handled::Duplicate });
+                    if written && !tenants.iter().any(|(tenant_id, _)| *tenant_id == settlement.tenant_id) {
+                        tenants.push((settlement.tenant_id, settlement.plan));
+                    }
+                }
+                // Alerts once per tenant per batch (and coalesced with an evaluation already running).
+                for (tenant_id, plan) in tenants {
+                    self.service.schedule_alert_evaluation(&tenant_id, &plan);
+                }
+            }
+            // One bad settlement must not hold the others back: decide them one by one.
+            Err(error) if error.kind == ErrorKind::InvalidArgument => {
+                for (_, delivery) in settlements {
+                    handled.push(handle(&self.service, delivery).await);
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, settlements = settlements.len(), "could not record a batch of settlements; they will be delivered again");
+                for (_, delivery) in settlements.into_iter().rev() {
+                    drop(delivery);
+                    handled.push(Handled::Retried);
+                }
+            }
+        }
+        Ok(handled)
     }
 }
 

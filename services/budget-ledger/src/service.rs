@@ -35,11 +35,18 @@ pub type Clock = Arc<dyn Fn() -> DateTime<Utc> + Send + Sync>;
 pub struct BudgetLedgerOptions {
     pub webhook: WebhookOptions,
     pub clock: Clock,
+    /// A tenant's alerts are evaluated at most once per interval while settlements keep arriving
+    /// (an evaluation reads the period's spend, so evaluating per request would scale with traffic).
+    pub alert_interval: std::time::Duration,
 }
 
 impl Default for BudgetLedgerOptions {
     fn default() -> Self {
-        BudgetLedgerOptions { webhook: WebhookOptions::default(), clock: Arc::new(Utc::now) }
+        BudgetLedgerOptions {
+            webhook: WebhookOptions::default(),
+            clock: Arc::new(Utc::now),
+            alert_interval: std::time::Duration::from_secs(1),
+        }
     }
 }
 
@@ -91,6 +98,16 @@ impl BudgetLedgerServiceImpl {
         }
     }
 
+    /// Records several settlements in one transaction; true for each one new. Every settlement must
+    /// be valid (the consumer checks them one by one first).
+    pub async fn record_settlements(&self, settlements: &[&Settlement]) -> ServiceResult<Vec<bool>> {
+        for settlement in settlements {
+            validate_settlement(settlement)?;
+        }
+        let recorded_at = format_timestamp(self.now());
+        self.store.insert_settlements(settlements, &recorded_at).await.map_err(store_failure)
+    }
+
     /// Evaluates the tenant's alerts in the background, coalescing with an evaluation already running
     /// for the tenant. Never blocks the caller.
     pub fn schedule_alert_evaluation(&self, tenant_id: &str, plan: &str) {
@@ -107,17 +124,22 @@ impl BudgetLedgerServiceImpl {
         let mut plan = plan.to_string();
         tokio::spawn(async move {
             loop {
+                let started = tokio::time::Instant::now();
                 if let Err(error) = service.evaluate_alerts(&tenant_id, &plan).await {
                     tracing::warn!(%error, tenant_id, "budget alert evaluation failed");
                 }
-                let mut evaluations = service.evaluations();
-                match evaluations.get_mut(&tenant_id).and_then(Option::take) {
-                    Some(next_plan) => plan = next_plan,
-                    None => {
+                let rerun = {
+                    let mut evaluations = service.evaluations();
+                    let rerun = evaluations.get_mut(&tenant_id).and_then(Option::take);
+                    if rerun.is_none() {
                         evaluations.remove(&tenant_id);
-                        break;
                     }
-                }
+                    rerun
+                };
+                let Some(next_plan) = rerun else { break };
+                plan = next_plan;
+                // Settlements arriving meanwhile coalesce into the one evaluation after the interval.
+                tokio::time::sleep_until(started + service.options.alert_interval).await;
             }
         });
     }
@@ -128,6 +150,12 @@ impl BudgetLedgerServiceImpl {
         let now = self.now();
         let config = self.alert_config_or_default(tenant_id).await?;
         if config.thresholds.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Without a daily or monthly limit nothing can cross a threshold: skip reading the history.
+        let limits = self.limits_or_empty(tenant_id).await?;
+        let daily_limit = Plan::resolve(plan).effective_daily_limit(limits.daily_limit_nanos.map(Usd::from_nanos));
+        if daily_limit.is_none() && limits.monthly_limit_nanos.is_none() {
             return Ok(Vec::new());
         }
         let (input, _) = self.forecast_input(tenant_id, plan, now).await?;

@@ -96,6 +96,44 @@ impl BudgetStore {
         Ok(result.rows_affected() == 1)
     }
 
+    /// Writes several settlements in one transaction (each unless its request id is already
+    /// recorded); true for each one written.
+    pub async fn insert_settlements(&self, settlements: &[&Settlement], recorded_at: &str) -> StoreResult<Vec<bool>> {
+        let mut transaction = self.database.pool().begin().await?;
+        let mut written = Vec::with_capacity(settlements.len());
+        for settlement in settlements {
+            let occurred = parse_timestamp(&settlement.occurred_at).unwrap_or_else(Utc::now);
+            let result = sqlx::query(
+                "INSERT INTO budget_settlements (request_id, tenant_id, plan, key_id, agent_id, conversation_id, model, provider, \
+                 input_tokens, output_tokens, cost_nanos, outcome, latency_ms, day_key, month_key, occurred_at, recorded_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) \
+                 ON CONFLICT (request_id) DO NOTHING",
+            )
+            .bind(&settlement.request_id)
+            .bind(&settlement.tenant_id)
+            .bind(&settlement.plan)
+            .bind(settlement.key_id.clone())
+            .bind(settlement.agent_id.clone())
+            .bind(settlement.conversation_id.clone())
+            .bind(&settlement.model)
+            .bind(&settlement.provider)
+            .bind(settlement.input_tokens)
+            .bind(settlement.output_tokens)
+            .bind(settlement.cost_nanos)
+            .bind(&settlement.outcome)
+            .bind(i64::try_from(settlement.latency_ms).unwrap_or(i64::MAX))
+            .bind(Period::Daily.key_at(occurred))
+            .bind(Period::Monthly.key_at(occurred))
+            .bind(brainstorm_common::time::format_timestamp(occurred))
+            .bind(recorded_at)
+            .execute(&mut *transaction)
+            .await?;
+            written.push(result.rows_affected() == 1);
+        }
+        transaction.commit().await?;
+        Ok(written)
+    }
+
     /// Records that an agent's budget stopped or downgraded a request; true when new.
     pub async fn insert_agent_exhaustion(&self, event: &AgentBudgetExhausted) -> StoreResult<bool> {
         let result = sqlx::query(

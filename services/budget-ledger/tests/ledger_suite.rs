@@ -39,6 +39,7 @@ impl Harness {
         let options = BudgetLedgerOptions {
             webhook: WebhookOptions { attempts: 4, initial_backoff: Duration::from_millis(10), timeout: Duration::from_secs(2) },
             clock: Arc::new(move || *reader.lock().unwrap_or_else(std::sync::PoisonError::into_inner)),
+            alert_interval: Duration::from_millis(50),
         };
         Harness { service: BudgetLedgerServiceImpl::new(database, options), clock }
     }

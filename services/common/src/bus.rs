@@ -50,6 +50,22 @@ pub trait Subscription: Send {
     async fn next(&mut self) -> Result<Delivery, BusError>;
 }
 
+/// Waits for one delivery, then gathers more for up to `linger` (or until `max`): what a consumer
+/// writes in one transaction. Under load a batch fills at once; when traffic is light the linger
+/// bounds how long the first delivery waits. Both buses' `next` are cancel-safe (a delivery is taken
+/// only when it is returned), so the timed-out wait loses nothing.
+pub async fn next_batch(subscription: &mut dyn Subscription, max: usize, linger: std::time::Duration) -> Result<Vec<Delivery>, BusError> {
+    let mut deliveries = vec![subscription.next().await?];
+    let deadline = tokio::time::Instant::now() + linger;
+    while deliveries.len() < max {
+        match tokio::time::timeout_at(deadline, subscription.next()).await {
+            Ok(delivery) => deliveries.push(delivery?),
+            Err(_) => break,
+        }
+    }
+    Ok(deliveries)
+}
+
 /// A delivered message: call `ack` once it is handled, or it will be delivered again.
 pub struct Delivery {
     message: BusMessage,

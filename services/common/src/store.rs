@@ -60,8 +60,16 @@ impl Database {
         };
         let options = AnyConnectOptions::from_str(&url).map_err(StoreError::Connect)?;
         let pool_options = match engine {
-            // One writer at a time is SQLite's model; a few connections let reads proceed.
-            Engine::Sqlite => AnyPoolOptions::new().max_connections(4),
+            // One writer at a time is SQLite's model; a few connections let reads proceed. In WAL
+            // mode `synchronous = NORMAL` syncs at checkpoints instead of at every commit: a process
+            // crash loses nothing, a power cut may lose the last commits (PostgreSQL is the durable
+            // store of the distributed shape).
+            Engine::Sqlite => AnyPoolOptions::new().max_connections(4).after_connect(|connection, _| {
+                Box::pin(async move {
+                    sqlx::Executor::execute(connection, "PRAGMA synchronous = NORMAL").await?;
+                    Ok(())
+                })
+            }),
             Engine::Postgres => AnyPoolOptions::new().max_connections(16),
         };
         let pool = pool_options.acquire_timeout(Duration::from_secs(10)).connect_with(options).await.map_err(StoreError::Connect)?;
