@@ -158,6 +158,27 @@ class Bench:
         quantile = lambda values, q: sorted(values)[min(len(values) - 1, int(q * len(values)))]
         return {"ttfb_p50_ms": statistics.median(first), "ttfb_p99_ms": quantile(first, 0.99), "ttlb_p50_ms": statistics.median(last), "ttlb_p99_ms": quantile(last, 0.99)}
 
+    def guardian_overhead(self, base, key, body, count):
+        """The gateway's own `X-BR-Guardian-Overhead-Ms` over `count` sequential requests: p50 and p99."""
+        import http.client
+
+        host, port = base.replace("http://", "").split(":")
+        connection = http.client.HTTPConnection(host, int(port))
+        headers = {"content-type": "application/json", "authorization": f"Bearer {key}"}
+        values = []
+        for _ in range(count):
+            connection.request("POST", "/v1/chat/completions", json.dumps(body), headers)
+            response = connection.getresponse()
+            response.read()
+            value = response.getheader("x-br-guardian-overhead-ms")
+            if value is not None:
+                values.append(float(value))
+        connection.close()
+        if not values:
+            return None
+        values.sort()
+        return {"p50_ms": statistics.median(values), "p99_ms": values[min(len(values) - 1, int(0.99 * len(values)))], "samples": len(values)}
+
     def run(self):
         args = self.args
         self.load_cpus = "1" if self.cpus == 2 else f"1-{self.cpus - 1}"
@@ -217,6 +238,10 @@ class Bench:
         phases["e_minimal_gateway"] = self.measured(gateway.pid, lambda: self.oha(gateway_url, minimal_key, routed, duration=args.seconds, connections=32, rate=2000))
         phases["e_full_gateway"] = self.measured(gateway.pid, lambda: self.oha(gateway_url, full_key, full_body, duration=args.seconds, connections=32, rate=2000))
         phases["e_full_gateway"]["stages"] = guardian["stages"]
+        self.report["guardian_overhead_ms"] = {
+            "minimal": self.guardian_overhead(base, minimal_key, routed, 200),
+            "full": self.guardian_overhead(base, full_key, full_body, 200),
+        }
         self.report["peak_rss_mib"] = round(memory_kib(gateway.pid)["VmHWM"] / 1024, 1)
 
         sequential = phases["a_sequential_gateway"], phases["a_sequential_direct"]
@@ -242,6 +267,18 @@ class Bench:
             stages.append("kill switch")
         except OSError:
             pass
+        try:
+            # The mock calls the first tool it is offered when asked to "use a tool": every reply in
+            # phase e then carries a tool call through the firewall's nine steps (a mask pattern hits).
+            call(f"{base}/v1/firewall/config", {"mode": "enforce", "maskPatterns": [{"name": "ticket", "pattern": "TCK-[0-9]+"}]}, key, method="PUT")
+            body = {
+                "messages": [{"role": "user", "content": "use a tool: look up ticket TCK-42 for the benchmark"}],
+                "tools": [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {"query": {"type": "string"}}}}}],
+            }
+            stages.append("tool firewall (nine steps on every reply's tool call)")
+        except OSError:
+            pass
+        stages.append("audit (every request chained)")
         return {"stages": stages, "body": body}
 
 
@@ -263,6 +300,7 @@ def table(report):
         f"added latency at 500 req/s: {report.get('added_latency_ms_at_500')}",
         f"added latency at 2000 req/s: {report.get('added_latency_ms_at_2000')}",
         f"streaming TTFB overhead (p50): {report['stream_ttfb_overhead_ms']} ms",
+        f"guardian overhead (X-BR-Guardian-Overhead-Ms): {report.get('guardian_overhead_ms')}",
         f"gateway CPU per request (us): {report['cpu_us_per_request']}",
         f"RSS: idle {report['idle_rss_mib']} MiB, peak {report['peak_rss_mib']} MiB",
         f"guardian stages in phase e: {', '.join(report['phases'].get('e_full_gateway', {}).get('stages', []))}",

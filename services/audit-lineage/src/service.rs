@@ -191,6 +191,38 @@ impl AuditLineageServiceImpl {
         self.store.append_batch(tenant_id, &entries, &format_timestamp(self.now())).await.map_err(store_failure)
     }
 
+    /// One pass of verification from the anchor; returns the report and the head it compared with.
+    async fn verify_once(&self, tenant_id: &str, max_checks: u32) -> ServiceResult<(ChainReport, ChainPoint)> {
+        let anchor = self.anchor(tenant_id).await?;
+        let head = self.store.head(tenant_id).await.map_err(store_failure)?.map_or_else(ChainPoint::genesis, |head| head.point);
+        let mut verifier = ChainVerifier::new(tenant_id, anchor.clone(), max_checks);
+        let mut after = anchor.sequence;
+        loop {
+            let rows = self.store.rows_after(tenant_id, after, PAGE_ROWS).await.map_err(store_failure)?;
+            let Some(last) = rows.last() else { break };
+            let captures: HashMap<String, StoredCapture> = self
+                .store
+                .captures_between(tenant_id, after, last.sequence)
+                .await
+                .map_err(store_failure)?
+                .into_iter()
+                .map(|capture| (capture.request_id.clone(), capture))
+                .collect();
+            after = last.sequence;
+            for row in &rows {
+                let capture = match decode_payload(&row.payload) {
+                    Ok(decoded) => capture_state(&decoded, captures.get(&row.request_id)),
+                    Err(_) => CaptureState::Unknown,
+                };
+                verifier.push(row, &capture);
+            }
+            if (rows.len() as i64) < PAGE_ROWS {
+                break;
+            }
+        }
+        Ok((verifier.finish(Some(&head)).to_proto(), head))
+    }
+
     async fn anchor(&self, tenant_id: &str) -> ServiceResult<ChainPoint> {
         Ok(self.store.checkpoint(tenant_id).await.map_err(store_failure)?.map_or_else(ChainPoint::genesis, |checkpoint| checkpoint.point))
     }
@@ -329,41 +361,26 @@ impl AuditLineageService for AuditLineageServiceImpl {
 
     async fn verify_chain(&self, request: VerifyChainRequest) -> ServiceResult<ChainReport> {
         let tenant_id = required("tenant_id", &request.tenant_id)?;
-        let anchor = self.anchor(tenant_id).await?;
-        let head = self.store.head(tenant_id).await.map_err(store_failure)?.map_or_else(ChainPoint::genesis, |head| head.point);
         let max_checks = request.max_provenance_checks.unwrap_or(DEFAULT_PROVENANCE_CHECKS).min(MAX_PROVENANCE_CHECKS);
-        let mut verifier = ChainVerifier::new(tenant_id, anchor.clone(), max_checks);
-        let mut after = anchor.sequence;
+        // The head and the rows are read one after the other: a record appended in between shows as
+        // a head mismatch that is not one. When the head moved meanwhile, verify again (a real
+        // mismatch stays put; appends cannot keep moving the head for long).
+        let mut attempts = 0;
         loop {
-            let rows = self.store.rows_after(tenant_id, after, PAGE_ROWS).await.map_err(store_failure)?;
-            let Some(last) = rows.last() else { break };
-            let captures: HashMap<String, StoredCapture> = self
-                .store
-                .captures_between(tenant_id, after, last.sequence)
-                .await
-                .map_err(store_failure)?
-                .into_iter()
-                .map(|capture| (capture.request_id.clone(), capture))
-                .collect();
-            after = last.sequence;
-            for row in &rows {
-                let capture = match decode_payload(&row.payload) {
-                    Ok(decoded) => capture_state(&decoded, captures.get(&row.request_id)),
-                    Err(_) => CaptureState::Unknown,
-                };
-                verifier.push(row, &capture);
+            attempts += 1;
+            let (report, head) = self.verify_once(tenant_id, max_checks).await?;
+            let raced = !report.valid
+                && report.first_broken.as_ref().is_some_and(|broken| broken.reason == "head_mismatch")
+                && self.store.head(tenant_id).await.map_err(store_failure)?.map(|now| now.point) != Some(head.clone());
+            if raced && attempts < 3 {
+                continue;
             }
-            if (rows.len() as i64) < PAGE_ROWS {
-                break;
+            if !report.valid {
+                tracing::warn!(tenant_id, first_broken = ?report.first_broken, "audit chain verification failed");
             }
+            return Ok(report);
         }
-        let report = verifier.finish(Some(&head));
-        if !report.valid {
-            tracing::warn!(tenant_id, first_broken = ?report.first_broken, "audit chain verification failed");
-        }
-        Ok(report.to_proto())
     }
-
     async fn export_chain(&self, request: ExportChainRequest) -> ServiceResult<ChainExportPage> {
         let tenant_id = required("tenant_id", &request.tenant_id)?;
         let limit = request.limit.unwrap_or(DEFAULT_EXPORT_ROWS).clamp(1, MAX_EXPORT_ROWS);
