@@ -83,7 +83,7 @@ class Bench:
         self.report = {"phases": {}, "cpu_count": self.cpus, "pinning": None}
 
     def pin(self, command, cpus):
-        return ["taskset", "-c", cpus, *command] if self.pinned else command
+        return ["taskset", "-c", cpus, *command] if self.pinned and cpus else command
 
     def start(self, label, command, cpus, env=None):
         log_file = open(os.path.join(self.work, f"{label}.log"), "w")
@@ -251,7 +251,111 @@ class Bench:
             self.report[f"added_latency_ms_at_{rate}"] = {q: round(gateway_phase[f"{q}_ms"] - direct_phase[f"{q}_ms"], 3) for q in ("p50", "p90", "p99")}
         stream_gateway, stream_direct = phases["d_stream_gateway"], phases["d_stream_direct"]
         self.report["stream_ttfb_overhead_ms"] = round(stream_gateway["ttfb_p50_ms"] - stream_direct["ttfb_p50_ms"], 3)
+        gateway.terminate()
+        gateway.wait(timeout=10)
+        self.nginx_floor(mock, body)
+        self.distributed_edge(mock, routed)
         self.report["cpu_us_per_request"] = {name: phase.get("gateway_cpu_us_per_request") for name, phase in phases.items() if "gateway_cpu_us_per_request" in phase}
+
+    def nginx_floor(self, mock, body):
+        """nginx as a plain reverse proxy to the mock (one worker on CPU 0, upstream keepalive): the
+        floor a proxy costs on this machine, measured like the gateway. Skipped without nginx."""
+        nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+        if nginx is None:
+            self.report["nginx"] = "not installed: skipped"
+            return
+        port = free_port()
+        prefix = os.path.join(self.work, "nginx")
+        os.makedirs(os.path.join(prefix, "logs"), exist_ok=True)
+        config = os.path.join(prefix, "nginx.conf")
+        with open(config, "w") as handle:
+            handle.write(f"""
+worker_processes 1;
+daemon off;
+master_process off;
+error_log {prefix}/logs/error.log warn;
+pid {prefix}/nginx.pid;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    client_body_temp_path {prefix}/body;
+    proxy_temp_path {prefix}/proxy;
+    upstream mock {{ server {mock.replace("http://", "")}; keepalive 128; }}
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            proxy_pass http://mock;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+        }}
+    }}
+}}
+""")
+        process = self.start("nginx", [nginx, "-p", prefix, "-c", config], "0")
+        try:
+            deadline = time.time() + 10
+            while time.time() < deadline:
+                with socket.socket() as sock:
+                    if sock.connect_ex(("127.0.0.1", port)) == 0:
+                        break
+                time.sleep(0.05)
+            url = f"http://127.0.0.1:{port}/v1/chat/completions"
+            log("nginx floor: a plain reverse proxy to the mock")
+            phases = self.report["phases"]
+            phases["nginx_rate_2000"] = self.measured(process.pid, lambda: self.oha(url, PROVIDER_KEY, body, duration=self.args.seconds, connections=32, rate=2000))
+            phases["nginx_max_64c"] = self.measured(process.pid, lambda: self.oha(url, PROVIDER_KEY, body, duration=self.args.seconds, connections=64))
+            self.report["nginx"] = "nginx 1 worker on CPU 0 (its CPU per request is in the table)"
+        finally:
+            process.terminate()
+
+    def distributed_edge(self, mock, routed):
+        """Phase h: the edge alone (`serve edge-router` on CPU 0) with the five services in one
+        `serve` process on PostgreSQL (the other CPU): the edge's own cost per request, without the
+        chain and ledger writes that `up` does in the same process. Skipped without PostgreSQL."""
+        database_admin = os.environ.get("BR_BENCH_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres")
+        if shutil.which("psql") is None or subprocess.run(["psql", database_admin, "-qc", "SELECT 1"], capture_output=True).returncode != 0:
+            self.report["distributed_edge"] = "skipped: no PostgreSQL at BR_BENCH_POSTGRES_URL"
+            return
+        name = f"brainstorm_bench_{os.getpid()}"
+        subprocess.run(["psql", database_admin, "-qc", f"DROP DATABASE IF EXISTS {name}"], capture_output=True)
+        subprocess.run(["psql", database_admin, "-qc", f"CREATE DATABASE {name}"], capture_output=True, check=True)
+        database = database_admin.rsplit("/", 1)[0] + "/" + name
+        try:
+            subprocess.run([self.args.gateway, "migrate", "--database-url", database], capture_output=True, check=True, cwd=self.work)
+            grpc_port, health_port, edge_port = free_port(), free_port(), free_port()
+            master = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
+            services = ["identity", "catalog-health-sentinel", "budget-ledger", "audit-lineage", "policy-firewall"]
+            self.start(
+                "services",
+                [self.args.gateway, "serve", *services, "--grpc-listen", f"127.0.0.1:{grpc_port}", "--listen", f"127.0.0.1:{health_port}"],
+                self.load_cpus,
+                {"BR_DATABASE_URL": database, "BR_MASTER_KEY": master, "RUST_LOG": "warn", "BR_PROVIDER_OPENAI_BASE_URL": f"{mock}/v1"},
+            )
+            wait_http(f"http://127.0.0.1:{health_port}/health")
+            urls = {f"BR_{service.upper().replace('-', '_')}_URL": f"http://127.0.0.1:{grpc_port}" for service in services}
+            edge = self.start(
+                "edge",
+                [self.args.gateway, "serve", "edge-router", "--listen", f"127.0.0.1:{edge_port}"],
+                "0" if self.pinned else "",
+                {**urls, "RUST_LOG": "warn", "BR_PROVIDER_OPENAI_BASE_URL": f"{mock}/v1"},
+            )
+            base = f"http://127.0.0.1:{edge_port}"
+            wait_http(f"{base}/health")
+            key = call(f"{base}/v1/register", {"tenant_name": "bench-distributed", "accept_tos": True})["api_key"]["key"]
+            call(f"{base}/v1/providers", {"provider": "openai", "api_key": PROVIDER_KEY}, key)
+            call(f"{base}/v1/account/graduate", {}, key)
+            url = f"{base}/v1/chat/completions"
+            log("phase h: the edge alone, services in another process on PostgreSQL")
+            phases = self.report["phases"]
+            phases["h_edge_rate_2000"] = self.measured(edge.pid, lambda: self.oha(url, key, routed, duration=self.args.seconds, connections=32, rate=2000))
+            phases["h_edge_max_64c"] = self.measured(edge.pid, lambda: self.oha(url, key, routed, duration=self.args.seconds, connections=64))
+            self.report["distributed_edge"] = "edge on CPU 0; identity, catalog, budget-ledger, audit-lineage, policy-firewall in one serve process with the mock and oha"
+        finally:
+            for process in self.processes[-2:]:
+                process.terminate()
+            time.sleep(0.5)
+            subprocess.run(["psql", database_admin, "-qc", f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"], capture_output=True)
 
     def enable_guardian(self, base, key):
         """Turns on every guardian stage this build has, and says which."""
@@ -305,6 +409,7 @@ def table(report):
         f"RSS: idle {report['idle_rss_mib']} MiB, peak {report['peak_rss_mib']} MiB",
         f"guardian stages in phase e: {', '.join(report['phases'].get('e_full_gateway', {}).get('stages', []))}",
         f"nginx floor: {report.get('nginx', 'not installed: skipped')}",
+        f"distributed edge (phase h): {report.get('distributed_edge')}",
     ]
     return "\n".join(lines)
 
