@@ -67,33 +67,7 @@ impl BudgetStore {
 
     /// Writes a settlement unless its request id is already recorded; true when written.
     pub async fn insert_settlement(&self, settlement: &Settlement, recorded_at: &str) -> StoreResult<bool> {
-        let occurred = parse_timestamp(&settlement.occurred_at).unwrap_or_else(Utc::now);
-        let result = sqlx::query(
-            "INSERT INTO budget_settlements (request_id, tenant_id, plan, key_id, agent_id, conversation_id, model, provider, \
-             input_tokens, output_tokens, cost_nanos, outcome, latency_ms, day_key, month_key, occurred_at, recorded_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) \
-             ON CONFLICT (request_id) DO NOTHING",
-        )
-        .bind(&settlement.request_id)
-        .bind(&settlement.tenant_id)
-        .bind(&settlement.plan)
-        .bind(settlement.key_id.clone())
-        .bind(settlement.agent_id.clone())
-        .bind(settlement.conversation_id.clone())
-        .bind(&settlement.model)
-        .bind(&settlement.provider)
-        .bind(settlement.input_tokens)
-        .bind(settlement.output_tokens)
-        .bind(settlement.cost_nanos)
-        .bind(&settlement.outcome)
-        .bind(i64::try_from(settlement.latency_ms).unwrap_or(i64::MAX))
-        .bind(Period::Daily.key_at(occurred))
-        .bind(Period::Monthly.key_at(occurred))
-        .bind(brainstorm_common::time::format_timestamp(occurred))
-        .bind(recorded_at)
-        .execute(self.database.pool())
-        .await?;
-        Ok(result.rows_affected() == 1)
+        Ok(self.insert_settlements(&[settlement], recorded_at).await?.first().copied().unwrap_or(false))
     }
 
     /// Writes several settlements in one transaction (each unless its request id is already
@@ -128,7 +102,22 @@ impl BudgetStore {
             .bind(recorded_at)
             .execute(&mut *transaction)
             .await?;
-            written.push(result.rows_affected() == 1);
+            let new = result.rows_affected() == 1;
+            if new {
+                // The day's total moves in the same transaction as the settlement it counts.
+                sqlx::query(
+                    "INSERT INTO budget_daily_spend (tenant_id, day_key, month_key, cost_nanos, requests) VALUES ($1, $2, $3, $4, 1) \
+                     ON CONFLICT (tenant_id, day_key) DO UPDATE SET cost_nanos = budget_daily_spend.cost_nanos + excluded.cost_nanos, \
+                     requests = budget_daily_spend.requests + 1",
+                )
+                .bind(&settlement.tenant_id)
+                .bind(Period::Daily.key_at(occurred))
+                .bind(Period::Monthly.key_at(occurred))
+                .bind(settlement.cost_nanos)
+                .execute(&mut *transaction)
+                .await?;
+            }
+            written.push(new);
         }
         transaction.commit().await?;
         Ok(written)
@@ -227,12 +216,13 @@ impl BudgetStore {
 
     /// A tenant's spend in one period (`2026-11-22` or `2026-11`).
     pub async fn tenant_spend(&self, tenant_id: &str, period: Period, period_key: &str) -> StoreResult<i64> {
+        // From the per-day totals: one row for a day, at most 31 for a month.
         let sql = match period {
             Period::Daily => {
-                "SELECT CAST(COALESCE(SUM(cost_nanos), 0) AS BIGINT) FROM budget_settlements WHERE tenant_id = $1 AND day_key = $2"
+                "SELECT CAST(COALESCE(SUM(cost_nanos), 0) AS BIGINT) FROM budget_daily_spend WHERE tenant_id = $1 AND day_key = $2"
             }
             Period::Monthly => {
-                "SELECT CAST(COALESCE(SUM(cost_nanos), 0) AS BIGINT) FROM budget_settlements WHERE tenant_id = $1 AND month_key = $2"
+                "SELECT CAST(COALESCE(SUM(cost_nanos), 0) AS BIGINT) FROM budget_daily_spend WHERE tenant_id = $1 AND month_key = $2"
             }
         };
         sqlx::query_scalar(sql).bind(tenant_id).bind(period_key).fetch_one(self.database.pool()).await
@@ -256,8 +246,8 @@ impl BudgetStore {
     /// Spend per day from `first_day` to `last_day` (inclusive), only days with settlements, oldest first.
     pub async fn daily_spend(&self, tenant_id: &str, first_day: &str, last_day: &str) -> StoreResult<Vec<(String, i64)>> {
         let rows = sqlx::query(
-            "SELECT day_key, CAST(COALESCE(SUM(cost_nanos), 0) AS BIGINT) AS spent FROM budget_settlements \
-             WHERE tenant_id = $1 AND day_key >= $2 AND day_key <= $3 GROUP BY day_key ORDER BY day_key",
+            "SELECT day_key, cost_nanos AS spent FROM budget_daily_spend \
+             WHERE tenant_id = $1 AND day_key >= $2 AND day_key <= $3 ORDER BY day_key",
         )
         .bind(tenant_id)
         .bind(first_day)
