@@ -1,7 +1,8 @@
 //! The chain's tables, read and written with bound parameters on SQLite or PostgreSQL.
 //!
-//! Appending is one transaction: skip a request id already chained, read the tenant's head, insert the
-//! row after it, and move the head forward by compare-and-set. A second writer racing on the same head
+//! Appending (one record or a batch of one tenant's) is one transaction: lock and read the tenant's
+//! head, insert each row after it (a request id already chained inserts nothing), and move the head
+//! forward by compare-and-set. A second writer racing on the same head
 //! fails on the `(tenant_id, sequence)` key or the head's compare-and-set and retries from the new head,
 //! so even a rebalance that briefly gives a tenant two writers cannot fork the chain.
 
@@ -89,21 +90,10 @@ impl AuditStore {
         AuditStore { database }
     }
 
-    /// Chains an entry after the tenant's head, once per request id.
+    /// Chains an entry after the tenant's head, once per request id (a batch of one).
     pub async fn append(&self, entry: &NewEntry<'_>, recorded_at: &str) -> StoreResult<Appended> {
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            match self.try_append(entry, recorded_at).await {
-                Ok(Some(appended)) => return Ok(appended),
-                Ok(None) if attempt < APPEND_ATTEMPTS => {}
-                Err(error) if attempt < APPEND_ATTEMPTS && is_write_conflict(&error) => {}
-                Ok(None) => return Err(sqlx::Error::Protocol("the chain head kept moving; giving up this append".to_string())),
-                Err(error) => return Err(error),
-            }
-            tracing::debug!(tenant_id = entry.tenant_id, attempt, "chain head moved; appending again");
-            tokio::time::sleep(Duration::from_millis(5 * u64::from(attempt))).await;
-        }
+        let mut appended = self.append_batch(entry.tenant_id, std::slice::from_ref(entry), recorded_at).await?;
+        appended.pop().ok_or_else(|| sqlx::Error::Protocol("a batch of one appended nothing".to_string()))
     }
 
     /// Chains several entries of one tenant after its head, in order, in one transaction (what the
@@ -238,107 +228,6 @@ impl AuditStore {
         }
         transaction.commit().await?;
         Ok(Some(appended))
-    }
-
-    /// One attempt; None when another writer moved the head first.
-    async fn try_append(&self, entry: &NewEntry<'_>, recorded_at: &str) -> StoreResult<Option<Appended>> {
-        let mut transaction = self.database.pool().begin().await?;
-        // Writing first takes the tenant's head row lock (PostgreSQL) or the write lock (SQLite)
-        // before anything is read, so a second writer waits here instead of failing later: SQLite's
-        // busy timeout covers a transaction that has not read yet, not one that has.
-        sqlx::query("UPDATE audit_chain_heads SET updated_at = updated_at WHERE tenant_id = $1")
-            .bind(entry.tenant_id)
-            .execute(&mut *transaction)
-            .await?;
-        let existing = sqlx::query("SELECT sequence, hash, commitment FROM audit_chain WHERE tenant_id = $1 AND request_id = $2")
-            .bind(entry.tenant_id)
-            .bind(entry.request_id)
-            .fetch_optional(&mut *transaction)
-            .await?;
-        if let Some(row) = existing {
-            return Ok(Some(Appended::Duplicate {
-                sequence: row.try_get("sequence")?,
-                hash: row.try_get("hash")?,
-                commitment: row.try_get("commitment")?,
-            }));
-        }
-        let head = sqlx::query("SELECT sequence, hash FROM audit_chain_heads WHERE tenant_id = $1")
-            .bind(entry.tenant_id)
-            .fetch_optional(&mut *transaction)
-            .await?;
-        let previous = match &head {
-            Some(row) => ChainPoint { sequence: row.try_get("sequence")?, hash: row.try_get("hash")? },
-            None => ChainPoint::genesis(),
-        };
-        let sequence = previous.sequence + 1;
-        let hash = chain_hash(entry.payload, &previous.hash);
-        let commitment = payload_commitment(entry.payload);
-        let inserted = sqlx::query(
-            "INSERT INTO audit_chain (tenant_id, sequence, request_id, occurred_at, trace_id, chain_schema_version, payload, \
-             commitment, prev_hash, hash, recorded_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-        )
-        .bind(entry.tenant_id)
-        .bind(sequence)
-        .bind(entry.request_id)
-        .bind(entry.occurred_at)
-        .bind(entry.trace_id)
-        .bind(CHAIN_SCHEMA_VERSION)
-        .bind(entry.payload)
-        .bind(&commitment)
-        .bind(&previous.hash)
-        .bind(&hash)
-        .bind(recorded_at)
-        .execute(&mut *transaction)
-        .await;
-        match inserted {
-            Ok(_) => {}
-            Err(error) if is_unique_violation(&error) => return Ok(None),
-            Err(error) => return Err(error),
-        }
-        let moved = match head {
-            Some(_) => sqlx::query(
-                "UPDATE audit_chain_heads SET sequence = $1, hash = $2, updated_at = $3 WHERE tenant_id = $4 AND sequence = $5 AND hash = $6",
-            )
-            .bind(sequence)
-            .bind(&hash)
-            .bind(recorded_at)
-            .bind(entry.tenant_id)
-            .bind(previous.sequence)
-            .bind(&previous.hash)
-            .execute(&mut *transaction)
-            .await?
-            .rows_affected(),
-            None => sqlx::query(
-                "INSERT INTO audit_chain_heads (tenant_id, sequence, hash, first_occurred_at, updated_at) VALUES ($1, $2, $3, $4, $5) \
-                 ON CONFLICT (tenant_id) DO NOTHING",
-            )
-            .bind(entry.tenant_id)
-            .bind(sequence)
-            .bind(&hash)
-            .bind(entry.occurred_at)
-            .bind(recorded_at)
-            .execute(&mut *transaction)
-            .await?
-            .rows_affected(),
-        };
-        if moved != 1 {
-            return Ok(None);
-        }
-        if let Some((digest, prompt, completion)) = entry.capture {
-            sqlx::query(
-                "INSERT INTO audit_captures (tenant_id, request_id, sequence, digest, prompt, completion) VALUES ($1, $2, $3, $4, $5, $6)",
-            )
-            .bind(entry.tenant_id)
-            .bind(entry.request_id)
-            .bind(sequence)
-            .bind(digest)
-            .bind(prompt)
-            .bind(completion)
-            .execute(&mut *transaction)
-            .await?;
-        }
-        transaction.commit().await?;
-        Ok(Some(Appended::Chained { sequence, hash, commitment }))
     }
 
     pub async fn head(&self, tenant_id: &str) -> StoreResult<Option<Head>> {

@@ -15,6 +15,17 @@ use crate::extract::{JsonBody, OptionalJsonBody};
 
 type Answer = Result<Json<Value>, ApiError>;
 
+/// A configuration PUT: the body's members replace the current configuration's, absent ones keep
+/// their value; `code` names a body that does not make a valid configuration.
+fn merged<T: serde::Serialize + serde::de::DeserializeOwned>(current: &T, body: Value, code: &str) -> Result<T, ApiError> {
+    let mut merged = serde_json::to_value(current).map_err(|_| ApiError::internal())?;
+    let Value::Object(changes) = body else { return Err(ApiError::invalid_request("invalid_body", "the body must be a JSON object")) };
+    if let Some(object) = merged.as_object_mut() {
+        object.extend(changes);
+    }
+    serde_json::from_value(merged).map_err(|error| ApiError::invalid_request(code, error.to_string()))
+}
+
 /// After a kill-switch change through this edge, its own gate takes the new state at once (other
 /// edges learn from `policy.events`, or within the 500 ms TTL).
 async fn refresh_gate(state: &EdgeState, tenant_id: &str) {
@@ -140,13 +151,7 @@ pub async fn put_guardrails_config(
     caller.require("security.write")?;
     let tenant_id = caller.tenant_id()?.to_string();
     let current = GuardrailConfig::from_proto(&state.policy.get_guardrail_config(TenantRef { tenant_id: tenant_id.clone() }).await?);
-    let mut merged = serde_json::to_value(&current).map_err(|_| ApiError::internal())?;
-    let Value::Object(changes) = body else { return Err(ApiError::invalid_request("invalid_body", "the body must be a JSON object")) };
-    if let Some(object) = merged.as_object_mut() {
-        object.extend(changes);
-    }
-    let config: GuardrailConfig =
-        serde_json::from_value(merged).map_err(|error| ApiError::invalid_request("invalid_guardrail_config", error.to_string()))?;
+    let config: GuardrailConfig = merged(&current, body, "invalid_guardrail_config")?;
     let stored = state.policy.put_guardrail_config(config.to_proto(&tenant_id, None)).await?;
     state.guardian.evict(&tenant_id);
     render(&GuardrailConfig::from_proto(&stored))
@@ -343,13 +348,7 @@ pub async fn put_firewall_config(
     let tenant_id = caller.tenant_id()?.to_string();
     let stored = state.policy.get_firewall_config(TenantRef { tenant_id: tenant_id.clone() }).await?;
     let current = FirewallConfig::from_proto(&stored).map_err(|_| ApiError::internal())?;
-    let mut merged = serde_json::to_value(&current).map_err(|_| ApiError::internal())?;
-    let Value::Object(changes) = body else { return Err(ApiError::invalid_request("invalid_body", "the body must be a JSON object")) };
-    if let Some(object) = merged.as_object_mut() {
-        object.extend(changes);
-    }
-    let config: FirewallConfig =
-        serde_json::from_value(merged).map_err(|error| ApiError::invalid_request("invalid_firewall_config", error.to_string()))?;
+    let config: FirewallConfig = merged(&current, body, "invalid_firewall_config")?;
     config.validate().map_err(|error| ApiError::invalid_request("invalid_firewall_config", error))?;
     let stored = state.policy.put_firewall_config(config.to_proto(&tenant_id, None)).await?;
     state.guardian.evict(&tenant_id);
