@@ -233,13 +233,25 @@ class Bench:
         stream_body = dict(routed, stream=True)
         phases["d_stream_direct"] = self.stream_timings(mock, "/v1/chat/completions", PROVIDER_KEY, dict(body, stream=True), args.streams)
         phases["d_stream_gateway"] = self.stream_timings(base, "/v1/chat/completions", minimal_key, stream_body, args.streams)
-        log("phase e: every guardian stage on vs the minimal pipeline")
+        log("phase e: the guardian stages added one at a time to the minimal pipeline")
         full_body = dict(routed, **guardian["body"])
-        phases["e_minimal_gateway"] = self.measured(gateway.pid, lambda: self.oha(gateway_url, minimal_key, routed, duration=args.seconds, connections=32, rate=2000))
-        phases["e_full_gateway"] = self.measured(gateway.pid, lambda: self.oha(gateway_url, full_key, full_body, duration=args.seconds, connections=32, rate=2000))
+        at_2000 = lambda key, request: self.measured(gateway.pid, lambda: self.oha(gateway_url, key, request, duration=args.seconds, connections=32, rate=2000))
+        phases["e_minimal_gateway"] = at_2000(minimal_key, routed)
+        minimal_overhead = self.guardian_overhead(base, minimal_key, routed, 200)
+        phases["e_budget_gateway"] = at_2000(full_key, routed)
+        call(f"{base}/v1/guardrails/config", {"enabled": True, "mode": "block"}, key, method="PUT")
+        phases["e_guardrails_gateway"] = at_2000(full_key, routed)
+        phases["e_full_gateway"] = at_2000(full_key, full_body)
         phases["e_full_gateway"]["stages"] = guardian["stages"]
+        stage_cost = {}
+        previous = phases["e_minimal_gateway"].get("gateway_cpu_us_per_request")
+        for stage, name in (("key budget and rate limit", "e_budget_gateway"), ("guardrails on the prompt", "e_guardrails_gateway"), ("tool firewall on the reply", "e_full_gateway")):
+            cpu = phases[name].get("gateway_cpu_us_per_request")
+            stage_cost[stage] = round(cpu - previous, 1) if cpu is not None and previous is not None else None
+            previous = cpu
+        self.report["stage_cpu_us_per_request"] = stage_cost
         self.report["guardian_overhead_ms"] = {
-            "minimal": self.guardian_overhead(base, minimal_key, routed, 200),
+            "minimal": minimal_overhead,
             "full": self.guardian_overhead(base, full_key, full_body, 200),
         }
         self.report["peak_rss_mib"] = round(memory_kib(gateway.pid)["VmHWM"] / 1024, 1)
@@ -359,13 +371,8 @@ http {{
 
     def enable_guardian(self, base, key):
         """Turns on every guardian stage this build has, and says which."""
-        stages = ["auth", "budget reservation and settlement", "rate limit"]
+        stages = ["auth", "budget reservation and settlement", "rate limit", "guardrails (builtin, pii; turned on in phase e)"]
         body = {}
-        try:
-            call(f"{base}/v1/guardrails/config", {"enabled": True, "mode": "block"}, key, method="PUT")
-            stages.append("guardrails (builtin, pii)")
-        except OSError:
-            pass
         try:
             call(f"{base}/v1/killswitch/status", None, key)
             stages.append("kill switch")
@@ -405,6 +412,7 @@ def table(report):
         f"added latency at 2000 req/s: {report.get('added_latency_ms_at_2000')}",
         f"streaming TTFB overhead (p50): {report['stream_ttfb_overhead_ms']} ms",
         f"guardian overhead (X-BR-Guardian-Overhead-Ms): {report.get('guardian_overhead_ms')}",
+        f"CPU per request each stage adds at 2000 req/s (us; noisy): {report.get('stage_cpu_us_per_request')}",
         f"gateway CPU per request (us): {report['cpu_us_per_request']}",
         f"RSS: idle {report['idle_rss_mib']} MiB, peak {report['peak_rss_mib']} MiB",
         f"guardian stages in phase e: {', '.join(report['phases'].get('e_full_gateway', {}).get('stages', []))}",
