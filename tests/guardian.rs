@@ -93,8 +93,10 @@ async fn scoped_switches_and_guardrails(shape: Shape) -> TestResult {
     let blocked = eventually(&gateway, &key, None, &injection, 403).await?;
     assert_eq!(blocked.body["error"]["type"], "guardrail_blocked", "{}", blocked.text);
     assert_eq!(blocked.body["recovery"]["action"], "check_guardrails");
+    assert!(blocked.header("x-br-intent-risk").and_then(|risk| risk.parse::<f64>().ok()).is_some_and(|risk| risk >= 0.9));
     let fine = eventually(&gateway, &key, None, &completion("what is the capital of France?"), 200).await?;
     assert_eq!(fine.header("x-br-guardian-status"), Some("on"));
+    assert_eq!(fine.header("x-br-intent-risk"), Some("0.00"));
     let tested = gateway.call(Method::POST, "/v1/guardrails/test", Some(&key), Some(json!({"text": "mail me at ada@example.com"}))).await?;
     assert_eq!(tested.status, 200, "{}", tested.text);
     assert_eq!(tested.body["result"]["safe"], false, "{}", tested.text);
