@@ -132,18 +132,25 @@ async fn refusals_at_the_door_are_chained_too(shape: Shape) -> TestResult {
     assert_eq!(switched.status, 503, "{}", switched.text);
     let request_id = switched.header("x-br-request-id").unwrap_or_default().to_string();
     assert!(switched.header("x-br-audit-hash").is_some());
+    // Other routes' refusals at the door are evidence too.
+    let account = gateway.call(Method::GET, "/v1/account", Some(&key), None).await?;
+    assert_eq!(account.status, 503, "{}", account.text);
+    assert!(account.header("x-br-audit-hash").is_some(), "a kill-switch refusal of any route is recorded");
+    let stranger = gateway.call(Method::GET, "/v1/account", Some("br_live_not_a_key_0000000000"), None).await?;
+    assert_eq!(stranger.status, 401);
+    assert!(stranger.header("x-br-audit-hash").is_some());
 
-    // Three refusals in the tenant's chain, the kill switch's with its reason code.
+    // Four refusals in the tenant's chain, the kill switch's with its reason code.
     let mut report = Value::Null;
     for _ in 0..100 {
         report = gateway.call(Method::GET, "/v1/governance/audit/chain/verify", Some(&key), None).await?.body;
-        if report["checked"].as_u64() >= Some(3) {
+        if report["checked"].as_u64() >= Some(4) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(report["valid"], true, "{report}");
-    assert_eq!(report["checked"], 3, "{report}");
+    assert_eq!(report["checked"], 4, "{report}");
     let lineage = gateway.call(Method::GET, &format!("/v1/governance/lineage/{request_id}"), Some(&key), None).await?;
     assert_eq!(lineage.status, 200, "{}", lineage.text);
     assert_eq!(lineage.body["policy_context"]["reason_code"], "kill_switch_active", "{}", lineage.text);

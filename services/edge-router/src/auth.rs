@@ -22,6 +22,7 @@ use subtle::ConstantTimeEq;
 use brainstorm_policy_firewall::RequestFacts;
 
 use crate::EdgeState;
+use crate::extract::RequestId;
 
 /// Permissions held by the platform administrator key.
 const PLATFORM_ADMIN_PERMISSIONS: [&str; 3] = ["admin.read", "admin.write", "platform.admin"];
@@ -176,7 +177,21 @@ impl FromRequestParts<EdgeState> for Caller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &EdgeState) -> Result<Self, Self::Rejection> {
-        admit(parts, state).await.map_err(|refused| refused.error)
+        admit(parts, state).await.map_err(|refused| {
+            // Completions record their own refusals (`CallerAttempt`); every other `/v1` route's
+            // refusal at the door is recorded here.
+            match parts.extensions.get::<RequestId>() {
+                Some(request_id) if parts.uri.path().starts_with("/v1/") => crate::pipeline::record_refusal(
+                    state,
+                    refused.identity.as_deref(),
+                    request_id,
+                    &parts.headers,
+                    parts.uri.path(),
+                    refused.error,
+                ),
+                _ => refused.error,
+            }
+        })
     }
 }
 

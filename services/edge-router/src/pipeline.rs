@@ -199,7 +199,38 @@ pub async fn serve(
     };
     let attribution = Attribution::of(identity.as_deref());
     let body = body.as_ref().unwrap_or(&empty);
-    seal(state, attribution, request_id, request_headers, body, format, started, facts, result)
+    let endpoint = match format {
+        ClientFormat::OpenAi => "/v1/chat/completions",
+        ClientFormat::Anthropic => "/v1/messages",
+    };
+    seal(state, attribution, request_id, request_headers, body, endpoint, started, facts, result)
+}
+
+/// Records a refusal at the door of any other `/v1` route (unknown key, tenant kill switch) and adds
+/// the evidence headers to it. The refusal stands whether or not the record could be queued.
+pub fn record_refusal(
+    state: &EdgeState,
+    identity: Option<&CallerIdentity>,
+    request_id: &RequestId,
+    request_headers: &HeaderMap,
+    endpoint: &str,
+    error: ApiError,
+) -> ApiError {
+    let attribution = Attribution::of(identity);
+    match seal(
+        state,
+        attribution,
+        request_id,
+        request_headers,
+        &Value::Null,
+        endpoint,
+        Instant::now(),
+        AuditFacts::default(),
+        Err(error.clone()),
+    ) {
+        Err(recorded) if recorded.status == error.status => recorded,
+        _ => error,
+    }
 }
 
 /// Records a request's evidence and adds the evidence headers to its answer.
@@ -210,7 +241,7 @@ fn seal(
     request_id: &RequestId,
     request_headers: &HeaderMap,
     body: &Value,
-    format: ClientFormat,
+    endpoint: &str,
     started: Instant,
     mut facts: AuditFacts,
     result: Result<Response, ApiError>,
@@ -229,10 +260,7 @@ fn seal(
         request_id: request_id.0.clone(),
         tenant_id,
         occurred_at: brainstorm_common::time::now_timestamp(),
-        endpoint: match format {
-            ClientFormat::OpenAi => "/v1/chat/completions".to_string(),
-            ClientFormat::Anthropic => "/v1/messages".to_string(),
-        },
+        endpoint: endpoint.to_string(),
         principal: key_id.as_ref().map(|key_id| AuditPrincipal {
             id: key_id.clone(),
             auth_method: "api_key".to_string(),
