@@ -15,6 +15,7 @@ brainstorm_e2e::in_both_shapes!(
     the_firewall_holds_back_streamed_tool_calls,
     an_approval_is_required_then_consumed_exactly_once,
     guardrail_providers_and_anomaly_baselines_have_routes,
+    output_guardrails_judge_whole_replies_streamed_or_not,
 );
 
 struct Setup {
@@ -358,5 +359,39 @@ async fn guardrail_providers_and_anomaly_baselines_have_routes(shape: Shape) -> 
         .call(Method::POST, "/v1/security/anomalies/baselines", Some(key), Some(json!({"baselines": [{"entityType": "agent"}]})))
         .await?;
     assert_eq!(refused.status, 400, "{}", refused.text);
+    Ok(())
+}
+
+/// With `scanOutput`, the reply is judged before it leaves, streamed or not. The mock's replies start
+/// "mock openai reply to:", so a topic keyed on "mock" flags the output and never the prompt.
+async fn output_guardrails_judge_whole_replies_streamed_or_not(shape: Shape) -> TestResult {
+    let setup = setup(shape).await?;
+    let (gateway, key) = (&setup.gateway, setup.key.as_str());
+    let config = json!({"enabled": true, "mode": "block", "scanOutput": true,
+        "providers": [{"id": "builtin"}, {"id": "pii"}, {"id": "topic-restriction"}],
+        "deniedTopics": [{"name": "mocking", "keywords": ["mock"]}]});
+    let stored = gateway.call(Method::PUT, "/v1/guardrails/config", Some(key), Some(config)).await?;
+    assert_eq!(stored.status, 200, "{}", stored.text);
+    let body = json!({"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "hello there"}]});
+
+    let whole = complete(gateway, key, body.clone()).await?;
+    assert_eq!(whole.status, 403, "{}", whole.text);
+    assert_eq!(whole.body["error"]["type"], "guardrail_blocked");
+
+    let mut streamed_body = body.clone();
+    streamed_body["stream"] = json!(true);
+    let streamed = complete(gateway, key, streamed_body.clone()).await?;
+    assert_eq!(streamed.status, 200);
+    assert!(streamed.text.contains("guardrail_blocked"), "{}", streamed.text);
+    let text: String = sse_data(&streamed.text).iter().filter_map(|chunk| chunk["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(text, "", "nothing of a blocked reply leaves: {}", streamed.text);
+
+    // In warn mode the reply is released whole, with the verdict as comments.
+    assert_eq!(gateway.call(Method::PUT, "/v1/guardrails/config", Some(key), Some(json!({"mode": "warn"}))).await?.status, 200);
+    let warned = complete(gateway, key, streamed_body).await?;
+    let text: String = sse_data(&warned.text).iter().filter_map(|chunk| chunk["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(text, "mock openai reply to: hello there", "{}", warned.text);
+    assert!(warned.text.contains(": x-br-guardrail-status=warn"), "{}", warned.text);
+    assert!(warned.text.trim_end().ends_with("data: [DONE]"));
     Ok(())
 }

@@ -410,6 +410,7 @@ async fn complete_inner(
     facts.guardian_status = if guardian_off { "off" } else { "on" };
     let mut reply_guard = None;
     let mut downgrade_tool = None;
+    let mut output_scanned = false;
     if !guardian_off {
         let tenant_guardian = state.guardian.config(tenant_id).await?;
         if tenant_guardian.guardrails.config().enabled {
@@ -425,6 +426,8 @@ async fn complete_inner(
                 }
             }
         }
+        let guardrails = tenant_guardian.guardrails.config();
+        output_scanned = guardrails.enabled && guardrails.scan_output;
         let firewall = tenant_guardian.firewall.config();
         let mode = FirewallMode::effective(firewall.mode, requested_mode);
         if mode == FirewallMode::Enforce {
@@ -551,7 +554,8 @@ async fn complete_inner(
                 let spec = stream_spec(candidate, reply_id, format, &chat);
                 let (evidence, pending) = tokio::sync::oneshot::channel();
                 facts.stream_evidence = Some(evidence);
-                return Ok(relay(events, headers, spec, reservation, reply_guard.take(), Some(pending)));
+                let output_scan = output_scanned.then(|| OutputScan { guardian: state.guardian.clone(), tenant_id: tenant_id.to_string() });
+                return Ok(relay(events, headers, spec, reservation, reply_guard.take(), Some(pending), output_scan));
             }
             Ok(Err(mut reply)) => {
                 let settle = |cost: Usd, usage: Usage| ActualUsage {
@@ -794,7 +798,7 @@ async fn sandbox_response(chat: &ChatRequest, id: String, format: ClientFormat, 
             input_estimate: reply.usage.input_tokens,
             stream_usage: chat.stream_usage,
         };
-        return relay(events, headers, spec, reservation, None, None);
+        return relay(events, headers, spec, reservation, None, None, None);
     }
     let actual = ActualUsage {
         cost: Usd::ZERO,
@@ -975,6 +979,15 @@ struct RelayState {
     held: Vec<ToolCall>,
     /// A refusal (approval required) replaces the rest of the stream; it is sent at the end.
     refusal: Option<Bytes>,
+    /// Output guardrails, when the tenant scans output: the whole reply is held until judged.
+    output_scan: Option<OutputScan>,
+    held_events: Vec<ChatEvent>,
+}
+
+/// The output guardrails a stream answers to.
+pub struct OutputScan {
+    pub guardian: std::sync::Arc<brainstorm_policy_firewall::Guardian>,
+    pub tenant_id: String,
 }
 
 impl RelayState {
@@ -1002,6 +1015,50 @@ impl RelayState {
                 true
             }
             _ => false,
+        }
+    }
+
+    /// The per-event path: tool calls held for the firewall, everything else written as it comes.
+    async fn forward(&mut self, event: ChatEvent) {
+        if self.refusal.is_some() || self.hold(&event) {
+            return;
+        }
+        let event = match event {
+            ChatEvent::Finish(_) if self.release().await => ChatEvent::Finish(FinishReason::ContentFilter),
+            event => event,
+        };
+        if self.refusal.is_none() {
+            self.pending.extend(self.writer.write(&event).into_iter().map(Bytes::from));
+        }
+    }
+
+    /// Scans the whole held reply with the output guardrails, then lets it through (with the
+    /// guardrail headers as SSE comments) or replaces it with the `guardrail_blocked` refusal.
+    async fn judge_output(&mut self) {
+        let Some(scan) = self.output_scan.take() else { return };
+        let held = std::mem::take(&mut self.held_events);
+        match scan.guardian.scan_output(&scan.tenant_id, self.assembler.text()).await {
+            Ok(Some(result)) => {
+                if result.action != brainstorm_policy_firewall::ScanAction::Pass {
+                    for (name, value) in result.headers() {
+                        self.pending.push_back(Bytes::from(format!(": {name}={value}\n\n")));
+                    }
+                }
+                if let Some(error) = result.api_error() {
+                    self.refusal = Some(Bytes::from(self.writer.refusal(&error)));
+                    return;
+                }
+            }
+            Ok(None) => {}
+            Err(error) => {
+                // Fail closed: a reply the guardrails could not judge is not released.
+                let error = ApiError::from(error);
+                self.refusal = Some(Bytes::from(self.writer.refusal(&error)));
+                return;
+            }
+        }
+        for event in held {
+            self.forward(event).await;
         }
     }
 
@@ -1048,6 +1105,7 @@ fn relay(
     reservation: Reservation,
     guard: Option<ReplyGuard>,
     evidence: Option<tokio::sync::oneshot::Receiver<PendingEvidence>>,
+    output_scan: Option<OutputScan>,
 ) -> Response {
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
@@ -1075,6 +1133,8 @@ fn relay(
         guard,
         held: Vec::new(),
         refusal: None,
+        output_scan,
+        held_events: Vec::new(),
     };
     let body = futures::stream::unfold(state, |mut state| async move {
         loop {
@@ -1087,16 +1147,16 @@ fn relay(
             match state.events.next().await {
                 Some(Ok(event)) => {
                     state.assembler.push(&event);
-                    if state.refusal.is_some() || state.hold(&event) {
+                    if state.output_scan.is_some() {
+                        // Output guardrails judge the whole reply: nothing leaves before they have.
+                        let finished = matches!(event, ChatEvent::Finish(_));
+                        state.held_events.push(event);
+                        if finished {
+                            state.judge_output().await;
+                        }
                         continue;
                     }
-                    let event = match event {
-                        ChatEvent::Finish(_) if state.release().await => ChatEvent::Finish(FinishReason::ContentFilter),
-                        event => event,
-                    };
-                    if state.refusal.is_none() {
-                        state.pending.extend(state.writer.write(&event).into_iter().map(Bytes::from));
-                    }
+                    state.forward(event).await;
                 }
                 Some(Err(error)) => {
                     state.pending.push_back(Bytes::from(state.writer.error(&format!("the provider stream failed: {error}"))));
@@ -1105,7 +1165,10 @@ fn relay(
                     state.settlement.settle(Outcome::Failed);
                 }
                 None => {
-                    // Calls still held (a stream that never said it finished) are judged now.
+                    // A reply still held (a stream that never said it finished) is judged now.
+                    if state.output_scan.is_some() {
+                        state.judge_output().await;
+                    }
                     if state.release().await && state.refusal.is_none() {
                         state
                             .pending
