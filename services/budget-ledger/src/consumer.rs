@@ -83,7 +83,7 @@ impl SettlementConsumer {
         let mut settlements = Vec::new();
         for delivery in deliveries {
             match BudgetEvent::decode(delivery.message().payload.clone()) {
-                Ok(BudgetEvent { kind: Some(budget_event::Kind::Settlement(settlement)) }) if settlements.len() + 1 < MAX_BATCH => {
+                Ok(BudgetEvent { kind: Some(budget_event::Kind::Settlement(settlement)) }) => {
                     settlements.push((settlement, delivery));
                 }
                 _ => handled.push(handle(&self.service, delivery).await),

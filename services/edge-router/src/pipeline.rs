@@ -14,7 +14,7 @@ use brainstorm_audit_lineage::Submitted;
 use brainstorm_budget_ledger::{ActualUsage, BudgetContext, BudgetDenial, Estimate, Outcome, RemainingView, Reservation};
 use brainstorm_common::ApiError;
 use brainstorm_common::money::Usd;
-use brainstorm_policy_firewall::{ApprovalContext, FirewallMode, RequestFacts, ToolCall, ToolCaller, glob_matches};
+use brainstorm_policy_firewall::{FirewallMode, RequestFacts, ToolCall, glob_matches};
 use brainstorm_proto::audit::{AuditRecord, CandidateDecision, DecisionPath, Principal as AuditPrincipal, TraceContext};
 use brainstorm_providers::catalog::{Model, Price, base_url};
 use brainstorm_providers::chat::{ChatEvent, ChatReply, ChatRequest, FinishReason, InvalidRequest, ReplyAssembler, Usage, reply_events};
@@ -115,10 +115,10 @@ pub struct AuditFacts {
     cost: Option<Usd>,
 }
 
+/// `bytes` (at most 16) random bytes as lowercase hex.
 fn random_hex(bytes: usize) -> String {
     let mut text = uuid::Uuid::new_v4().simple().to_string();
-    text.push_str(&uuid::Uuid::new_v4().simple().to_string());
-    text.truncate(bytes * 2);
+    text.truncate(bytes.min(16) * 2);
     text
 }
 
@@ -297,39 +297,31 @@ fn seal(
         guardian_headers.push((HeaderName::from_static("x-br-guardian-status"), facts.guardian_status.to_string()));
         guardian_headers.push((HeaderName::from_static("x-br-guardian-overhead-ms"), milliseconds(facts.guardian_overhead)));
     }
-    if result.is_ok()
-        && let Some(evidence) = facts.stream_evidence.take()
-    {
-        // A stream's record is completed (tokens, cost, how it ended) and submitted when the stream
-        // ends; its commitment then travels as a trailing SSE comment. What is known now goes out
-        // as headers.
-        let _ = evidence.send(PendingEvidence { record, publisher: state.audit_publisher.clone() });
-        return result.map(|mut response| {
-            set(response.headers_mut(), "x-br-explain", &request_id.0);
-            set(response.headers_mut(), "x-br-verdict-id", &format!("vrd_{}", request_id.0.trim_start_matches("req_")));
-            set(response.headers_mut(), "traceparent", &traceparent);
-            for (name, value) in guardian_headers {
-                if let Ok(value) = HeaderValue::from_str(&value) {
-                    response.headers_mut().insert(name, value);
-                }
-            }
-            response
-        });
-    }
-    let commitment = match state.audit_publisher.submit(record) {
-        Ok(Submitted::Queued { commitment }) => (commitment, "captured"),
-        Ok(Submitted::Dropped { commitment }) => (commitment, "dropped"),
-        // Evidence is not optional: without room to record it, the request is refused.
-        Err(error) => return Err(ApiError::unavailable("audit_unavailable", format!("audit evidence cannot be recorded: {error}"))),
-    };
-    let evidence = [
-        ("x-br-audit-hash", commitment.0.clone()),
-        ("x-br-evidence-receipt", format!("sha256:{}", commitment.0)),
-        ("x-br-evidence-coverage", commitment.1.to_string()),
+    let mut evidence = vec![
         ("x-br-explain", request_id.0.clone()),
         ("x-br-verdict-id", format!("vrd_{}", request_id.0.trim_start_matches("req_"))),
         ("traceparent", traceparent),
     ];
+    match facts.stream_evidence.take() {
+        // A stream's record is completed (tokens, cost, how it ended) and submitted when the stream
+        // ends; its commitment then travels as a trailing SSE comment.
+        Some(pending) if result.is_ok() => {
+            let _ = pending.send(PendingEvidence { record, publisher: state.audit_publisher.clone() });
+        }
+        _ => {
+            let (commitment, coverage) = match state.audit_publisher.submit(record) {
+                Ok(Submitted::Queued { commitment }) => (commitment, "captured"),
+                Ok(Submitted::Dropped { commitment }) => (commitment, "dropped"),
+                // Evidence is not optional: without room to record it, the request is refused.
+                Err(error) => {
+                    return Err(ApiError::unavailable("audit_unavailable", format!("audit evidence cannot be recorded: {error}")));
+                }
+            };
+            evidence.push(("x-br-evidence-receipt", format!("sha256:{commitment}")));
+            evidence.push(("x-br-audit-hash", commitment));
+            evidence.push(("x-br-evidence-coverage", coverage.to_string()));
+        }
+    }
     match result {
         Ok(mut response) => {
             for (name, value) in evidence {
@@ -440,18 +432,14 @@ async fn complete_inner(
             reply_guard = Some(ReplyGuard {
                 guardian: state.guardian.clone(),
                 tenant_id: tenant_id.to_string(),
-                caller: tool_caller(caller, agent_id.as_deref()),
+                identity: caller.identity.clone(),
+                agent_id: agent_id.clone(),
                 requested_mode,
-                approval: ApprovalContext {
-                    surface: match format {
-                        ClientFormat::OpenAi => "chat_completions",
-                        ClientFormat::Anthropic => "messages",
-                    }
-                    .to_string(),
-                    agent_id: agent_id.clone(),
-                    owner_id: caller.identity.key.as_ref().and_then(|key| key.created_by.clone()),
-                    request_id: request_id.0.clone(),
+                surface: match format {
+                    ClientFormat::OpenAi => "chat_completions",
+                    ClientFormat::Anthropic => "messages",
                 },
+                request_id: request_id.0.clone(),
             });
         }
     }
@@ -598,18 +586,6 @@ async fn complete_inner(
     };
     let provider = failed_model.split('/').next().unwrap_or_default();
     Err(ApiError::provider_error(error.status(), provider, format!("{failed_model}: {error}")))
-}
-
-/// Who makes a request's tool calls, for the firewall's RBAC step.
-fn tool_caller(caller: &Caller, agent_id: Option<&str>) -> ToolCaller {
-    ToolCaller {
-        actor_id: agent_id.map_or_else(|| caller.identity.key_id.clone(), str::to_string),
-        actor_type: if agent_id.is_some() { "agent" } else { "api_key" }.to_string(),
-        role: caller.identity.role.clone(),
-        permissions: caller.identity.permissions.iter().cloned().collect(),
-        allowed_tools: None,
-        agent_id: agent_id.map(str::to_string),
-    }
 }
 
 /// The guardian on a whole reply: the tool firewall and approvals on its tool calls, then the output

@@ -10,14 +10,20 @@ use brainstorm_policy_firewall::firewall::Step;
 use brainstorm_policy_firewall::{ApprovalContext, FirewallAction, FirewallMode, Guardian, ToolCall, ToolCaller, approval_required_error};
 use brainstorm_providers::chat::{ChatReply, FinishReason, Part};
 
-/// Everything the tool firewall needs about one request, owned so a stream can carry it.
+use crate::auth::CallerIdentity;
+
+/// Everything the tool firewall needs about one request, owned so a stream can carry it. The
+/// firewall's view of the caller is built only when a reply carries tool calls.
 pub struct ReplyGuard {
     pub guardian: Arc<Guardian>,
     pub tenant_id: String,
-    pub caller: ToolCaller,
+    pub identity: Arc<CallerIdentity>,
+    pub agent_id: Option<String>,
     /// The request's `x_firewall_mode` (it may only tighten the tenant's mode).
     pub requested_mode: Option<FirewallMode>,
-    pub approval: ApprovalContext,
+    /// `chat_completions` or `messages`.
+    pub surface: &'static str,
+    pub request_id: String,
 }
 
 /// What the guardian decided about a reply's tool calls.
@@ -38,6 +44,29 @@ pub struct GuardReport {
 }
 
 impl ReplyGuard {
+    /// Who makes the calls, for the firewall's RBAC step.
+    fn tool_caller(&self) -> ToolCaller {
+        let agent_id = self.agent_id.as_deref();
+        ToolCaller {
+            actor_id: agent_id.map_or_else(|| self.identity.key_id.clone(), str::to_string),
+            actor_type: if agent_id.is_some() { "agent" } else { "api_key" }.to_string(),
+            role: self.identity.role.clone(),
+            permissions: self.identity.permissions.iter().cloned().collect(),
+            allowed_tools: None,
+            agent_id: self.agent_id.clone(),
+        }
+    }
+
+    /// Where a held call came from, for the approval record reviewers see.
+    fn approval_context(&self) -> ApprovalContext {
+        ApprovalContext {
+            surface: self.surface.to_string(),
+            agent_id: self.agent_id.clone(),
+            owner_id: self.identity.key.as_ref().and_then(|key| key.created_by.clone()),
+            request_id: self.request_id.clone(),
+        }
+    }
+
     /// Runs the nine firewall steps on `calls`, then resolves the approvals a policy asks for. An
     /// error is the `approval_required` refusal, or the policy service being unreachable with nothing
     /// cached (fail closed).
@@ -47,7 +76,7 @@ impl ReplyGuard {
         }
         let outcome = self
             .guardian
-            .inspect_tool_calls(&self.tenant_id, &calls, &self.caller, self.requested_mode, Some(&self.approval.request_id))
+            .inspect_tool_calls(&self.tenant_id, &calls, &self.tool_caller(), self.requested_mode, Some(&self.request_id))
             .await?;
         report.headers.extend(outcome.headers());
         if let Some(denied) = outcome.verdicts.iter().find(|verdict| verdict.step == Step::SemanticPolicy) {
@@ -66,8 +95,9 @@ impl ReplyGuard {
             report.status = Some("blocked");
             return Ok(ToolVerdict::Blocked);
         }
+        let approval_context = self.approval_context();
         for needed in &outcome.approvals {
-            let resolution = self.guardian.resolve_approval(&self.tenant_id, needed, &self.approval).await?;
+            let resolution = self.guardian.resolve_approval(&self.tenant_id, needed, &approval_context).await?;
             let approval = resolution.approval.unwrap_or_default();
             if !resolution.allowed {
                 report.status = Some("blocked");
