@@ -16,6 +16,7 @@ brainstorm_e2e::in_both_shapes!(
     an_approval_is_required_then_consumed_exactly_once,
     guardrail_providers_and_anomaly_baselines_have_routes,
     output_guardrails_judge_whole_replies_streamed_or_not,
+    priorities_decide_between_actions_and_rules,
 );
 
 struct Setup {
@@ -393,5 +394,48 @@ async fn output_guardrails_judge_whole_replies_streamed_or_not(shape: Shape) -> 
     assert_eq!(text, "mock openai reply to: hello there", "{}", warned.text);
     assert!(warned.text.contains(": x-br-guardrail-status=warn"), "{}", warned.text);
     assert!(warned.text.trim_end().ends_with("data: [DONE]"));
+    Ok(())
+}
+
+/// Priorities end to end: a call both substituted and masked reports `substitute` and gets both; a
+/// tool on the deny list and the downgrade list is blocked; between policy rules the higher priority
+/// wins, an `allow` above a `require_approval` lets the call through and a `deny` above both blocks.
+async fn priorities_decide_between_actions_and_rules(shape: Shape) -> TestResult {
+    let setup = setup(shape).await?;
+    let (gateway, key) = (&setup.gateway, setup.key.as_str());
+    let config = json!({
+        "denyList": ["drop_*"],
+        "downgradeOnTools": ["*_bulk"],
+        "maskPatterns": [{"name": "ticket", "pattern": "TCK-[0-9]+"}],
+        "substitutions": [{"from": "web_search", "to": "safe_search"}],
+    });
+    assert_eq!(gateway.call(Method::PUT, "/v1/firewall/config", Some(key), Some(config)).await?.status, 200);
+
+    let both = complete(gateway, key, tool_request("web_search", "find TCK-9")).await?;
+    assert_eq!(both.header("x-br-tool-firewall-status"), Some("substitute"), "substitute outranks mask");
+    let call = first_call(&both);
+    assert_eq!(call["function"]["name"], "safe_search");
+    assert_eq!(call_arguments(&call)["query"], "use a tool: find [REDACTED:ticket]", "{}", both.text);
+
+    let denied_and_downgraded = complete(gateway, key, tool_request("drop_bulk", "go")).await?;
+    assert_eq!(denied_and_downgraded.header("x-br-tool-firewall-status"), Some("block"), "block outranks downgrade");
+    assert_eq!(denied_and_downgraded.body["choices"][0]["finish_reason"], "content_filter");
+
+    let rule = |id: &str, action: &str, priority: i64| {
+        json!({"id": id, "action": action, "priority": priority,
+            "conditions": [{"field": "tool.name", "op": "matches", "value": "create_payment"}]})
+    };
+    let allow_over_approval = json!({"rules": [rule("hold-payments", "require_approval", 10), rule("trusted-payments", "allow", 20)]});
+    assert_eq!(gateway.call(Method::PUT, "/v1/security/policies", Some(key), Some(allow_over_approval)).await?.status, 200);
+    let allowed = complete(gateway, key, tool_request("create_payment", "pay 5 EUR")).await?;
+    assert_eq!(allowed.status, 200, "{}", allowed.text);
+    assert_eq!(first_call(&allowed)["function"]["name"], "create_payment");
+
+    let deny_over_all = json!({"rules": [rule("hold-payments", "require_approval", 10), rule("trusted-payments", "allow", 20),
+        rule("no-payments", "deny", 30)]});
+    assert_eq!(gateway.call(Method::PUT, "/v1/security/policies", Some(key), Some(deny_over_all)).await?.status, 200);
+    let denied = complete(gateway, key, tool_request("create_payment", "pay 5 EUR")).await?;
+    assert_eq!(denied.body["choices"][0]["finish_reason"], "content_filter", "{}", denied.text);
+    assert!(denied.header("x-br-policy-denied").is_some_and(|reason| reason.contains("no-payments")), "{:?}", denied.headers);
     Ok(())
 }

@@ -58,6 +58,13 @@ async fn the_kill_switch_stops_traffic_but_not_the_exempt_paths(shape: Shape) ->
     assert_eq!(gateway.call(Method::GET, "/v1/account", Some(&key), None).await?.status, 503, "non-exempt paths are stopped");
     assert_eq!(gateway.call(Method::GET, "/v1/budget/status", Some(&key), None).await?.status, 200, "budget is exempt");
     assert_eq!(gateway.call(Method::GET, "/v1/models", Some(&key), None).await?.status, 200, "models are exempt");
+    for exempt in ["/v1/usage/summary", "/v1/security/status", "/v1/governance/agents/inventory", "/v1/api-keys", "/v1/killswitch/scopes"] {
+        assert_eq!(gateway.call(Method::GET, exempt, Some(&key), None).await?.status, 200, "{exempt} is exempt");
+    }
+    assert_eq!(gateway.request(Method::GET, "/health", None).send().await?.status().as_u16(), 200);
+    for stopped in ["/v1/providers", "/v1/presets", "/v1/firewall/config", "/v1/approvals/pending"] {
+        assert_eq!(gateway.call(Method::GET, stopped, Some(&key), None).await?.status, 503, "{stopped} is not exempt");
+    }
     let status = gateway.call(Method::GET, "/v1/killswitch/status", Some(&key), None).await?;
     assert_eq!(status.body["active"], true, "{}", status.text);
     assert!(status.text.contains("incident 42"));
