@@ -17,7 +17,9 @@
 //! - `hash = hex(SHA-256(payload || prev_hash))`, where `prev_hash` is the previous row's `hash` as 64
 //!   lowercase hex ASCII characters (64 `0`s before the first row).
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::io::Write as _;
 
 use brainstorm_proto::audit::{
     AgentContext, AuditRecord, CandidateDecision, Capture, DecisionPath, DecisionStep, GrantContext, PolicyContext, Principal, TraceContext,
@@ -31,14 +33,15 @@ pub const CHAIN_SCHEMA_VERSION: i64 = 2;
 /// The `prev_hash` of a chain's first row.
 pub const GENESIS_HASH: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 
-/// A value that has exactly one canonical text.
+/// A value that has exactly one canonical text. Text borrows from what it encodes where it can: a
+/// record's payload is built on every request.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Canonical {
+pub enum Canonical<'a> {
     Integer(i64),
-    Text(String),
+    Text(Cow<'a, str>),
     Bool(bool),
-    List(Vec<Canonical>),
-    Object(BTreeMap<String, Canonical>),
+    List(Vec<Canonical<'a>>),
+    Object(BTreeMap<Cow<'a, str>, Canonical<'a>>),
 }
 
 /// Why a payload is not a canonical audit payload.
@@ -52,7 +55,7 @@ pub enum CanonicalError {
     WrongType(String),
 }
 
-impl Canonical {
+impl<'a> Canonical<'a> {
     /// Whether the value is omitted as an object member.
     fn is_empty(&self) -> bool {
         match self {
@@ -79,7 +82,9 @@ impl Canonical {
 
     fn write(&self, out: &mut Vec<u8>) {
         match self {
-            Canonical::Integer(value) => out.extend_from_slice(value.to_string().as_bytes()),
+            Canonical::Integer(value) => {
+                let _ = write!(out, "{value}");
+            }
             Canonical::Text(text) => write_string(text, out),
             Canonical::Bool(value) => out.extend_from_slice(if *value { b"true" } else { b"false" }),
             Canonical::List(items) => {
@@ -94,7 +99,7 @@ impl Canonical {
             }
             Canonical::Object(members) => {
                 out.push(b'{');
-                // BTreeMap<String, _> iterates in byte order of the keys.
+                // BTreeMap<Cow<str>, _> iterates in byte order of the keys.
                 for (index, (key, value)) in members.iter().enumerate() {
                     if index > 0 {
                         out.push(b',');
@@ -110,19 +115,19 @@ impl Canonical {
 
     /// Reads parsed JSON, rejecting what canonical JSON cannot hold (floats, null, integers beyond i64)
     /// and dropping empty members, as the encoder does.
-    pub fn from_json(value: &Value) -> Result<Canonical, CanonicalError> {
+    pub fn from_json(value: &'a Value) -> Result<Canonical<'a>, CanonicalError> {
         match value {
             Value::Null => Err(CanonicalError::Unrepresentable("null".to_string())),
             Value::Bool(flag) => Ok(Canonical::Bool(*flag)),
             Value::Number(number) => {
                 number.as_i64().map(Canonical::Integer).ok_or_else(|| CanonicalError::Unrepresentable(number.to_string()))
             }
-            Value::String(text) => Ok(Canonical::Text(text.clone())),
+            Value::String(text) => Ok(Canonical::Text(Cow::Borrowed(text))),
             Value::Array(items) => items.iter().map(Canonical::from_json).collect::<Result<_, _>>().map(Canonical::List),
             Value::Object(members) => {
                 let mut object = ObjectBuilder::new();
                 for (key, member) in members {
-                    object = object.value(key, Canonical::from_json(member)?);
+                    object = object.value(key.as_str(), Canonical::from_json(member)?);
                 }
                 Ok(object.build())
             }
@@ -164,56 +169,56 @@ fn write_string(text: &str, out: &mut Vec<u8>) {
 
 /// Builds a canonical object, dropping empty members.
 #[derive(Debug, Default)]
-pub struct ObjectBuilder {
-    members: BTreeMap<String, Canonical>,
+pub struct ObjectBuilder<'a> {
+    members: BTreeMap<Cow<'a, str>, Canonical<'a>>,
 }
 
-impl ObjectBuilder {
+impl<'a> ObjectBuilder<'a> {
     /// An empty object.
     pub fn new() -> Self {
         Self::default()
     }
 
     /// Adds a member unless its value is empty.
-    pub fn value(mut self, key: &str, value: Canonical) -> Self {
+    pub fn value(mut self, key: impl Into<Cow<'a, str>>, value: Canonical<'a>) -> Self {
         if !value.is_empty() {
-            self.members.insert(key.to_string(), value);
+            self.members.insert(key.into(), value);
         }
         self
     }
 
-    pub fn text(self, key: &str, text: &str) -> Self {
-        self.value(key, Canonical::Text(text.to_string()))
+    pub fn text(self, key: impl Into<Cow<'a, str>>, text: impl Into<Cow<'a, str>>) -> Self {
+        self.value(key, Canonical::Text(text.into()))
     }
 
-    pub fn optional_text(self, key: &str, text: Option<&String>) -> Self {
+    pub fn optional_text(self, key: impl Into<Cow<'a, str>>, text: Option<impl Into<Cow<'a, str>>>) -> Self {
         match text {
             Some(text) => self.text(key, text),
             None => self,
         }
     }
 
-    pub fn integer(self, key: &str, value: i64) -> Self {
+    pub fn integer(self, key: impl Into<Cow<'a, str>>, value: i64) -> Self {
         self.value(key, Canonical::Integer(value))
     }
 
-    pub fn optional_integer(self, key: &str, value: Option<i64>) -> Self {
+    pub fn optional_integer(self, key: impl Into<Cow<'a, str>>, value: Option<i64>) -> Self {
         match value {
             Some(value) => self.integer(key, value),
             None => self,
         }
     }
 
-    pub fn bool(self, key: &str, value: bool) -> Self {
+    pub fn bool(self, key: impl Into<Cow<'a, str>>, value: bool) -> Self {
         self.value(key, Canonical::Bool(value))
     }
 
-    pub fn texts(self, key: &str, texts: &[String]) -> Self {
-        self.value(key, Canonical::List(texts.iter().cloned().map(Canonical::Text).collect()))
+    pub fn texts(self, key: impl Into<Cow<'a, str>>, texts: &'a [String]) -> Self {
+        self.value(key, Canonical::List(texts.iter().map(|text| Canonical::Text(Cow::Borrowed(text))).collect()))
     }
 
     /// The object.
-    pub fn build(self) -> Canonical {
+    pub fn build(self) -> Canonical<'a> {
         Canonical::Object(self.members)
     }
 }
@@ -254,7 +259,7 @@ pub fn chain_hash(payload: &str, prev_hash: &str) -> String {
     sha256_hex(&[payload.as_bytes(), prev_hash.as_bytes()])
 }
 
-fn record_object(record: &AuditRecord) -> Canonical {
+fn record_object(record: &AuditRecord) -> Canonical<'_> {
     let capture_digest = record.capture.as_ref().map(capture_digest).unwrap_or_default();
     ObjectBuilder::new()
         .integer("chain_schema_version", CHAIN_SCHEMA_VERSION)
@@ -281,17 +286,17 @@ fn record_object(record: &AuditRecord) -> Canonical {
         .value("agent", record.agent.as_ref().map(agent_object).unwrap_or_else(empty))
         .value("grant", record.grant.as_ref().map(grant_object).unwrap_or_else(empty))
         .value("decision", record.decision.as_ref().map(decision_object).unwrap_or_else(empty))
-        .text("capture_digest", &capture_digest)
+        .text("capture_digest", capture_digest)
         .text("coverage", &record.coverage)
         .optional_text("conversation_id", record.conversation_id.as_ref())
         .build()
 }
 
-fn empty() -> Canonical {
+fn empty<'a>() -> Canonical<'a> {
     Canonical::Object(BTreeMap::new())
 }
 
-fn principal_object(principal: &Principal) -> Canonical {
+fn principal_object(principal: &Principal) -> Canonical<'_> {
     ObjectBuilder::new()
         .text("id", &principal.id)
         .text("auth_method", &principal.auth_method)
@@ -300,7 +305,7 @@ fn principal_object(principal: &Principal) -> Canonical {
         .build()
 }
 
-fn trace_object(trace: &TraceContext) -> Canonical {
+fn trace_object(trace: &TraceContext) -> Canonical<'_> {
     ObjectBuilder::new()
         .text("trace_id", &trace.trace_id)
         .text("span_id", &trace.span_id)
@@ -310,7 +315,7 @@ fn trace_object(trace: &TraceContext) -> Canonical {
         .build()
 }
 
-fn policy_object(policy: &PolicyContext) -> Canonical {
+fn policy_object(policy: &PolicyContext) -> Canonical<'_> {
     ObjectBuilder::new()
         .texts("matched_rules", &policy.matched_rules)
         .optional_text("deny_rule", policy.deny_rule.as_ref())
@@ -318,7 +323,7 @@ fn policy_object(policy: &PolicyContext) -> Canonical {
         .build()
 }
 
-fn agent_object(agent: &AgentContext) -> Canonical {
+fn agent_object(agent: &AgentContext) -> Canonical<'_> {
     ObjectBuilder::new()
         .bool("registered", agent.registered)
         .optional_text("owner_id", agent.owner_id.as_ref())
@@ -330,7 +335,7 @@ fn agent_object(agent: &AgentContext) -> Canonical {
         .build()
 }
 
-fn grant_object(grant: &GrantContext) -> Canonical {
+fn grant_object(grant: &GrantContext) -> Canonical<'_> {
     ObjectBuilder::new()
         .optional_text("grant_id", grant.grant_id.as_ref())
         .optional_text("plan_id", grant.plan_id.as_ref())
@@ -338,7 +343,7 @@ fn grant_object(grant: &GrantContext) -> Canonical {
         .build()
 }
 
-fn decision_object(decision: &DecisionPath) -> Canonical {
+fn decision_object(decision: &DecisionPath) -> Canonical<'_> {
     let candidates = decision
         .candidates
         .iter()
@@ -614,7 +619,7 @@ mod tests {
 
     #[test]
     fn strings_escape_exactly_the_rfc_8785_set() {
-        let text = Canonical::Text("q\"b\\\u{08}\t\n\u{0c}\r\u{01}\u{1f} é\u{7f}\u{2028}".to_string()).to_text();
+        let text = Canonical::Text("q\"b\\\u{08}\t\n\u{0c}\r\u{01}\u{1f} é\u{7f}\u{2028}".into()).to_text();
         assert_eq!(text, "\"q\\\"b\\\\\\b\\t\\n\\f\\r\\u0001\\u001f é\u{7f}\u{2028}\"");
     }
 
@@ -622,7 +627,7 @@ mod tests {
     fn negative_integers_and_nested_lists_are_plain() {
         let value = ObjectBuilder::new()
             .integer("b", -7)
-            .value("a", Canonical::List(vec![Canonical::Integer(0), Canonical::Text(String::new()), empty()]))
+            .value("a", Canonical::List(vec![Canonical::Integer(0), Canonical::Text(Cow::Borrowed("")), empty()]))
             .build();
         assert_eq!(value.to_text(), r#"{"a":[0,"",{}],"b":-7}"#);
     }

@@ -321,7 +321,7 @@ impl AuditLineageServiceImpl {
         Ok((format_timestamp(since), format_timestamp(until)))
     }
 
-    fn artifact_accountability(record: &AuditRecord, registry: Option<&AgentRegistry>) -> Option<crate::canonical::Canonical> {
+    fn artifact_accountability(record: &AuditRecord, registry: Option<&AgentRegistry>) -> Option<crate::canonical::Canonical<'static>> {
         let agent = record.agent.clone().unwrap_or_default();
         let agent_id = record.agent_id.clone().filter(|agent_id| !agent_id.is_empty());
         let registered_owner = agent_id.as_ref().and_then(|agent_id| {
@@ -340,9 +340,9 @@ impl AuditLineageServiceImpl {
         };
         Some(
             ObjectBuilder::new()
-                .optional_text("agentId", agent_id.as_ref())
-                .text("ownerId", &owner_id)
-                .text("ownerSource", &owner_source)
+                .optional_text("agentId", agent_id)
+                .text("ownerId", owner_id)
+                .text("ownerSource", owner_source)
                 .text("evidence", evidence)
                 .build(),
         )
@@ -624,7 +624,7 @@ impl AuditLineageService for AuditLineageServiceImpl {
             .text("tenantId", tenant_id)
             .value("chain", chain)
             .value("record", summary)
-            .text("issuedAt", &format_timestamp(self.now()));
+            .text("issuedAt", format_timestamp(self.now()));
         if let Some(accountability) = Self::artifact_accountability(&record, request.registry.as_ref()) {
             artifact = artifact.value("accountability", accountability);
         }

@@ -1,14 +1,15 @@
 //! The chain's tables, read and written with bound parameters on SQLite or PostgreSQL.
 //!
 //! Appending (one record or a batch of one tenant's) is one transaction: lock and read the tenant's
-//! head, insert each row after it (a request id already chained inserts nothing), and move the head
-//! forward by compare-and-set. A second writer racing on the same head
+//! head, insert the batch's rows after it in multi-row statements (a request id already chained is
+//! skipped), and move the head forward by compare-and-set. A second writer racing on the same head
 //! fails on the `(tenant_id, sequence)` key or the head's compare-and-set and retries from the new head,
 //! so even a rebalance that briefly gives a tenant two writers cannot fork the chain.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
-use brainstorm_common::store::{Database, is_unique_violation};
+use brainstorm_common::store::{Database, MAX_ROWS_PER_STATEMENT, is_unique_violation, values_list};
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
@@ -21,7 +22,7 @@ pub type StoreResult<T> = Result<T, sqlx::Error>;
 /// Attempts of an append that keeps losing races before giving up (the caller retries later).
 const APPEND_ATTEMPTS: u32 = 8;
 
-/// `SELECT <every chain column> FROM audit_chain <rest>`, as one literal (no SQL is built at run time).
+/// `SELECT <every chain column> FROM audit_chain <rest>`, as one literal.
 macro_rules! select_rows {
     ($rest:literal) => {
         concat!(
@@ -115,7 +116,9 @@ impl AuditStore {
         }
     }
 
-    /// One attempt at a batch; None when another writer moved the head first.
+    /// One attempt at a batch; None when another writer moved the head first. The batch costs the
+    /// same few statements whatever its size (rows go in multi-row statements): on SQLite every
+    /// statement is a round trip to the connection's thread.
     async fn try_append_batch(&self, tenant_id: &str, entries: &[NewEntry<'_>], recorded_at: &str) -> StoreResult<Option<Vec<Appended>>> {
         let mut transaction = self.database.pool().begin().await?;
         // As in `try_append`: take the tenant's lock before reading anything.
@@ -131,66 +134,67 @@ impl AuditStore {
             Some(row) => ChainPoint { sequence: row.try_get("sequence")?, hash: row.try_get("hash")? },
             None => ChainPoint::genesis(),
         };
+        // A request id already chained (a redelivery, or twice in this batch) is not chained again.
+        let mut known = self.chained_among(&mut transaction, tenant_id, entries).await?;
         let mut previous = start.clone();
         let mut first_occurred_at = None;
         let mut appended = Vec::with_capacity(entries.len());
+        let mut rows: Vec<(&NewEntry<'_>, i64, String, String, String)> = Vec::with_capacity(entries.len());
         for entry in entries {
+            if let Some((sequence, hash, commitment)) = known.get(entry.request_id) {
+                appended.push(Appended::Duplicate { sequence: *sequence, hash: hash.clone(), commitment: commitment.clone() });
+                continue;
+            }
             let sequence = previous.sequence + 1;
             let hash = chain_hash(entry.payload, &previous.hash);
             let commitment = payload_commitment(entry.payload);
-            // A request id already chained (a redelivery, or twice in this batch) inserts nothing.
-            let inserted = sqlx::query(
+            known.insert(entry.request_id.to_string(), (sequence, hash.clone(), commitment.clone()));
+            first_occurred_at.get_or_insert(entry.occurred_at);
+            appended.push(Appended::Chained { sequence, hash: hash.clone(), commitment: commitment.clone() });
+            rows.push((entry, sequence, commitment, previous.hash.clone(), hash.clone()));
+            previous = ChainPoint { sequence, hash };
+        }
+        for chunk in rows.chunks(MAX_ROWS_PER_STATEMENT) {
+            let sql = format!(
                 "INSERT INTO audit_chain (tenant_id, sequence, request_id, occurred_at, trace_id, chain_schema_version, payload, \
-                 commitment, prev_hash, hash, recorded_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
-                 ON CONFLICT (tenant_id, request_id) DO NOTHING",
-            )
-            .bind(tenant_id)
-            .bind(sequence)
-            .bind(entry.request_id)
-            .bind(entry.occurred_at)
-            .bind(entry.trace_id)
-            .bind(CHAIN_SCHEMA_VERSION)
-            .bind(entry.payload)
-            .bind(&commitment)
-            .bind(&previous.hash)
-            .bind(&hash)
-            .bind(recorded_at)
-            .execute(&mut *transaction)
-            .await;
-            let rows = match inserted {
-                Ok(result) => result.rows_affected(),
+                 commitment, prev_hash, hash, recorded_at) VALUES {} ON CONFLICT (tenant_id, request_id) DO NOTHING",
+                values_list(chunk.len(), 11, 1)
+            );
+            let mut insert = sqlx::query(&sql).persistent(false);
+            for (entry, sequence, commitment, prev_hash, hash) in chunk {
+                insert = insert
+                    .bind(tenant_id)
+                    .bind(*sequence)
+                    .bind(entry.request_id)
+                    .bind(entry.occurred_at)
+                    .bind(entry.trace_id)
+                    .bind(CHAIN_SCHEMA_VERSION)
+                    .bind(entry.payload)
+                    .bind(commitment.as_str())
+                    .bind(prev_hash.as_str())
+                    .bind(hash.as_str())
+                    .bind(recorded_at);
+            }
+            match insert.execute(&mut *transaction).await {
+                // Fewer rows than sent: a request id was chained by a racing writer since it was read.
+                Ok(result) if result.rows_affected() == chunk.len() as u64 => {}
+                Ok(_) => return Ok(None),
                 Err(error) if is_unique_violation(&error) => return Ok(None),
                 Err(error) => return Err(error),
-            };
-            if rows == 0 {
-                let row = sqlx::query("SELECT sequence, hash, commitment FROM audit_chain WHERE tenant_id = $1 AND request_id = $2")
-                    .bind(tenant_id)
-                    .bind(entry.request_id)
-                    .fetch_one(&mut *transaction)
-                    .await?;
-                appended.push(Appended::Duplicate {
-                    sequence: row.try_get("sequence")?,
-                    hash: row.try_get("hash")?,
-                    commitment: row.try_get("commitment")?,
-                });
-                continue;
             }
-            if let Some((digest, prompt, completion)) = entry.capture {
-                sqlx::query(
-                    "INSERT INTO audit_captures (tenant_id, request_id, sequence, digest, prompt, completion) VALUES ($1, $2, $3, $4, $5, $6)",
-                )
-                .bind(tenant_id)
-                .bind(entry.request_id)
-                .bind(sequence)
-                .bind(digest)
-                .bind(prompt)
-                .bind(completion)
-                .execute(&mut *transaction)
-                .await?;
+        }
+        let captures: Vec<(&str, i64, (&str, &str, &str))> =
+            rows.iter().filter_map(|(entry, sequence, ..)| entry.capture.map(|capture| (entry.request_id, *sequence, capture))).collect();
+        for chunk in captures.chunks(MAX_ROWS_PER_STATEMENT) {
+            let sql = format!(
+                "INSERT INTO audit_captures (tenant_id, request_id, sequence, digest, prompt, completion) VALUES {}",
+                values_list(chunk.len(), 6, 1)
+            );
+            let mut insert = sqlx::query(&sql).persistent(false);
+            for (request_id, sequence, (digest, prompt, completion)) in chunk {
+                insert = insert.bind(tenant_id).bind(*request_id).bind(*sequence).bind(*digest).bind(*prompt).bind(*completion);
             }
-            first_occurred_at.get_or_insert(entry.occurred_at);
-            appended.push(Appended::Chained { sequence, hash: hash.clone(), commitment });
-            previous = ChainPoint { sequence, hash };
+            insert.execute(&mut *transaction).await?;
         }
         if previous.sequence == start.sequence {
             // Only duplicates: nothing moved.
@@ -228,6 +232,30 @@ impl AuditStore {
         }
         transaction.commit().await?;
         Ok(Some(appended))
+    }
+
+    /// The chain positions of those of `entries`' request ids the tenant's chain already holds.
+    async fn chained_among(
+        &self,
+        transaction: &mut sqlx::Transaction<'_, sqlx::Any>,
+        tenant_id: &str,
+        entries: &[NewEntry<'_>],
+    ) -> StoreResult<HashMap<String, (i64, String, String)>> {
+        let mut known = HashMap::new();
+        for chunk in entries.chunks(MAX_ROWS_PER_STATEMENT) {
+            let sql = format!(
+                "SELECT request_id, sequence, hash, commitment FROM audit_chain WHERE tenant_id = $1 AND request_id IN {}",
+                values_list(1, chunk.len(), 2)
+            );
+            let mut select = sqlx::query(&sql).persistent(false).bind(tenant_id);
+            for entry in chunk {
+                select = select.bind(entry.request_id);
+            }
+            for row in select.fetch_all(&mut **transaction).await? {
+                known.insert(row.try_get("request_id")?, (row.try_get("sequence")?, row.try_get("hash")?, row.try_get("commitment")?));
+            }
+        }
+        Ok(known)
     }
 
     pub async fn head(&self, tenant_id: &str) -> StoreResult<Option<Head>> {

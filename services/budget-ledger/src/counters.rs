@@ -346,10 +346,11 @@ impl CounterState {
     }
 
     fn add(&mut self, scope: &Scope, delta: i64, now: DateTime<Utc>) -> i64 {
-        let expires_at = now + Duration::seconds(counter_ttl_seconds(&scope.period_key, now));
-        let counter = self.counters.entry(scope.counter_key()).or_insert(Counter { value: 0, expires_at });
+        // A live counter's expiry is already set: the period key is parsed only for a new one.
+        let fresh = || Counter { value: 0, expires_at: now + Duration::seconds(counter_ttl_seconds(&scope.period_key, now)) };
+        let counter = self.counters.entry(scope.counter_key()).or_insert_with(fresh);
         if counter.expires_at <= now {
-            *counter = Counter { value: 0, expires_at };
+            *counter = fresh();
         }
         counter.value = counter.value.saturating_add(delta);
         counter.value

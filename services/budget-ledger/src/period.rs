@@ -55,7 +55,8 @@ impl Period {
 
 /// `2026-11-22`.
 pub fn day_key(date: NaiveDate) -> String {
-    date.format("%Y-%m-%d").to_string()
+    // Formatted by hand: chrono's `format` parses its pattern on every call (this runs per request).
+    format!("{:04}-{:02}-{:02}", date.year(), date.month(), date.day())
 }
 
 /// The end (exclusive) of the period a key names: `2026-11-22` ends at the next midnight, `2026-11` at

@@ -3,7 +3,9 @@
 //! Sums are wrapped in `CAST(... AS BIGINT)`: PostgreSQL's `SUM(bigint)` is `numeric`, which the
 //! engine-neutral driver does not decode, and a cast keeps both engines on BIGINT.
 
-use brainstorm_common::store::Database;
+use std::collections::{BTreeMap, HashSet};
+
+use brainstorm_common::store::{Database, MAX_ROWS_PER_STATEMENT, values_list};
 use brainstorm_common::time::parse_timestamp;
 use brainstorm_proto::budget::{
     AgentBudget, AgentBudgetExhausted, AlertConfig, AlertRecord, CounterTotal, Settlement, TenantLimits, UsageGroup,
@@ -73,51 +75,69 @@ impl BudgetStore {
     /// Writes several settlements in one transaction (each unless its request id is already
     /// recorded); true for each one written.
     pub async fn insert_settlements(&self, settlements: &[&Settlement], recorded_at: &str) -> StoreResult<Vec<bool>> {
+        // A batch costs the same few statements whatever its size (on SQLite every statement is a
+        // round trip to the connection's thread): the rows in multi-row inserts, then each day's
+        // total moved once by what was new.
         let mut transaction = self.database.pool().begin().await?;
-        let mut written = Vec::with_capacity(settlements.len());
-        for settlement in settlements {
-            let occurred = parse_timestamp(&settlement.occurred_at).unwrap_or_else(Utc::now);
-            let result = sqlx::query(
+        let mut inserted: HashSet<String> = HashSet::with_capacity(settlements.len());
+        for chunk in settlements.chunks(MAX_ROWS_PER_STATEMENT) {
+            let sql = format!(
                 "INSERT INTO budget_settlements (request_id, tenant_id, plan, key_id, agent_id, conversation_id, model, provider, \
                  input_tokens, output_tokens, cost_nanos, outcome, latency_ms, day_key, month_key, occurred_at, recorded_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) \
-                 ON CONFLICT (request_id) DO NOTHING",
-            )
-            .bind(&settlement.request_id)
-            .bind(&settlement.tenant_id)
-            .bind(&settlement.plan)
-            .bind(settlement.key_id.clone())
-            .bind(settlement.agent_id.clone())
-            .bind(settlement.conversation_id.clone())
-            .bind(&settlement.model)
-            .bind(&settlement.provider)
-            .bind(settlement.input_tokens)
-            .bind(settlement.output_tokens)
-            .bind(settlement.cost_nanos)
-            .bind(&settlement.outcome)
-            .bind(i64::try_from(settlement.latency_ms).unwrap_or(i64::MAX))
-            .bind(Period::Daily.key_at(occurred))
-            .bind(Period::Monthly.key_at(occurred))
-            .bind(brainstorm_common::time::format_timestamp(occurred))
-            .bind(recorded_at)
-            .execute(&mut *transaction)
-            .await?;
-            let new = result.rows_affected() == 1;
-            if new {
-                // The day's total moves in the same transaction as the settlement it counts.
-                sqlx::query(
-                    "INSERT INTO budget_daily_spend (tenant_id, day_key, month_key, cost_nanos, requests) VALUES ($1, $2, $3, $4, 1) \
-                     ON CONFLICT (tenant_id, day_key) DO UPDATE SET cost_nanos = budget_daily_spend.cost_nanos + excluded.cost_nanos, \
-                     requests = budget_daily_spend.requests + 1",
-                )
-                .bind(&settlement.tenant_id)
-                .bind(Period::Daily.key_at(occurred))
-                .bind(Period::Monthly.key_at(occurred))
-                .bind(settlement.cost_nanos)
-                .execute(&mut *transaction)
-                .await?;
+                 VALUES {} ON CONFLICT (request_id) DO NOTHING RETURNING request_id",
+                values_list(chunk.len(), 17, 1)
+            );
+            let mut insert = sqlx::query(&sql).persistent(false);
+            for settlement in chunk {
+                let occurred = parse_timestamp(&settlement.occurred_at).unwrap_or_else(Utc::now);
+                insert = insert
+                    .bind(&settlement.request_id)
+                    .bind(&settlement.tenant_id)
+                    .bind(&settlement.plan)
+                    .bind(settlement.key_id.clone())
+                    .bind(settlement.agent_id.clone())
+                    .bind(settlement.conversation_id.clone())
+                    .bind(&settlement.model)
+                    .bind(&settlement.provider)
+                    .bind(settlement.input_tokens)
+                    .bind(settlement.output_tokens)
+                    .bind(settlement.cost_nanos)
+                    .bind(&settlement.outcome)
+                    .bind(i64::try_from(settlement.latency_ms).unwrap_or(i64::MAX))
+                    .bind(Period::Daily.key_at(occurred))
+                    .bind(Period::Monthly.key_at(occurred))
+                    .bind(brainstorm_common::time::format_timestamp(occurred))
+                    .bind(recorded_at);
             }
-            written.push(new);
+            for row in insert.fetch_all(&mut *transaction).await? {
+                inserted.insert(row.try_get("request_id")?);
+            }
+        }
+        // Written: the first of the batch's settlements with a request id the insert took.
+        let written: Vec<bool> = settlements.iter().map(|settlement| inserted.remove(&settlement.request_id)).collect();
+        // The days' totals move in the same transaction as the settlements they count.
+        let mut days: BTreeMap<(&str, String), (String, i64, i64)> = BTreeMap::new();
+        for (settlement, _) in settlements.iter().zip(&written).filter(|(_, new)| **new) {
+            let occurred = parse_timestamp(&settlement.occurred_at).unwrap_or_else(Utc::now);
+            let day = days
+                .entry((settlement.tenant_id.as_str(), Period::Daily.key_at(occurred)))
+                .or_insert_with(|| (Period::Monthly.key_at(occurred), 0, 0));
+            day.1 = day.1.saturating_add(settlement.cost_nanos);
+            day.2 += 1;
+        }
+        let days: Vec<_> = days.into_iter().collect();
+        for chunk in days.chunks(MAX_ROWS_PER_STATEMENT) {
+            let sql = format!(
+                "INSERT INTO budget_daily_spend (tenant_id, day_key, month_key, cost_nanos, requests) VALUES {} \
+                 ON CONFLICT (tenant_id, day_key) DO UPDATE SET cost_nanos = budget_daily_spend.cost_nanos + excluded.cost_nanos, \
+                 requests = budget_daily_spend.requests + excluded.requests",
+                values_list(chunk.len(), 5, 1)
+            );
+            let mut upsert = sqlx::query(&sql).persistent(false);
+            for ((tenant_id, day_key), (month_key, cost_nanos, requests)) in chunk {
+                upsert = upsert.bind(*tenant_id).bind(day_key.as_str()).bind(month_key.as_str()).bind(*cost_nanos).bind(*requests);
+            }
+            upsert.execute(&mut *transaction).await?;
         }
         transaction.commit().await?;
         Ok(written)

@@ -113,7 +113,37 @@ on_both_engines!(
     the_consumer_records_each_event_once_and_acks,
     usage_is_summarised_by_every_grouping,
     current_totals_seed_a_restarted_gateway,
+    a_batch_of_settlements_counts_each_once_per_day,
 );
+
+async fn a_batch_of_settlements_counts_each_once_per_day(database: Database) -> TestResult {
+    let harness = Harness::new(database);
+    let (tenant, other) = (new_tenant(), new_tenant());
+    let now = harness.now();
+    let earlier = settlement(&tenant, 5 * CENT, now);
+    assert!(harness.settle(earlier.clone()).await?);
+    let first = settlement(&tenant, 30 * CENT, now);
+    let second = settlement(&tenant, 20 * CENT, now);
+    let days_ago = settlement(&tenant, 100 * CENT, now - ChronoDuration::days(3));
+    let elsewhere = settlement(&other, 7 * CENT, now);
+    // A redelivery inside the batch and one of a settlement recorded before it count nothing.
+    let batch = [&first, &second, &first, &days_ago, &earlier, &elsewhere];
+    let written = harness.service.record_settlements(&batch).await?;
+    assert_eq!(written, vec![true, true, false, true, false, true]);
+    let status = |tenant_id: &str| {
+        harness.service.get_status(GetStatusRequest {
+            tenant_id: tenant_id.to_string(),
+            plan: "standard".to_string(),
+            key_id: None,
+            key_budget: None,
+        })
+    };
+    let mine = status(&tenant).await?;
+    assert_eq!(mine.daily.map(|daily| daily.spent_nanos), Some(55 * CENT), "today: earlier + first + second");
+    assert_eq!(mine.monthly.map(|monthly| monthly.spent_nanos), Some(155 * CENT));
+    assert_eq!(status(&other).await?.daily.map(|daily| daily.spent_nanos), Some(7 * CENT));
+    Ok(())
+}
 
 async fn settlements_are_recorded_once_and_feed_the_status(database: Database) -> TestResult {
     let harness = Harness::new(database);

@@ -157,6 +157,29 @@ pub fn is_unique_violation(error: &sqlx::Error) -> bool {
     }
 }
 
+/// Rows one multi-row statement carries at most: well inside both engines' bound-parameter limits
+/// (PostgreSQL 65,535; SQLite as bundled, 250,000) for the widest row a store writes.
+pub const MAX_ROWS_PER_STATEMENT: usize = 256;
+
+/// `($1, .., $c), ($c+1, ..)`: the VALUES list of a multi-row statement, `rows` rows of `columns`
+/// bound parameters numbered from `$first` (both engines accept `$n`). Only placeholders are built
+/// at run time; every value is still bound.
+pub fn values_list(rows: usize, columns: usize, first: usize) -> String {
+    let mut list = String::with_capacity(rows * columns * 5);
+    for row in 0..rows {
+        list.push_str(if row == 0 { "(" } else { ", (" });
+        for column in 0..columns {
+            if column > 0 {
+                list.push_str(", ");
+            }
+            list.push('$');
+            list.push_str(&(first + row * columns + column).to_string());
+        }
+        list.push(')');
+    }
+    list
+}
+
 fn engine_of(url: &str) -> Result<Engine, StoreError> {
     if url.starts_with("sqlite:") {
         Ok(Engine::Sqlite)
@@ -202,6 +225,13 @@ pub mod testing {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn values_lists_number_every_parameter_once() {
+        assert_eq!(values_list(1, 2, 1), "($1, $2)");
+        assert_eq!(values_list(2, 3, 2), "($2, $3, $4), ($5, $6, $7)");
+        assert_eq!(values_list(0, 3, 1), "");
+    }
 
     #[test]
     fn engine_follows_the_url_scheme() {

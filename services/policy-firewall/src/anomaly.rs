@@ -1,8 +1,10 @@
 //! The adaptive 3-sigma anomaly detector: a running mean and standard deviation (Welford) per entity
 //! and metric; a value more than three standard deviations above the mean of what came before raises
-//! an alert, and every value (anomalous or not) is then learned, so the baseline adapts.
+//! an alert, and every value (anomalous or not) is then learned, so the baseline adapts. A series
+//! alerts once per episode: further anomalous values raise nothing until one falls back within the
+//! threshold (a sustained shift is one alert, not one per request).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use brainstorm_proto::policy::{AnomalyAlert, Baseline, MetricStats};
 
@@ -70,6 +72,8 @@ impl Welford {
 #[derive(Debug, Default)]
 pub struct Detector {
     series: BTreeMap<SeriesKey, Welford>,
+    /// Series whose last value was anomalous (an alert was raised for the episode).
+    episodes: BTreeSet<SeriesKey>,
     alerts: VecDeque<AnomalyAlert>,
 }
 
@@ -80,10 +84,15 @@ impl Detector {
             return None;
         }
         let series = self.series.entry(key.clone()).or_default();
-        let alert = if series.count >= MIN_SAMPLES {
-            let std_dev = series.alert_std_dev();
-            let sigma = (value - series.mean) / std_dev;
-            (sigma > SIGMA_THRESHOLD).then(|| AnomalyAlert {
+        let std_dev = series.alert_std_dev();
+        let sigma = (value - series.mean) / std_dev;
+        let anomalous = series.count >= MIN_SAMPLES && sigma > SIGMA_THRESHOLD;
+        if !anomalous {
+            self.episodes.remove(&key);
+        }
+        // An alert opens an episode; the episode's later anomalous values raise nothing.
+        let alert = if anomalous && self.episodes.insert(key.clone()) {
+            Some(AnomalyAlert {
                 entity_type: key.entity_type,
                 entity_id: key.entity_id,
                 metric: key.metric,
@@ -206,6 +215,17 @@ mod tests {
         assert_eq!(detector.alerts(10).len(), 1);
         assert_eq!(detector.alerts_since("t2"), 1);
         assert_eq!(detector.alerts_since("t3"), 0);
+    }
+
+    #[test]
+    fn a_sustained_shift_alerts_once_per_episode() {
+        let mut detector = learned(&[10.0, 11.0, 9.0, 10.0, 12.0, 8.0, 10.0, 11.0, 9.0, 10.0]);
+        assert!(detector.observe(key("cost_usd"), 40.0, "t1").is_some(), "the shift opens an episode");
+        assert!(detector.observe(key("cost_usd"), 45.0, "t2").is_none(), "still the same episode");
+        assert!(detector.observe(key("tokens"), 1.0, "t2").is_none(), "other series are separate");
+        assert!(detector.observe(key("cost_usd"), 10.0, "t3").is_none(), "back within the threshold: the episode ends");
+        assert!(detector.observe(key("cost_usd"), 400.0, "t4").is_some(), "a new spike is a new episode");
+        assert_eq!(detector.alerts(10).len(), 2);
     }
 
     #[test]
