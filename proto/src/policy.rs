@@ -58,6 +58,8 @@ crate::grpc::service_contract! {
         fn inspect_tool_calls(InspectToolCallsRequest) -> FirewallOutcome;
         /// Stores an interception decided by the edge.
         fn record_interception(Interception) -> Interception;
+        /// Stores a batch of interceptions decided by an edge in one write.
+        fn record_interceptions(InterceptionBatch) -> RecordedInterceptions;
         /// Interceptions, newest first.
         fn list_interceptions(ListInterceptionsRequest) -> InterceptionList;
         /// The security policy ruleset, if any.

@@ -25,8 +25,13 @@ use crate::canonical::commitment;
 /// commitment once it is.
 pub async fn publish_record(bus: &dyn EventBus, record: &AuditRecord) -> Result<String, BusError> {
     let commitment = commitment(record);
-    bus.publish(AUDIT_RECORDS_TOPIC, &record.tenant_id, Bytes::from(record.encode_to_vec())).await?;
+    publish_encoded(bus, record).await?;
     Ok(commitment)
+}
+
+/// Publishes a record whose commitment is already known (the publisher computed it at `submit`).
+async fn publish_encoded(bus: &dyn EventBus, record: &AuditRecord) -> Result<(), BusError> {
+    bus.publish(AUDIT_RECORDS_TOPIC, &record.tenant_id, Bytes::from(record.encode_to_vec())).await
 }
 
 /// What to do with a record when the buffer is full.
@@ -180,7 +185,7 @@ async fn drain(bus: Arc<dyn EventBus>, mut receiver: mpsc::Receiver<AuditRecord>
     while let Some(record) = receiver.recv().await {
         let mut backoff = options.initial_backoff;
         // Retried until it goes: the next record must not overtake it.
-        while let Err(error) = publish_record(bus.as_ref(), &record).await {
+        while let Err(error) = publish_encoded(bus.as_ref(), &record).await {
             counters.publish_failures.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(%error, request_id = %record.request_id, backoff_ms = backoff.as_millis() as u64, "cannot publish an audit record; retrying");
             tokio::time::sleep(backoff).await;

@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use brainstorm_common::store::{Database, MAX_ROWS_PER_STATEMENT, is_unique_violation, values_list};
+use brainstorm_common::store::{Database, MAX_ROWS_PER_STATEMENT, is_unique_violation};
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
@@ -154,11 +154,12 @@ impl AuditStore {
             rows.push((entry, sequence, commitment, previous.hash.clone(), hash.clone()));
             previous = ChainPoint { sequence, hash };
         }
+        let placeholders = self.database.placeholders();
         for chunk in rows.chunks(MAX_ROWS_PER_STATEMENT) {
             let sql = format!(
                 "INSERT INTO audit_chain (tenant_id, sequence, request_id, occurred_at, trace_id, chain_schema_version, payload, \
                  commitment, prev_hash, hash, recorded_at) VALUES {} ON CONFLICT (tenant_id, request_id) DO NOTHING",
-                values_list(chunk.len(), 11, 1)
+                placeholders.values(chunk.len(), 11, 1)
             );
             let mut insert = sqlx::query(&sql).persistent(false);
             for (entry, sequence, commitment, prev_hash, hash) in chunk {
@@ -188,7 +189,7 @@ impl AuditStore {
         for chunk in captures.chunks(MAX_ROWS_PER_STATEMENT) {
             let sql = format!(
                 "INSERT INTO audit_captures (tenant_id, request_id, sequence, digest, prompt, completion) VALUES {}",
-                values_list(chunk.len(), 6, 1)
+                placeholders.values(chunk.len(), 6, 1)
             );
             let mut insert = sqlx::query(&sql).persistent(false);
             for (request_id, sequence, (digest, prompt, completion)) in chunk {
@@ -242,10 +243,12 @@ impl AuditStore {
         entries: &[NewEntry<'_>],
     ) -> StoreResult<HashMap<String, (i64, String, String)>> {
         let mut known = HashMap::new();
+        let placeholders = self.database.placeholders();
         for chunk in entries.chunks(MAX_ROWS_PER_STATEMENT) {
             let sql = format!(
-                "SELECT request_id, sequence, hash, commitment FROM audit_chain WHERE tenant_id = $1 AND request_id IN {}",
-                values_list(1, chunk.len(), 2)
+                "SELECT request_id, sequence, hash, commitment FROM audit_chain WHERE tenant_id = {} AND request_id IN {}",
+                placeholders.nth(1),
+                placeholders.values(1, chunk.len(), 2)
             );
             let mut select = sqlx::query(&sql).persistent(false).bind(tenant_id);
             for entry in chunk {

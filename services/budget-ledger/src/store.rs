@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use brainstorm_common::store::{Database, MAX_ROWS_PER_STATEMENT, values_list};
+use brainstorm_common::store::{Database, MAX_ROWS_PER_STATEMENT};
 use brainstorm_common::time::parse_timestamp;
 use brainstorm_proto::budget::{
     AgentBudget, AgentBudgetExhausted, AlertConfig, AlertRecord, CounterTotal, Settlement, TenantLimits, UsageGroup,
@@ -79,13 +79,14 @@ impl BudgetStore {
         // round trip to the connection's thread): the rows in multi-row inserts, then each day's
         // total moved once by what was new.
         let mut transaction = self.database.pool().begin().await?;
+        let placeholders = self.database.placeholders();
         let mut inserted: HashSet<String> = HashSet::with_capacity(settlements.len());
         for chunk in settlements.chunks(MAX_ROWS_PER_STATEMENT) {
             let sql = format!(
                 "INSERT INTO budget_settlements (request_id, tenant_id, plan, key_id, agent_id, conversation_id, model, provider, \
                  input_tokens, output_tokens, cost_nanos, outcome, latency_ms, day_key, month_key, occurred_at, recorded_at) \
                  VALUES {} ON CONFLICT (request_id) DO NOTHING RETURNING request_id",
-                values_list(chunk.len(), 17, 1)
+                placeholders.values(chunk.len(), 17, 1)
             );
             let mut insert = sqlx::query(&sql).persistent(false);
             for settlement in chunk {
@@ -131,7 +132,7 @@ impl BudgetStore {
                 "INSERT INTO budget_daily_spend (tenant_id, day_key, month_key, cost_nanos, requests) VALUES {} \
                  ON CONFLICT (tenant_id, day_key) DO UPDATE SET cost_nanos = budget_daily_spend.cost_nanos + excluded.cost_nanos, \
                  requests = budget_daily_spend.requests + excluded.requests",
-                values_list(chunk.len(), 5, 1)
+                placeholders.values(chunk.len(), 5, 1)
             );
             let mut upsert = sqlx::query(&sql).persistent(false);
             for ((tenant_id, day_key), (month_key, cost_nanos, requests)) in chunk {

@@ -66,7 +66,11 @@ impl Database {
             // store of the distributed shape).
             Engine::Sqlite => AnyPoolOptions::new().max_connections(4).after_connect(|connection, _| {
                 Box::pin(async move {
-                    sqlx::Executor::execute(connection, "PRAGMA synchronous = NORMAL").await?;
+                    sqlx::Executor::execute(&mut *connection, "PRAGMA synchronous = NORMAL").await?;
+                    // Statement journals (a multi-row insert that may fail part-way) in memory, not
+                    // in temporary files; a page cache that holds the chain's hot index pages.
+                    sqlx::Executor::execute(&mut *connection, "PRAGMA temp_store = MEMORY").await?;
+                    sqlx::Executor::execute(&mut *connection, "PRAGMA cache_size = -8192").await?;
                     Ok(())
                 })
             }),
@@ -120,6 +124,11 @@ impl Database {
         self.engine
     }
 
+    /// Placeholders for statements built at run time on this engine.
+    pub fn placeholders(&self) -> Placeholders {
+        Placeholders { engine: self.engine }
+    }
+
     /// Closes every connection (at shutdown, after in-flight work finished).
     pub async fn close(&self) {
         self.pool.close().await;
@@ -161,23 +170,46 @@ pub fn is_unique_violation(error: &sqlx::Error) -> bool {
 /// (PostgreSQL 65,535; SQLite as bundled, 250,000) for the widest row a store writes.
 pub const MAX_ROWS_PER_STATEMENT: usize = 256;
 
-/// `($1, .., $c), ($c+1, ..)`: the VALUES list of a multi-row statement, `rows` rows of `columns`
-/// bound parameters numbered from `$first` (both engines accept `$n`). Only placeholders are built
-/// at run time; every value is still bound.
-pub fn values_list(rows: usize, columns: usize, first: usize) -> String {
-    let mut list = String::with_capacity(rows * columns * 5);
-    for row in 0..rows {
-        list.push_str(if row == 0 { "(" } else { ", (" });
-        for column in 0..columns {
-            if column > 0 {
-                list.push_str(", ");
-            }
-            list.push('$');
-            list.push_str(&(first + row * columns + column).to_string());
+/// The bound-parameter placeholders of statements built at run time (multi-row inserts, `IN` lists).
+/// PostgreSQL numbers them (`$1`); SQLite gets anonymous `?`s, bound in order: SQLite looks a
+/// numbered name up by walking the statement's list of names, so binding thousands of `$n` costs
+/// quadratic time. A statement uses one style throughout, and takes its parameters in text order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placeholders {
+    engine: Engine,
+}
+
+impl Placeholders {
+    /// The `n`th parameter (from 1).
+    pub fn nth(self, n: usize) -> String {
+        match self.engine {
+            Engine::Postgres => format!("${n}"),
+            Engine::Sqlite => "?".to_string(),
         }
-        list.push(')');
     }
-    list
+
+    /// `(p1, .., pc), (pc+1, ..)`: the VALUES list of `rows` rows of `columns` parameters, numbered
+    /// from `first`.
+    pub fn values(self, rows: usize, columns: usize, first: usize) -> String {
+        let mut list = String::with_capacity(rows * columns * 5);
+        for row in 0..rows {
+            list.push_str(if row == 0 { "(" } else { ", (" });
+            for column in 0..columns {
+                if column > 0 {
+                    list.push_str(", ");
+                }
+                match self.engine {
+                    Engine::Postgres => {
+                        list.push('$');
+                        list.push_str(&(first + row * columns + column).to_string());
+                    }
+                    Engine::Sqlite => list.push('?'),
+                }
+            }
+            list.push(')');
+        }
+        list
+    }
 }
 
 fn engine_of(url: &str) -> Result<Engine, StoreError> {
@@ -228,9 +260,14 @@ mod tests {
 
     #[test]
     fn values_lists_number_every_parameter_once() {
-        assert_eq!(values_list(1, 2, 1), "($1, $2)");
-        assert_eq!(values_list(2, 3, 2), "($2, $3, $4), ($5, $6, $7)");
-        assert_eq!(values_list(0, 3, 1), "");
+        let postgres = Placeholders { engine: Engine::Postgres };
+        assert_eq!(postgres.values(1, 2, 1), "($1, $2)");
+        assert_eq!(postgres.values(2, 3, 2), "($2, $3, $4), ($5, $6, $7)");
+        assert_eq!(postgres.values(0, 3, 1), "");
+        assert_eq!(postgres.nth(3), "$3");
+        let sqlite = Placeholders { engine: Engine::Sqlite };
+        assert_eq!(sqlite.values(2, 2, 5), "(?, ?), (?, ?)");
+        assert_eq!(sqlite.nth(1), "?");
     }
 
     #[test]

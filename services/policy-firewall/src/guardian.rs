@@ -25,6 +25,7 @@ use crate::gate::{GateOptions, KillSwitchGate};
 use crate::guardrails::{CompiledGuardrails, GuardrailConfig, ScanResult};
 use crate::killswitch::{KillSwitchDecision, RequestFacts};
 use crate::policy::{CompiledRuleset, rules_from_proto};
+use crate::recorder::InterceptionRecorder;
 
 /// How long a tenant's configuration is trusted without an event.
 pub const DEFAULT_CONFIG_TTL: Duration = Duration::from_secs(30);
@@ -88,6 +89,7 @@ pub struct ApprovalContext {
 /// The edge's policy-firewall facade.
 pub struct Guardian {
     client: PolicyFirewallClient,
+    interceptions: InterceptionRecorder,
     gate: KillSwitchGate,
     config_ttl: Duration,
     configs: RwLock<HashMap<String, ConfigEntry>>,
@@ -96,10 +98,12 @@ pub struct Guardian {
 }
 
 impl Guardian {
-    /// A guardian over the policy-firewall client (local or gRPC).
+    /// A guardian over the policy-firewall client (local or gRPC); starts its interception recorder
+    /// on the current runtime.
     pub fn new(client: PolicyFirewallClient, options: GuardianOptions) -> Self {
         Guardian {
             gate: KillSwitchGate::new(Arc::new(client.clone()), options.kill_switch),
+            interceptions: InterceptionRecorder::spawn(client.clone()),
             client,
             config_ttl: options.config_ttl,
             configs: RwLock::new(HashMap::new()),
@@ -202,14 +206,9 @@ impl Guardian {
         Ok(outcome)
     }
 
-    /// Stores an interception without holding up the request (a failure is logged).
+    /// Stores an interception without holding up the request (batched; a failure is logged).
     pub fn record_interception(&self, interception: proto::Interception) {
-        let client = self.client.clone();
-        tokio::spawn(async move {
-            if let Err(error) = client.record_interception(interception).await {
-                tracing::warn!(%error, "could not record a firewall interception");
-            }
-        });
+        self.interceptions.record(interception);
     }
 
     /// Resolves a held call: consumes an approved allowance (`allowed`), or queues (deduplicated) a

@@ -14,6 +14,7 @@ pub mod guardian;
 pub mod guardrails;
 pub mod killswitch;
 pub mod policy;
+pub mod recorder;
 mod service;
 pub mod store;
 

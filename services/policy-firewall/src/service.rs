@@ -38,6 +38,8 @@ const MAX_REASON_CHARS: usize = 1000;
 const MAX_ID_CHARS: usize = 256;
 const MAX_PROVIDER_ID_CHARS: usize = 64;
 const MAX_OBSERVATIONS: usize = 1000;
+/// Interceptions one `record_interceptions` call may carry.
+const MAX_INTERCEPTION_BATCH: usize = 1000;
 const MAX_SCAN_CHARS: usize = 1_000_000;
 const MAX_TOOL_CALLS: usize = 128;
 
@@ -73,6 +75,25 @@ pub struct PolicyFirewallServiceImpl {
 }
 
 impl PolicyFirewallServiceImpl {
+    /// An interception to store: validated, with an id and a time when the edge left them out.
+    fn checked_interception(&self, request: Interception) -> ServiceResult<Interception> {
+        required("tenant_id", &request.tenant_id)?;
+        let mut interception = request;
+        if crate::firewall::FirewallAction::parse(&interception.action).is_none() {
+            return Err(ServiceError::invalid("invalid_interception", "action must be pass, warn, mask, substitute, downgrade or block"));
+        }
+        if !["high", "medium", "low"].contains(&interception.severity.as_str()) {
+            return Err(ServiceError::invalid("invalid_interception", "severity must be high, medium or low"));
+        }
+        if interception.id.is_empty() {
+            interception.id = uuid::Uuid::now_v7().to_string();
+        }
+        if interception.created_at.is_empty() {
+            interception.created_at = self.now_text();
+        }
+        Ok(interception)
+    }
+
     /// The service over a migrated database, publishing its changes on `bus`.
     pub fn new(database: Database, bus: Arc<dyn EventBus>, options: PolicyFirewallOptions) -> Self {
         PolicyFirewallServiceImpl {
@@ -664,22 +685,22 @@ impl PolicyFirewallService for PolicyFirewallServiceImpl {
     }
 
     async fn record_interception(&self, request: Interception) -> ServiceResult<Interception> {
-        required("tenant_id", &request.tenant_id)?;
-        let mut interception = request;
-        if crate::firewall::FirewallAction::parse(&interception.action).is_none() {
-            return Err(ServiceError::invalid("invalid_interception", "action must be pass, warn, mask, substitute, downgrade or block"));
-        }
-        if !["high", "medium", "low"].contains(&interception.severity.as_str()) {
-            return Err(ServiceError::invalid("invalid_interception", "severity must be high, medium or low"));
-        }
-        if interception.id.is_empty() {
-            interception.id = uuid::Uuid::now_v7().to_string();
-        }
-        if interception.created_at.is_empty() {
-            interception.created_at = self.now_text();
-        }
+        let interception = self.checked_interception(request)?;
         self.store.insert_interception(&interception).await.map_err(store_failure)?;
         Ok(interception)
+    }
+
+    async fn record_interceptions(&self, request: InterceptionBatch) -> ServiceResult<RecordedInterceptions> {
+        if request.interceptions.len() > MAX_INTERCEPTION_BATCH {
+            return Err(ServiceError::invalid(
+                "too_many_interceptions",
+                format!("at most {MAX_INTERCEPTION_BATCH} interceptions per call"),
+            ));
+        }
+        let interceptions =
+            request.interceptions.into_iter().map(|interception| self.checked_interception(interception)).collect::<Result<Vec<_>, _>>()?;
+        self.store.insert_interceptions(&interceptions).await.map_err(store_failure)?;
+        Ok(RecordedInterceptions { recorded: u32::try_from(interceptions.len()).unwrap_or(u32::MAX) })
     }
 
     async fn list_interceptions(&self, request: ListInterceptionsRequest) -> ServiceResult<InterceptionList> {

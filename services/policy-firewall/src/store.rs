@@ -3,7 +3,7 @@
 //! Kill-switch changes bump the tenant row's `version` in the same transaction, so every snapshot can
 //! be ordered. Configurations are stored as the JSON of their validated domain types.
 
-use brainstorm_common::store::Database;
+use brainstorm_common::store::{Database, MAX_ROWS_PER_STATEMENT};
 use brainstorm_proto::policy::{Approval, Interception, KillSwitchHistoryEntry, ScopedSwitch, Verdict};
 use sqlx::any::AnyRow;
 use sqlx::{Any, Row, Transaction};
@@ -371,24 +371,37 @@ impl PolicyStore {
     // ------------------------------------------------------------ interceptions
 
     pub async fn insert_interception(&self, interception: &Interception) -> StoreResult<()> {
-        let verdicts: Vec<serde_json::Value> = interception.verdicts.iter().map(verdict_json).collect();
-        sqlx::query(
-            "INSERT INTO policy_interceptions (id, tenant_id, severity, actor_id, actor_type, resource, action, verdicts_json, request_id, \
-             created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (id) DO NOTHING",
-        )
-        .bind(&interception.id)
-        .bind(&interception.tenant_id)
-        .bind(&interception.severity)
-        .bind(&interception.actor_id)
-        .bind(&interception.actor_type)
-        .bind(&interception.resource)
-        .bind(&interception.action)
-        .bind(serde_json::Value::Array(verdicts).to_string())
-        .bind(interception.request_id.clone())
-        .bind(&interception.created_at)
-        .execute(self.database.pool())
-        .await?;
-        Ok(())
+        self.insert_interceptions(std::slice::from_ref(interception)).await
+    }
+
+    /// Stores interceptions in multi-row inserts, one transaction (an id already stored is skipped).
+    pub async fn insert_interceptions(&self, interceptions: &[Interception]) -> StoreResult<()> {
+        let placeholders = self.database.placeholders();
+        let mut transaction = self.database.pool().begin().await?;
+        for chunk in interceptions.chunks(MAX_ROWS_PER_STATEMENT) {
+            let sql = format!(
+                "INSERT INTO policy_interceptions (id, tenant_id, severity, actor_id, actor_type, resource, action, verdicts_json, \
+                 request_id, created_at) VALUES {} ON CONFLICT (id) DO NOTHING",
+                placeholders.values(chunk.len(), 10, 1)
+            );
+            let mut insert = sqlx::query(&sql).persistent(false);
+            for interception in chunk {
+                let verdicts: Vec<serde_json::Value> = interception.verdicts.iter().map(verdict_json).collect();
+                insert = insert
+                    .bind(&interception.id)
+                    .bind(&interception.tenant_id)
+                    .bind(&interception.severity)
+                    .bind(&interception.actor_id)
+                    .bind(&interception.actor_type)
+                    .bind(&interception.resource)
+                    .bind(&interception.action)
+                    .bind(serde_json::Value::Array(verdicts).to_string())
+                    .bind(interception.request_id.clone())
+                    .bind(&interception.created_at);
+            }
+            insert.execute(&mut *transaction).await?;
+        }
+        transaction.commit().await
     }
 
     /// A page of interceptions, newest first, and the total.

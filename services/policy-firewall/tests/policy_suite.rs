@@ -519,6 +519,32 @@ async fn firewall_configuration_inspection_and_interceptions(database: Database)
     assert_eq!(second.interceptions[1].request_id.as_deref(), Some("req_1"));
     let empty = service.list_interceptions(ListInterceptionsRequest { tenant_id: new_tenant(), limit: 10, offset: 0 }).await?;
     assert_eq!((empty.total, empty.interceptions.len()), (0, 0));
+
+    // A batch (what the edge's recorder sends) is stored whole, or not at all when one is invalid.
+    let batch_tenant = new_tenant();
+    let batched = |request_id: &str| Interception {
+        tenant_id: batch_tenant.clone(),
+        severity: "high".to_string(),
+        action: "block".to_string(),
+        resource: "tool:shell_run".to_string(),
+        request_id: Some(request_id.to_string()),
+        ..Interception::default()
+    };
+    let stored = service
+        .record_interceptions(InterceptionBatch { interceptions: vec![batched("req_a"), batched("req_b"), batched("req_c")] })
+        .await?;
+    assert_eq!(stored.recorded, 3);
+    let refused = service
+        .record_interceptions(InterceptionBatch {
+            interceptions: vec![batched("req_d"), Interception { action: "explode".to_string(), ..batched("req_e") }],
+        })
+        .await;
+    assert!(refused.is_err());
+    let page = service.list_interceptions(ListInterceptionsRequest { tenant_id: batch_tenant.clone(), limit: 10, offset: 0 }).await?;
+    assert_eq!(page.total, 3);
+    let mut ids: Vec<_> = page.interceptions.iter().map(|interception| interception.id.clone()).collect();
+    ids.dedup();
+    assert_eq!(ids.len(), 3, "every interception gets its own id");
     Ok(())
 }
 

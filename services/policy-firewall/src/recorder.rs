@@ -1,0 +1,67 @@
+//! `InterceptionRecorder`: the edge's firewall interceptions, stored in the background a batch at a
+//! time (one write per batch instead of one per intercepted request).
+//!
+//! `record` never waits: it queues the interception in a bounded buffer. One task gathers what arrives
+//! within `LINGER` (up to `MAX_BATCH`) and sends it in one `record_interceptions` call. With the buffer
+//! full (the service unreachable for long), new interceptions are dropped and counted: the request's
+//! audit record, chained separately, still says what the firewall did.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use brainstorm_proto::policy::{Interception, InterceptionBatch, PolicyFirewallClient};
+use tokio::sync::mpsc;
+
+/// Interceptions waiting to be stored, at most.
+const CAPACITY: usize = 10_000;
+/// The most a batch carries.
+const MAX_BATCH: usize = 256;
+/// How long a batch waits for more after its first interception.
+const LINGER: Duration = Duration::from_millis(10);
+
+/// A cheap handle on the recorder's buffer; its task ends when every handle is dropped.
+#[derive(Debug, Clone)]
+pub struct InterceptionRecorder {
+    sender: mpsc::Sender<Interception>,
+    dropped: Arc<AtomicU64>,
+}
+
+impl InterceptionRecorder {
+    /// Starts the recording task (on the current tokio runtime).
+    pub fn spawn(client: PolicyFirewallClient) -> Self {
+        let (sender, receiver) = mpsc::channel(CAPACITY);
+        tokio::spawn(store_batches(client, receiver));
+        InterceptionRecorder { sender, dropped: Arc::new(AtomicU64::new(0)) }
+    }
+
+    /// Queues an interception without waiting.
+    pub fn record(&self, interception: Interception) {
+        if self.sender.try_send(interception).is_err() {
+            let dropped = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+            tracing::warn!(dropped, "interception buffer full: dropping a firewall interception");
+        }
+    }
+
+    /// Interceptions dropped because the buffer was full.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+}
+
+async fn store_batches(client: PolicyFirewallClient, mut receiver: mpsc::Receiver<Interception>) {
+    while let Some(first) = receiver.recv().await {
+        let mut interceptions = vec![first];
+        let deadline = tokio::time::Instant::now() + LINGER;
+        while interceptions.len() < MAX_BATCH {
+            match tokio::time::timeout_at(deadline, receiver.recv()).await {
+                Ok(Some(interception)) => interceptions.push(interception),
+                Ok(None) | Err(_) => break,
+            }
+        }
+        let count = interceptions.len();
+        if let Err(error) = client.record_interceptions(InterceptionBatch { interceptions }).await {
+            tracing::warn!(%error, count, "could not record a batch of firewall interceptions");
+        }
+    }
+}
