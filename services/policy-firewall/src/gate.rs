@@ -1,7 +1,10 @@
 //! `KillSwitchGate`: the edge's in-memory kill-switch state per tenant, read without a round trip.
 //!
 //! Rules (spec: Kill switch): an entry is trusted for the TTL (500 ms), then refreshed from the
-//! service by one request while the others keep deciding on the entry they have; `policy.events`
+//! service by one request while the others keep deciding on the entry they have. Under steady traffic
+//! no request waits for that read: once an entry is half its TTL old, the next request starts the
+//! refresh in the background and decides on the entry it has, so the entry is renewed before it
+//! expires (only a tenant idle for the TTL waits for a read); `policy.events`
 //! snapshots replace entries at once (a version number keeps an older snapshot from overwriting a
 //! newer one). When a refresh fails, the gate keeps the tenant switch it last saw, so a gate that has
 //! seen the switch active keeps blocking and a fresh gate allows until it reads the state; scoped
@@ -79,6 +82,10 @@ impl GateView {
 
 /// The edge's kill-switch cache.
 pub struct KillSwitchGate {
+    inner: Arc<GateInner>,
+}
+
+struct GateInner {
     source: Arc<dyn KillSwitchSource>,
     options: GateOptions,
     entries: RwLock<HashMap<String, Entry>>,
@@ -88,7 +95,9 @@ pub struct KillSwitchGate {
 impl KillSwitchGate {
     /// A gate reading from `source` (the policy-firewall client, in the edge).
     pub fn new(source: Arc<dyn KillSwitchSource>, options: GateOptions) -> Self {
-        KillSwitchGate { source, options, entries: RwLock::new(HashMap::new()), refreshing: Mutex::new(HashMap::new()) }
+        KillSwitchGate {
+            inner: Arc::new(GateInner { source, options, entries: RwLock::new(HashMap::new()), refreshing: Mutex::new(HashMap::new()) }),
+        }
     }
 
     /// The kill-switch decision for one request of `tenant_id`.
@@ -100,15 +109,27 @@ impl KillSwitchGate {
         self.view(tenant_id).await.check(request)
     }
 
-    /// The state to decide on: cached while fresh, otherwise refreshed (by one caller at a time).
+    /// The state to decide on: cached while fresh (refreshed ahead in the background once half its
+    /// TTL old), otherwise refreshed (by one caller at a time).
     pub async fn view(&self, tenant_id: &str) -> GateView {
-        let cached = self.entry(tenant_id);
-        if let Some(entry) = &cached
-            && entry.checked_at.elapsed() < self.options.ttl
-        {
-            return view_of(entry);
+        let inner = &self.inner;
+        let cached = inner.entry(tenant_id);
+        if let Some(entry) = &cached {
+            let age = entry.checked_at.elapsed();
+            if age < inner.options.ttl {
+                if age >= inner.options.ttl / 2
+                    && let Ok(guard) = inner.refresh_lock(tenant_id).try_lock_owned()
+                {
+                    let (gate, tenant_id) = (inner.clone(), tenant_id.to_string());
+                    tokio::spawn(async move {
+                        let _guard = guard;
+                        gate.refresh(&tenant_id).await;
+                    });
+                }
+                return view_of(entry);
+            }
         }
-        let lock = self.refresh_lock(tenant_id);
+        let lock = inner.refresh_lock(tenant_id);
         let _guard = match (lock.try_lock(), &cached) {
             (Ok(guard), _) => guard,
             // Someone else is refreshing: decide on what we have rather than queue behind a slow read.
@@ -116,28 +137,17 @@ impl KillSwitchGate {
             // Nothing known yet: wait for the read in flight.
             (Err(_), None) => lock.lock().await,
         };
-        if let Some(entry) = self.entry(tenant_id)
-            && entry.checked_at.elapsed() < self.options.ttl
+        if let Some(entry) = inner.entry(tenant_id)
+            && entry.checked_at.elapsed() < inner.options.ttl
         {
             return view_of(&entry);
         }
-        let fetched = tokio::time::timeout(self.options.fetch_timeout, self.source.snapshot(tenant_id)).await;
-        match fetched {
-            Ok(Ok(snapshot)) => self.store_snapshot(tenant_id, &snapshot),
-            Ok(Err(error)) => {
-                tracing::warn!(%error, tenant_id, "kill-switch state unreadable: keeping the last known tenant state");
-                self.mark_unreadable(tenant_id)
-            }
-            Err(_) => {
-                tracing::warn!(tenant_id, "kill-switch read timed out: keeping the last known tenant state");
-                self.mark_unreadable(tenant_id)
-            }
-        }
+        inner.refresh(tenant_id).await
     }
 
     /// Applies a snapshot from `policy.events` at once (ignored when older than what the gate holds).
     pub fn apply_snapshot(&self, snapshot: &KillSwitchSnapshot) {
-        self.store_snapshot(&snapshot.tenant_id, snapshot);
+        self.inner.store_snapshot(&snapshot.tenant_id, snapshot);
     }
 
     /// Applies a `policy.events` payload; true when it carried a kill-switch snapshot.
@@ -153,8 +163,26 @@ impl KillSwitchGate {
 
     /// Forgets a tenant (its next request reads the state again).
     pub fn evict(&self, tenant_id: &str) {
-        if let Ok(mut entries) = self.entries.write() {
+        if let Ok(mut entries) = self.inner.entries.write() {
             entries.remove(tenant_id);
+        }
+    }
+}
+
+impl GateInner {
+    /// Reads the tenant's state from the source (the caller holds the tenant's refresh lock).
+    async fn refresh(&self, tenant_id: &str) -> GateView {
+        let fetched = tokio::time::timeout(self.options.fetch_timeout, self.source.snapshot(tenant_id)).await;
+        match fetched {
+            Ok(Ok(snapshot)) => self.store_snapshot(tenant_id, &snapshot),
+            Ok(Err(error)) => {
+                tracing::warn!(%error, tenant_id, "kill-switch state unreadable: keeping the last known tenant state");
+                self.mark_unreadable(tenant_id)
+            }
+            Err(_) => {
+                tracing::warn!(tenant_id, "kill-switch read timed out: keeping the last known tenant state");
+                self.mark_unreadable(tenant_id)
+            }
         }
     }
 
@@ -164,7 +192,10 @@ impl KillSwitchGate {
 
     fn refresh_lock(&self, tenant_id: &str) -> Arc<tokio::sync::Mutex<()>> {
         let mut locks = self.refreshing.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        locks.entry(tenant_id.to_string()).or_default().clone()
+        match locks.get(tenant_id) {
+            Some(lock) => lock.clone(),
+            None => locks.entry(tenant_id.to_string()).or_default().clone(),
+        }
     }
 
     fn store_snapshot(&self, tenant_id: &str, snapshot: &KillSwitchSnapshot) -> GateView {

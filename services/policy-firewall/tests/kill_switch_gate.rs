@@ -210,6 +210,22 @@ async fn concurrent_requests_share_one_read_and_a_hung_read_times_out() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn under_steady_traffic_the_entry_is_renewed_before_it_expires() {
+    let source = FakeSource::slow(snapshot(1, false, Vec::new()), Duration::from_millis(100));
+    let gate = gate(&source);
+    assert_eq!(gate.check(TENANT, &COMPLETIONS).await, KillSwitchDecision::Allow, "the first read is waited for");
+    source.set(snapshot(2, true, Vec::new()));
+    for _ in 0..20 {
+        advance(50).await;
+        let started = tokio::time::Instant::now();
+        gate.check(TENANT, &COMPLETIONS).await;
+        assert!(started.elapsed().is_zero(), "no request waits for a read while traffic is steady");
+    }
+    assert!(tenant_blocked(&gate.check(TENANT, &COMPLETIONS).await), "the entry was renewed in the background");
+    assert!(source.reads() >= 3, "renewed about every half TTL: {} reads", source.reads());
+}
+
+#[tokio::test(start_paused = true)]
 async fn exempt_paths_are_decided_without_reading_the_state() {
     let source = FakeSource::new(snapshot(1, true, Vec::new()));
     let gate = gate(&source);
