@@ -64,7 +64,10 @@ impl Database {
             // mode `synchronous = NORMAL` syncs at checkpoints instead of at every commit: a process
             // crash loses nothing, a power cut may lose the last commits (PostgreSQL is the durable
             // store of the distributed shape).
-            Engine::Sqlite => AnyPoolOptions::new().max_connections(4).after_connect(|connection, _| {
+            // sqlx pings a pooled connection before handing it out; a SQLite connection is a file
+            // handle that cannot drop away like a socket, and each ping is a round trip to the
+            // connection's thread, so embedded pools skip it (the ping on release stays).
+            Engine::Sqlite => AnyPoolOptions::new().max_connections(4).test_before_acquire(false).after_connect(|connection, _| {
                 Box::pin(async move {
                     sqlx::Executor::execute(&mut *connection, "PRAGMA synchronous = NORMAL").await?;
                     // Statement journals (a multi-row insert that may fail part-way) in memory, not
