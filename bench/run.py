@@ -269,6 +269,13 @@ class Bench:
         self.distributed_edge(mock, routed)
         self.report["cpu_us_per_request"] = {name: phase.get("gateway_cpu_us_per_request") for name, phase in phases.items() if "gateway_cpu_us_per_request" in phase}
 
+    def rate_and_max(self, prefix, pid, url, key, body):
+        """`<prefix>_rate_2000` (32 connections at 2,000 req/s) and `<prefix>_max_64c` (64 connections
+        flat out), with the CPU per request of process `pid`."""
+        phases = self.report["phases"]
+        phases[f"{prefix}_rate_2000"] = self.measured(pid, lambda: self.oha(url, key, body, duration=self.args.seconds, connections=32, rate=2000))
+        phases[f"{prefix}_max_64c"] = self.measured(pid, lambda: self.oha(url, key, body, duration=self.args.seconds, connections=64))
+
     def nginx_floor(self, mock, body):
         """nginx as a plain reverse proxy to the mock (one worker on CPU 0, upstream keepalive): the
         floor a proxy costs on this machine, measured like the gateway. Skipped without nginx."""
@@ -314,9 +321,7 @@ http {{
                 time.sleep(0.05)
             url = f"http://127.0.0.1:{port}/v1/chat/completions"
             log("nginx floor: a plain reverse proxy to the mock")
-            phases = self.report["phases"]
-            phases["nginx_rate_2000"] = self.measured(process.pid, lambda: self.oha(url, PROVIDER_KEY, body, duration=self.args.seconds, connections=32, rate=2000))
-            phases["nginx_max_64c"] = self.measured(process.pid, lambda: self.oha(url, PROVIDER_KEY, body, duration=self.args.seconds, connections=64))
+            self.rate_and_max("nginx", process.pid, url, PROVIDER_KEY, body)
             self.report["nginx"] = "nginx 1 worker on CPU 0 (its CPU per request is in the table)"
         finally:
             process.terminate()
@@ -359,9 +364,7 @@ http {{
             call(f"{base}/v1/account/graduate", {}, key)
             url = f"{base}/v1/chat/completions"
             log("phase h: the edge alone, services in another process on PostgreSQL")
-            phases = self.report["phases"]
-            phases["h_edge_rate_2000"] = self.measured(edge.pid, lambda: self.oha(url, key, routed, duration=self.args.seconds, connections=32, rate=2000))
-            phases["h_edge_max_64c"] = self.measured(edge.pid, lambda: self.oha(url, key, routed, duration=self.args.seconds, connections=64))
+            self.rate_and_max("h_edge", edge.pid, url, key, routed)
             self.report["distributed_edge"] = "edge on CPU 0; identity, catalog, budget-ledger, audit-lineage, policy-firewall in one serve process with the mock and oha"
         finally:
             for process in self.processes[-2:]:

@@ -121,7 +121,9 @@ impl AuditStore {
     /// statement is a round trip to the connection's thread.
     async fn try_append_batch(&self, tenant_id: &str, entries: &[NewEntry<'_>], recorded_at: &str) -> StoreResult<Option<Vec<Appended>>> {
         let mut transaction = self.database.pool().begin().await?;
-        // As in `try_append`: take the tenant's lock before reading anything.
+        // Writing first takes the tenant's head row lock (PostgreSQL) or the write lock (SQLite)
+        // before anything is read, so a second writer waits here instead of failing later: SQLite's
+        // busy timeout covers a transaction that has not read yet, not one that has.
         sqlx::query("UPDATE audit_chain_heads SET updated_at = updated_at WHERE tenant_id = $1")
             .bind(tenant_id)
             .execute(&mut *transaction)

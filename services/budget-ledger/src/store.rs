@@ -10,7 +10,7 @@ use brainstorm_common::time::parse_timestamp;
 use brainstorm_proto::budget::{
     AgentBudget, AgentBudgetExhausted, AlertConfig, AlertRecord, CounterTotal, Settlement, TenantLimits, UsageGroup,
 };
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
@@ -81,7 +81,15 @@ impl BudgetStore {
         let mut transaction = self.database.pool().begin().await?;
         let placeholders = self.database.placeholders();
         let mut inserted: HashSet<String> = HashSet::with_capacity(settlements.len());
-        for chunk in settlements.chunks(MAX_ROWS_PER_STATEMENT) {
+        // Each settlement's instant and period keys, worked out once.
+        let periods: Vec<(DateTime<Utc>, String, String)> = settlements
+            .iter()
+            .map(|settlement| {
+                let occurred = parse_timestamp(&settlement.occurred_at).unwrap_or_else(Utc::now);
+                (occurred, Period::Daily.key_at(occurred), Period::Monthly.key_at(occurred))
+            })
+            .collect();
+        for (chunk, chunk_periods) in settlements.chunks(MAX_ROWS_PER_STATEMENT).zip(periods.chunks(MAX_ROWS_PER_STATEMENT)) {
             let sql = format!(
                 "INSERT INTO budget_settlements (request_id, tenant_id, plan, key_id, agent_id, conversation_id, model, provider, \
                  input_tokens, output_tokens, cost_nanos, outcome, latency_ms, day_key, month_key, occurred_at, recorded_at) \
@@ -89,8 +97,7 @@ impl BudgetStore {
                 placeholders.values(chunk.len(), 17, 1)
             );
             let mut insert = sqlx::query(&sql).persistent(false);
-            for settlement in chunk {
-                let occurred = parse_timestamp(&settlement.occurred_at).unwrap_or_else(Utc::now);
+            for (settlement, (occurred, day_key, month_key)) in chunk.iter().zip(chunk_periods) {
                 insert = insert
                     .bind(&settlement.request_id)
                     .bind(&settlement.tenant_id)
@@ -105,9 +112,9 @@ impl BudgetStore {
                     .bind(settlement.cost_nanos)
                     .bind(&settlement.outcome)
                     .bind(i64::try_from(settlement.latency_ms).unwrap_or(i64::MAX))
-                    .bind(Period::Daily.key_at(occurred))
-                    .bind(Period::Monthly.key_at(occurred))
-                    .bind(brainstorm_common::time::format_timestamp(occurred))
+                    .bind(day_key.as_str())
+                    .bind(month_key.as_str())
+                    .bind(brainstorm_common::time::format_timestamp(*occurred))
                     .bind(recorded_at);
             }
             for row in insert.fetch_all(&mut *transaction).await? {
@@ -117,12 +124,9 @@ impl BudgetStore {
         // Written: the first of the batch's settlements with a request id the insert took.
         let written: Vec<bool> = settlements.iter().map(|settlement| inserted.remove(&settlement.request_id)).collect();
         // The days' totals move in the same transaction as the settlements they count.
-        let mut days: BTreeMap<(&str, String), (String, i64, i64)> = BTreeMap::new();
-        for (settlement, _) in settlements.iter().zip(&written).filter(|(_, new)| **new) {
-            let occurred = parse_timestamp(&settlement.occurred_at).unwrap_or_else(Utc::now);
-            let day = days
-                .entry((settlement.tenant_id.as_str(), Period::Daily.key_at(occurred)))
-                .or_insert_with(|| (Period::Monthly.key_at(occurred), 0, 0));
+        let mut days: BTreeMap<(&str, &str), (&str, i64, i64)> = BTreeMap::new();
+        for ((settlement, (_, day_key, month_key)), _) in settlements.iter().zip(&periods).zip(&written).filter(|(_, new)| **new) {
+            let day = days.entry((settlement.tenant_id.as_str(), day_key.as_str())).or_insert((month_key.as_str(), 0, 0));
             day.1 = day.1.saturating_add(settlement.cost_nanos);
             day.2 += 1;
         }
@@ -136,7 +140,7 @@ impl BudgetStore {
             );
             let mut upsert = sqlx::query(&sql).persistent(false);
             for ((tenant_id, day_key), (month_key, cost_nanos, requests)) in chunk {
-                upsert = upsert.bind(*tenant_id).bind(day_key.as_str()).bind(month_key.as_str()).bind(*cost_nanos).bind(*requests);
+                upsert = upsert.bind(*tenant_id).bind(*day_key).bind(*month_key).bind(*cost_nanos).bind(*requests);
             }
             upsert.execute(&mut *transaction).await?;
         }

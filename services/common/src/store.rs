@@ -170,7 +170,7 @@ pub fn is_unique_violation(error: &sqlx::Error) -> bool {
 }
 
 /// Rows one multi-row statement carries at most: well inside both engines' bound-parameter limits
-/// (PostgreSQL 65,535; SQLite as bundled, 250,000) for the widest row a store writes.
+/// (PostgreSQL 65,535; SQLite 32,766) for the widest row a store writes (17 columns).
 pub const MAX_ROWS_PER_STATEMENT: usize = 256;
 
 /// The bound-parameter placeholders of statements built at run time (multi-row inserts, `IN` lists).

@@ -42,11 +42,6 @@ impl InterceptionRecorder {
             tracing::warn!(dropped, "interception buffer full: dropping a firewall interception");
         }
     }
-
-    /// Interceptions dropped because the buffer was full.
-    pub fn dropped(&self) -> u64 {
-        self.dropped.load(Ordering::Relaxed)
-    }
 }
 
 async fn store_batches(client: PolicyFirewallClient, mut receiver: mpsc::Receiver<Interception>) {
