@@ -13,7 +13,7 @@ use brainstorm_common::store::{Database, MAX_ROWS_PER_STATEMENT, is_unique_viola
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use crate::canonical::{CHAIN_SCHEMA_VERSION, chain_hash, payload_commitment};
+use crate::canonical::{CHAIN_SCHEMA_VERSION, commitment_and_chain_hash};
 use crate::chain::{ChainPoint, ChainRow};
 
 /// Result of a store operation.
@@ -148,8 +148,7 @@ impl AuditStore {
                 continue;
             }
             let sequence = previous.sequence + 1;
-            let hash = chain_hash(entry.payload, &previous.hash);
-            let commitment = payload_commitment(entry.payload);
+            let (commitment, hash) = commitment_and_chain_hash(entry.payload, &previous.hash);
             known.insert(entry.request_id.to_string(), (sequence, hash.clone(), commitment.clone()));
             first_occurred_at.get_or_insert(entry.occurred_at);
             appended.push(Appended::Chained { sequence, hash: hash.clone(), commitment: commitment.clone() });

@@ -284,9 +284,9 @@ pub trait SpendCounters: Send + Sync + 'static {
 
 /// Refuses a reservation that names one counter twice: each check must see every increment.
 pub(crate) fn validate_scopes(scopes: &[ScopeLimit], amount: Usage) -> Result<(), CounterError> {
-    let mut seen = HashSet::new();
+    let mut seen = HashSet::with_capacity(scopes.len());
     for scope in scopes {
-        if !seen.insert(scope.scope.counter_key()) {
+        if !seen.insert(&scope.scope) {
             return Err(CounterError::Invalid(format!("scope `{}` appears twice", scope.scope.counter_key())));
         }
         if amount.amount_for(scope.scope.kind.meter()) < 0 {
@@ -311,7 +311,8 @@ pub struct InProcessCounters {
 
 #[derive(Default)]
 struct CounterState {
-    counters: HashMap<String, Counter>,
+    /// Keyed by the scope itself: a lookup on the request path formats nothing.
+    counters: HashMap<Scope, Counter>,
     /// Unsettled reservations and when they are forgotten.
     reservations: HashMap<String, DateTime<Utc>>,
     last_sweep: Option<DateTime<Utc>>,
@@ -342,13 +343,16 @@ impl InProcessCounters {
 
 impl CounterState {
     fn value(&self, scope: &Scope, now: DateTime<Utc>) -> i64 {
-        self.counters.get(&scope.counter_key()).filter(|counter| counter.expires_at > now).map_or(0, |counter| counter.value)
+        self.counters.get(scope).filter(|counter| counter.expires_at > now).map_or(0, |counter| counter.value)
     }
 
     fn add(&mut self, scope: &Scope, delta: i64, now: DateTime<Utc>) -> i64 {
         // A live counter's expiry is already set: the period key is parsed only for a new one.
         let fresh = || Counter { value: 0, expires_at: now + Duration::seconds(counter_ttl_seconds(&scope.period_key, now)) };
-        let counter = self.counters.entry(scope.counter_key()).or_insert_with(fresh);
+        let counter = match self.counters.get_mut(scope) {
+            Some(counter) => counter,
+            None => self.counters.entry(scope.clone()).or_insert_with(fresh),
+        };
         if counter.expires_at <= now {
             *counter = fresh();
         }
@@ -423,11 +427,10 @@ impl SpendCounters for InProcessCounters {
     async fn seed(&self, scope: &Scope, value: i64) -> Result<bool, CounterError> {
         let now = Utc::now();
         let mut state = self.state();
-        let key = scope.counter_key();
-        if state.counters.get(&key).is_some_and(|counter| counter.expires_at > now) {
+        if state.counters.get(scope).is_some_and(|counter| counter.expires_at > now) {
             return Ok(false);
         }
-        state.counters.remove(&key);
+        state.counters.remove(scope);
         state.add(scope, value, now);
         Ok(true)
     }

@@ -56,6 +56,15 @@ pub struct AgentStats {
     pub active_conversations: i64,
 }
 
+/// What a settlement insert reads back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Returning {
+    /// Only how many rows were taken.
+    Nothing,
+    /// The request id of each row taken.
+    RequestIds,
+}
+
 /// The ledger's store.
 #[derive(Debug, Clone)]
 pub struct BudgetStore {
@@ -78,10 +87,6 @@ impl BudgetStore {
         // A batch costs the same few statements whatever its size (on SQLite every statement is a
         // round trip to the connection's thread): the rows in multi-row inserts, then each day's
         // total moved once by what was new.
-        let mut transaction = self.database.pool().begin().await?;
-        let placeholders = self.database.placeholders();
-        let mut inserted: HashSet<String> = HashSet::with_capacity(settlements.len());
-        // Each settlement's instant and period keys, worked out once.
         let periods: Vec<(DateTime<Utc>, String, String)> = settlements
             .iter()
             .map(|settlement| {
@@ -89,12 +94,38 @@ impl BudgetStore {
                 (occurred, Period::Daily.key_at(occurred), Period::Monthly.key_at(occurred))
             })
             .collect();
+        // Nearly every batch is all new: its inserts then return no rows (on SQLite each returned
+        // row is a hand-off between the connection's thread and the runtime). A batch with a
+        // redelivered or repeated request id is rolled back and written again, asking which rows
+        // the inserts took.
+        if let Some(written) = self.try_insert_settlements(settlements, &periods, recorded_at, Returning::Nothing).await? {
+            return Ok(written);
+        }
+        Ok(self.try_insert_settlements(settlements, &periods, recorded_at, Returning::RequestIds).await?.unwrap_or_default())
+    }
+
+    /// One attempt at a batch; `None` when `returning` is `Nothing` and not every row was new
+    /// (nothing is committed then).
+    async fn try_insert_settlements(
+        &self,
+        settlements: &[&Settlement],
+        periods: &[(DateTime<Utc>, String, String)],
+        recorded_at: &str,
+        returning: Returning,
+    ) -> StoreResult<Option<Vec<bool>>> {
+        let mut transaction = self.database.pool().begin().await?;
+        let placeholders = self.database.placeholders();
+        let mut inserted: HashSet<String> = HashSet::new();
         for (chunk, chunk_periods) in settlements.chunks(MAX_ROWS_PER_STATEMENT).zip(periods.chunks(MAX_ROWS_PER_STATEMENT)) {
             let sql = format!(
                 "INSERT INTO budget_settlements (request_id, tenant_id, plan, key_id, agent_id, conversation_id, model, provider, \
                  input_tokens, output_tokens, cost_nanos, outcome, latency_ms, day_key, month_key, occurred_at, recorded_at) \
-                 VALUES {} ON CONFLICT (request_id) DO NOTHING RETURNING request_id",
-                placeholders.values(chunk.len(), 17, 1)
+                 VALUES {} ON CONFLICT (request_id) DO NOTHING{}",
+                placeholders.values(chunk.len(), 17, 1),
+                match returning {
+                    Returning::Nothing => "",
+                    Returning::RequestIds => " RETURNING request_id",
+                }
             );
             let mut insert = sqlx::query(&sql).persistent(false);
             for (settlement, (occurred, day_key, month_key)) in chunk.iter().zip(chunk_periods) {
@@ -117,15 +148,28 @@ impl BudgetStore {
                     .bind(brainstorm_common::time::format_timestamp(*occurred))
                     .bind(recorded_at);
             }
-            for row in insert.fetch_all(&mut *transaction).await? {
-                inserted.insert(row.try_get("request_id")?);
+            match returning {
+                Returning::Nothing => {
+                    if insert.execute(&mut *transaction).await?.rows_affected() != chunk.len() as u64 {
+                        // Dropping the transaction rolls it back.
+                        return Ok(None);
+                    }
+                }
+                Returning::RequestIds => {
+                    for row in insert.fetch_all(&mut *transaction).await? {
+                        inserted.insert(row.try_get("request_id")?);
+                    }
+                }
             }
         }
         // Written: the first of the batch's settlements with a request id the insert took.
-        let written: Vec<bool> = settlements.iter().map(|settlement| inserted.remove(&settlement.request_id)).collect();
+        let written: Vec<bool> = match returning {
+            Returning::Nothing => vec![true; settlements.len()],
+            Returning::RequestIds => settlements.iter().map(|settlement| inserted.remove(&settlement.request_id)).collect(),
+        };
         // The days' totals move in the same transaction as the settlements they count.
         let mut days: BTreeMap<(&str, &str), (&str, i64, i64)> = BTreeMap::new();
-        for ((settlement, (_, day_key, month_key)), _) in settlements.iter().zip(&periods).zip(&written).filter(|(_, new)| **new) {
+        for ((settlement, (_, day_key, month_key)), _) in settlements.iter().zip(periods).zip(&written).filter(|(_, new)| **new) {
             let day = days.entry((settlement.tenant_id.as_str(), day_key.as_str())).or_insert((month_key.as_str(), 0, 0));
             day.1 = day.1.saturating_add(settlement.cost_nanos);
             day.2 += 1;
@@ -145,7 +189,7 @@ impl BudgetStore {
             upsert.execute(&mut *transaction).await?;
         }
         transaction.commit().await?;
-        Ok(written)
+        Ok(Some(written))
     }
 
     /// Records that an agent's budget stopped or downgraded a request; true when new.

@@ -142,6 +142,14 @@ async fn a_batch_of_settlements_counts_each_once_per_day(database: Database) -> 
     assert_eq!(mine.daily.map(|daily| daily.spent_nanos), Some(55 * CENT), "today: earlier + first + second");
     assert_eq!(mine.monthly.map(|monthly| monthly.spent_nanos), Some(155 * CENT));
     assert_eq!(status(&other).await?.daily.map(|daily| daily.spent_nanos), Some(7 * CENT));
+    // A batch that is all new (the common case, written without reading rows back) counts each.
+    let (third, fourth) = (settlement(&tenant, 2 * CENT, now), settlement(&tenant, 3 * CENT, now));
+    assert_eq!(harness.service.record_settlements(&[&third, &fourth]).await?, vec![true, true]);
+    assert_eq!(status(&tenant).await?.daily.map(|daily| daily.spent_nanos), Some(60 * CENT));
+    // ... and after a rolled-back first attempt, a batch mixing old and new counts only the new.
+    let fifth = settlement(&tenant, 4 * CENT, now);
+    assert_eq!(harness.service.record_settlements(&[&third, &fifth, &fourth]).await?, vec![false, true, false]);
+    assert_eq!(status(&tenant).await?.daily.map(|daily| daily.spent_nanos), Some(64 * CENT));
     Ok(())
 }
 

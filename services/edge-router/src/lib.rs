@@ -68,9 +68,23 @@ pub struct EdgeDependencies {
     pub guardian: Arc<Guardian>,
 }
 
-/// Everything a handler can reach.
+/// Everything a handler can reach: one shared allocation, so the per-request clones axum makes of
+/// the state are one reference count each.
 #[derive(Clone)]
 pub struct EdgeState {
+    shared: Arc<EdgeShared>,
+}
+
+impl std::ops::Deref for EdgeState {
+    type Target = EdgeShared;
+
+    fn deref(&self) -> &EdgeShared {
+        &self.shared
+    }
+}
+
+/// The services, caches and clients behind [`EdgeState`].
+pub struct EdgeShared {
     identity: IdentityClient,
     catalog: CatalogClient,
     authenticator: Arc<Authenticator>,
@@ -101,7 +115,7 @@ impl Edge {
         let authenticator =
             Arc::new(Authenticator::new(dependencies.identity.clone(), options.platform_admin_key.as_ref(), options.cache_ttl));
         let routing = Arc::new(RoutingCache::new(dependencies.catalog.clone(), options.cache_ttl));
-        let state = EdgeState {
+        let shared = EdgeShared {
             identity: dependencies.identity,
             catalog: dependencies.catalog,
             authenticator: authenticator.clone(),
@@ -117,6 +131,7 @@ impl Edge {
             policy: dependencies.policy,
             guardian: dependencies.guardian.clone(),
         };
+        let state = EdgeState { shared: Arc::new(shared) };
         Edge { router: router(state), authenticator, routing, guardian: dependencies.guardian }
     }
 

@@ -2,8 +2,9 @@
 //! event by event as bytes arrive (nothing buffered beyond the current event; dropping the stream
 //! closes the upstream connection, which cancels the call).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
@@ -68,10 +69,15 @@ pub struct Target<'a> {
 /// A stream of neutral events from a provider.
 pub type EventStream = Pin<Box<dyn Stream<Item = Result<ChatEvent, UpstreamError>> + Send>>;
 
+/// Most endpoint URLs remembered parsed; past it the memory starts over.
+const PARSED_URLS: usize = 1024;
+
 /// The pooled HTTP client to every provider.
 #[derive(Debug, Clone)]
 pub struct UpstreamClient {
     http: reqwest::Client,
+    /// Endpoint URLs parsed once, by their text: every call goes to one of a few.
+    urls: Arc<RwLock<HashMap<String, reqwest::Url>>>,
 }
 
 impl UpstreamClient {
@@ -84,10 +90,25 @@ impl UpstreamClient {
             .pool_max_idle_per_host(256)
             .build()
             .map_err(|error| UpstreamError::Transport(error.to_string()))?;
-        Ok(UpstreamClient { http })
+        Ok(UpstreamClient { http, urls: Arc::default() })
     }
 
-    fn request(&self, target: &Target<'_>, chat: &ChatRequest) -> reqwest::RequestBuilder {
+    /// `url` parsed, from memory when it was seen before.
+    fn endpoint(&self, url: String) -> Result<reqwest::Url, UpstreamError> {
+        let known = self.urls.read().unwrap_or_else(std::sync::PoisonError::into_inner).get(&url).cloned();
+        if let Some(parsed) = known {
+            return Ok(parsed);
+        }
+        let parsed = reqwest::Url::parse(&url).map_err(|error| UpstreamError::Transport(format!("invalid provider URL `{url}`: {error}")))?;
+        let mut urls = self.urls.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if urls.len() >= PARSED_URLS {
+            urls.clear();
+        }
+        urls.insert(url, parsed.clone());
+        Ok(parsed)
+    }
+
+    fn request(&self, target: &Target<'_>, chat: &ChatRequest) -> Result<reqwest::RequestBuilder, UpstreamError> {
         let base = target.base_url.trim_end_matches('/');
         let (url, body) = match target.provider.format {
             WireFormat::OpenAi => (format!("{base}/chat/completions"), openai::build_request(chat, target.model)),
@@ -99,15 +120,14 @@ impl UpstreamClient {
                 (format!("{base}/v1beta/models/{}:{method}", target.model), gemini::build_request(chat))
             }
         };
-        authorize(self.http.post(url), target.provider, target.api_key).json(&body)
+        Ok(authorize(self.http.post(self.endpoint(url)?), target.provider, target.api_key).json(&body))
     }
 
     /// One complete reply.
     pub async fn complete(&self, target: &Target<'_>, chat: &ChatRequest) -> Result<ChatReply, UpstreamError> {
-        let mut chat = chat.clone();
-        chat.stream = false;
+        let chat = with_stream(chat, false);
         let response =
-            self.request(target, &chat).timeout(REPLY_TIMEOUT).send().await.map_err(|error| transport(&error, target.api_key))?;
+            self.request(target, &chat)?.timeout(REPLY_TIMEOUT).send().await.map_err(|error| transport(&error, target.api_key))?;
         let response = checked(response, target.api_key).await?;
         let body: Value = response.json().await.map_err(|error| UpstreamError::Decode(scrub(&error.to_string(), target.api_key)))?;
         let reply = match target.provider.format {
@@ -121,9 +141,8 @@ impl UpstreamClient {
     /// A streamed reply: resolves once the provider accepted the call (status checked), then yields
     /// events as they arrive.
     pub async fn stream(&self, target: &Target<'_>, chat: &ChatRequest) -> Result<EventStream, UpstreamError> {
-        let mut chat = chat.clone();
-        chat.stream = true;
-        let response = self.request(target, &chat).send().await.map_err(|error| transport(&error, target.api_key))?;
+        let chat = with_stream(chat, true);
+        let response = self.request(target, &chat)?.send().await.map_err(|error| transport(&error, target.api_key))?;
         let response = checked(response, target.api_key).await?;
         let reader = match target.provider.format {
             WireFormat::OpenAi => FormatReader::OpenAi(openai::StreamReader),
@@ -161,6 +180,16 @@ impl UpstreamClient {
             .map_err(|error| transport(&error, api_key))?;
         checked(response, api_key).await.map(|_| ())
     }
+}
+
+/// `chat` asking for a stream or not: borrowed when it already does (the usual case), else a copy.
+fn with_stream(chat: &ChatRequest, stream: bool) -> std::borrow::Cow<'_, ChatRequest> {
+    if chat.stream == stream {
+        return std::borrow::Cow::Borrowed(chat);
+    }
+    let mut copy = chat.clone();
+    copy.stream = stream;
+    std::borrow::Cow::Owned(copy)
 }
 
 fn authorize(request: reqwest::RequestBuilder, provider: &Provider, api_key: &str) -> reqwest::RequestBuilder {
