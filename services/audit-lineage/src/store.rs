@@ -6,7 +6,7 @@
 //! fails on the `(tenant_id, sequence)` key or the head's compare-and-set and retries from the new head,
 //! so even a rebalance that briefly gives a tenant two writers cannot fork the chain.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use brainstorm_common::store::{Database, MAX_ROWS_PER_STATEMENT, is_unique_violation};
@@ -101,10 +101,25 @@ impl AuditStore {
     /// consumer does with the deliveries it has at hand); each request id once. Races retry the
     /// whole batch from the new head, like `append`.
     pub async fn append_batch(&self, tenant_id: &str, entries: &[NewEntry<'_>], recorded_at: &str) -> StoreResult<Vec<Appended>> {
+        // Nearly every batch is all new: the first attempt skips looking for request ids already
+        // chained (a statement less) and finds out from the insert instead; an attempt after one
+        // that found a repeat looks first.
+        let mut repeats_possible = {
+            let mut seen = HashSet::with_capacity(entries.len());
+            !entries.iter().all(|entry| seen.insert(entry.request_id))
+        };
         let mut attempt = 0;
         loop {
             attempt += 1;
-            match self.try_append_batch(tenant_id, entries, recorded_at).await {
+            let outcome = self.try_append_batch(tenant_id, entries, recorded_at, repeats_possible).await;
+            if !repeats_possible && matches!(outcome, Ok(None)) {
+                // A repeat, not a race: look first, at once, without spending an attempt.
+                repeats_possible = true;
+                attempt -= 1;
+                continue;
+            }
+            repeats_possible = true;
+            match outcome {
                 Ok(Some(appended)) => return Ok(appended),
                 Ok(None) if attempt < APPEND_ATTEMPTS => {}
                 Err(error) if attempt < APPEND_ATTEMPTS && is_write_conflict(&error) => {}
@@ -119,16 +134,19 @@ impl AuditStore {
     /// One attempt at a batch; None when another writer moved the head first. The batch costs the
     /// same few statements whatever its size (rows go in multi-row statements): on SQLite every
     /// statement is a round trip to the connection's thread.
-    async fn try_append_batch(&self, tenant_id: &str, entries: &[NewEntry<'_>], recorded_at: &str) -> StoreResult<Option<Vec<Appended>>> {
+    async fn try_append_batch(
+        &self,
+        tenant_id: &str,
+        entries: &[NewEntry<'_>],
+        recorded_at: &str,
+        repeats_possible: bool,
+    ) -> StoreResult<Option<Vec<Appended>>> {
         let mut transaction = self.database.pool().begin().await?;
         // Writing first takes the tenant's head row lock (PostgreSQL) or the write lock (SQLite)
         // before anything is read, so a second writer waits here instead of failing later: SQLite's
-        // busy timeout covers a transaction that has not read yet, not one that has.
-        sqlx::query("UPDATE audit_chain_heads SET updated_at = updated_at WHERE tenant_id = $1")
-            .bind(tenant_id)
-            .execute(&mut *transaction)
-            .await?;
-        let head = sqlx::query("SELECT sequence, hash FROM audit_chain_heads WHERE tenant_id = $1")
+        // busy timeout covers a transaction that has not read yet, not one that has. The same
+        // statement reads the head back.
+        let head = sqlx::query("UPDATE audit_chain_heads SET updated_at = updated_at WHERE tenant_id = $1 RETURNING sequence, hash")
             .bind(tenant_id)
             .fetch_optional(&mut *transaction)
             .await?;
@@ -137,7 +155,8 @@ impl AuditStore {
             None => ChainPoint::genesis(),
         };
         // A request id already chained (a redelivery, or twice in this batch) is not chained again.
-        let mut known = self.chained_among(&mut transaction, tenant_id, entries).await?;
+        let mut known =
+            if repeats_possible { self.chained_among(&mut transaction, tenant_id, entries).await? } else { HashMap::new() };
         let mut previous = start.clone();
         let mut first_occurred_at = None;
         let mut appended = Vec::with_capacity(entries.len());
@@ -178,7 +197,8 @@ impl AuditStore {
                     .bind(recorded_at);
             }
             match insert.execute(&mut *transaction).await {
-                // Fewer rows than sent: a request id was chained by a racing writer since it was read.
+                // Fewer rows than sent: a request id was already chained (when not looked for first)
+                // or chained by a racing writer since it was read.
                 Ok(result) if result.rows_affected() == chunk.len() as u64 => {}
                 Ok(_) => return Ok(None),
                 Err(error) if is_unique_violation(&error) => return Ok(None),

@@ -128,6 +128,9 @@ impl BudgetLedgerServiceImpl {
                 if let Err(error) = service.evaluate_alerts(&tenant_id, &plan).await {
                     tracing::warn!(%error, tenant_id, "budget alert evaluation failed");
                 }
+                // Settlements arriving until the interval ends coalesce into one evaluation then:
+                // the tenant's entry stays while this task waits, so they do not start another.
+                tokio::time::sleep_until(started + service.options.alert_interval).await;
                 let rerun = {
                     let mut evaluations = service.evaluations();
                     let rerun = evaluations.get_mut(&tenant_id).and_then(Option::take);
@@ -138,8 +141,6 @@ impl BudgetLedgerServiceImpl {
                 };
                 let Some(next_plan) = rerun else { break };
                 plan = next_plan;
-                // Settlements arriving meanwhile coalesce into the one evaluation after the interval.
-                tokio::time::sleep_until(started + service.options.alert_interval).await;
             }
         });
     }
