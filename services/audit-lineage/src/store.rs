@@ -141,7 +141,7 @@ impl AuditStore {
         recorded_at: &str,
         repeats_possible: bool,
     ) -> StoreResult<Option<Vec<Appended>>> {
-        let mut transaction = self.database.pool().begin().await?;
+        let mut transaction = self.database.writer().begin().await?;
         // Writing first takes the tenant's head row lock (PostgreSQL) or the write lock (SQLite)
         // before anything is read, so a second writer waits here instead of failing later: SQLite's
         // busy timeout covers a transaction that has not read yet, not one that has. The same

@@ -113,7 +113,7 @@ impl BudgetStore {
         recorded_at: &str,
         returning: Returning,
     ) -> StoreResult<Option<Vec<bool>>> {
-        let mut transaction = self.database.pool().begin().await?;
+        let mut transaction = self.database.writer().begin().await?;
         let placeholders = self.database.placeholders();
         let mut inserted: HashSet<String> = HashSet::new();
         for (chunk, chunk_periods) in settlements.chunks(MAX_ROWS_PER_STATEMENT).zip(periods.chunks(MAX_ROWS_PER_STATEMENT)) {

@@ -43,6 +43,8 @@ pub enum StoreError {
 #[derive(Debug, Clone)]
 pub struct Database {
     pool: AnyPool,
+    /// The steady batch writers' pool (see [`Database::writer`]).
+    writer: AnyPool,
     engine: Engine,
 }
 
@@ -59,6 +61,26 @@ impl Database {
             Engine::Sqlite | Engine::Postgres => url.to_string(),
         };
         let options = AnyConnectOptions::from_str(&url).map_err(StoreError::Connect)?;
+        let pool = Self::pool_options(engine, 4).connect_with(options.clone()).await.map_err(StoreError::Connect)?;
+        if engine == Engine::Sqlite {
+            // WAL lets readers proceed while one writer commits; it persists in the file.
+            sqlx::query("PRAGMA journal_mode=WAL").execute(&pool).await?;
+        }
+        let writer = match engine {
+            // A SQLite connection drops its whole page cache when another connection committed
+            // since its last transaction: with the consumers' batches taking turns on pooled
+            // connections, every batch started cold and read its pages back from the WAL. One
+            // connection for them keeps its cache (SQLite has one writer at a time anyway). An
+            // in-memory database is private to its connection, so it keeps one pool.
+            Engine::Sqlite if !url.contains(":memory:") && !url.contains("mode=memory") => {
+                Self::pool_options(engine, 1).connect_with(options).await.map_err(StoreError::Connect)?
+            }
+            Engine::Sqlite | Engine::Postgres => pool.clone(),
+        };
+        Ok(Database { pool, writer, engine })
+    }
+
+    fn pool_options(engine: Engine, sqlite_connections: u32) -> AnyPoolOptions {
         let pool_options = match engine {
             // One writer at a time is SQLite's model; a few connections let reads proceed. In WAL
             // mode `synchronous = NORMAL` syncs at checkpoints instead of at every commit: a process
@@ -67,7 +89,7 @@ impl Database {
             // sqlx pings a pooled connection before handing it out; a SQLite connection is a file
             // handle that cannot drop away like a socket, and each ping is a round trip to the
             // connection's thread, so embedded pools skip it (the ping on release stays).
-            Engine::Sqlite => AnyPoolOptions::new().max_connections(4).test_before_acquire(false).after_connect(|connection, _| {
+            Engine::Sqlite => AnyPoolOptions::new().max_connections(sqlite_connections).test_before_acquire(false).after_connect(|connection, _| {
                 Box::pin(async move {
                     sqlx::Executor::execute(&mut *connection, "PRAGMA synchronous = NORMAL").await?;
                     // Statement journals (a multi-row insert that may fail part-way) in memory, not
@@ -79,12 +101,7 @@ impl Database {
             }),
             Engine::Postgres => AnyPoolOptions::new().max_connections(16),
         };
-        let pool = pool_options.acquire_timeout(Duration::from_secs(10)).connect_with(options).await.map_err(StoreError::Connect)?;
-        if engine == Engine::Sqlite {
-            // WAL lets readers proceed while one writer commits; it persists in the file.
-            sqlx::query("PRAGMA journal_mode=WAL").execute(&pool).await?;
-        }
-        Ok(Database { pool, engine })
+        pool_options.acquire_timeout(Duration::from_secs(10))
     }
 
     /// Opens (creating if needed) the embedded SQLite database inside `data_dir`.
@@ -122,6 +139,13 @@ impl Database {
         &self.pool
     }
 
+    /// The pool for the batches written all the time (the consumers' chain, ledger and interception
+    /// batches): on a SQLite file one connection of its own, so its page cache stays valid between
+    /// its transactions; on PostgreSQL the one pool.
+    pub fn writer(&self) -> &AnyPool {
+        &self.writer
+    }
+
     /// Which engine this is.
     pub fn engine(&self) -> Engine {
         self.engine
@@ -134,6 +158,7 @@ impl Database {
 
     /// Closes every connection (at shutdown, after in-flight work finished).
     pub async fn close(&self) {
+        self.writer.close().await;
         self.pool.close().await;
     }
 
@@ -290,6 +315,19 @@ mod tests {
         let directory = std::env::temp_dir().join(format!("brainstorm-test-{}", uuid::Uuid::new_v4().simple()));
         let unmigrated = Database::open_embedded(&directory).await?;
         assert!(matches!(unmigrated.ensure_migrated().await, Err(StoreError::SchemaBehind(_))));
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn an_embedded_store_writes_batches_on_one_connection_that_sees_the_other_pool() -> Result<(), StoreError> {
+        let database = testing::fresh_sqlite().await?;
+        assert_eq!(database.writer().options().get_max_connections(), 1);
+        assert_eq!(database.pool().options().get_max_connections(), 4);
+        // The same file: what one pool commits, the other reads.
+        sqlx::query("CREATE TABLE probe (value BIGINT)").execute(database.writer()).await?;
+        sqlx::query("INSERT INTO probe (value) VALUES ($1)").bind(7_i64).execute(database.writer()).await?;
+        let read: i64 = sqlx::query_scalar("SELECT value FROM probe").fetch_one(database.pool()).await?;
+        assert_eq!(read, 7);
         Ok(())
     }
 

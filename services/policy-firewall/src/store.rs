@@ -377,7 +377,7 @@ impl PolicyStore {
     /// Stores interceptions in multi-row inserts, one transaction (an id already stored is skipped).
     pub async fn insert_interceptions(&self, interceptions: &[Interception]) -> StoreResult<()> {
         let placeholders = self.database.placeholders();
-        let mut transaction = self.database.pool().begin().await?;
+        let mut transaction = self.database.writer().begin().await?;
         for chunk in interceptions.chunks(MAX_ROWS_PER_STATEMENT) {
             let sql = format!(
                 "INSERT INTO policy_interceptions (id, tenant_id, severity, actor_id, actor_type, resource, action, verdicts_json, \
