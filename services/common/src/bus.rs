@@ -52,16 +52,27 @@ pub trait Subscription: Send {
 
 /// Waits for one delivery, then gathers more for up to `linger` (or until `max`): what a consumer
 /// writes in one transaction. Under load a batch fills at once; when traffic is light the linger
-/// bounds how long the first delivery waits. Both buses' `next` are cancel-safe (a delivery is taken
-/// only when it is returned), so the timed-out wait loses nothing.
+/// bounds how long the first delivery waits. Deliveries arriving during the linger do not wake the
+/// consumer one by one: it takes what is waiting, sleeps out the linger, and takes what came. Both
+/// buses' `next` are cancel-safe (a delivery is taken only when it is returned), so looking without
+/// waiting loses nothing.
 pub async fn next_batch(subscription: &mut dyn Subscription, max: usize, linger: std::time::Duration) -> Result<Vec<Delivery>, BusError> {
+    use futures::FutureExt;
     let mut deliveries = vec![subscription.next().await?];
     let deadline = tokio::time::Instant::now() + linger;
-    while deliveries.len() < max {
-        match tokio::time::timeout_at(deadline, subscription.next()).await {
-            Ok(delivery) => deliveries.push(delivery?),
-            Err(_) => break,
+    let take_waiting = |subscription: &mut dyn Subscription, deliveries: &mut Vec<Delivery>| -> Result<(), BusError> {
+        while deliveries.len() < max {
+            match subscription.next().now_or_never() {
+                Some(delivery) => deliveries.push(delivery?),
+                None => break,
+            }
         }
+        Ok(())
+    };
+    take_waiting(subscription, &mut deliveries)?;
+    if deliveries.len() < max {
+        tokio::time::sleep_until(deadline).await;
+        take_waiting(subscription, &mut deliveries)?;
     }
     Ok(deliveries)
 }
@@ -303,6 +314,35 @@ mod tests {
         delivery_b.ack();
         assert_eq!((a.as_str(), b.as_str()), ("a", "b"));
         assert!(tokio::time::timeout(Duration::from_millis(50), first.next()).await.is_err(), "nothing is delivered twice");
+        Ok(())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_batch_takes_what_waits_and_what_arrives_within_the_linger() -> Result<(), BusError> {
+        let bus = Arc::new(InProcessBus::new());
+        let mut consumer = bus.subscribe("events", "group").await?;
+        for payload in ["a", "b", "c"] {
+            bus.publish("events", "k", Bytes::from(payload)).await?;
+        }
+        // Three waiting, a cap of two: the batch is full at once, without lingering.
+        let started = tokio::time::Instant::now();
+        let full = next_batch(consumer.as_mut(), 2, Duration::from_millis(25)).await?;
+        assert_eq!(full.len(), 2);
+        assert_eq!(started.elapsed(), Duration::ZERO);
+        // One waiting; one more arrives within the linger, one after it.
+        let publisher = bus.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            let _ = publisher.publish("events", "k", Bytes::from("d")).await;
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            let _ = publisher.publish("events", "k", Bytes::from("e")).await;
+        });
+        let batch = next_batch(consumer.as_mut(), 10, Duration::from_millis(25)).await?;
+        let payloads: Vec<_> = batch.iter().map(|delivery| delivery.message().payload.clone()).collect();
+        assert_eq!(payloads, [Bytes::from("c"), Bytes::from("d")]);
+        assert_eq!(started.elapsed(), Duration::from_millis(25));
+        let late = next_batch(consumer.as_mut(), 10, Duration::from_millis(25)).await?;
+        assert_eq!(late.len(), 1);
         Ok(())
     }
 
