@@ -184,8 +184,15 @@ class Bench:
         self.load_cpus = "1" if self.cpus == 2 else f"1-{self.cpus - 1}"
         gateway_cpus = "0"
         self.report["pinning"] = (
-            f"gateway on CPU {gateway_cpus}; mock upstream and oha on CPU {self.load_cpus}" if self.pinned else "not pinned (one CPU or no taskset)"
+            f"gateway on CPU {gateway_cpus}; mock upstream, oha and the streaming client on CPU {self.load_cpus}"
+            if self.pinned
+            else "not pinned (one CPU or no taskset)"
         )
+        if self.pinned:
+            # This process is the client of the streaming and guardian-overhead phases: it stays off
+            # the gateway's CPU like the load generator (processes started through `pin` choose their own).
+            first, _, last = self.load_cpus.partition("-")
+            os.sched_setaffinity(0, set(range(int(first), int(last or first) + 1)))
         mock_port, gateway_port = free_port(), free_port()
         mock = f"http://127.0.0.1:{mock_port}"
         self.start("mock", [args.mock, "--listen", f"127.0.0.1:{mock_port}"], self.load_cpus)
