@@ -155,8 +155,7 @@ impl AuditStore {
             None => ChainPoint::genesis(),
         };
         // A request id already chained (a redelivery, or twice in this batch) is not chained again.
-        let mut known =
-            if repeats_possible { self.chained_among(&mut transaction, tenant_id, entries).await? } else { HashMap::new() };
+        let mut known = if repeats_possible { self.chained_among(&mut transaction, tenant_id, entries).await? } else { HashMap::new() };
         let mut previous = start.clone();
         let mut first_occurred_at = None;
         let mut appended = Vec::with_capacity(entries.len());

@@ -89,16 +89,18 @@ impl Database {
             // sqlx pings a pooled connection before handing it out; a SQLite connection is a file
             // handle that cannot drop away like a socket, and each ping is a round trip to the
             // connection's thread, so embedded pools skip it (the ping on release stays).
-            Engine::Sqlite => AnyPoolOptions::new().max_connections(sqlite_connections).test_before_acquire(false).after_connect(|connection, _| {
-                Box::pin(async move {
-                    sqlx::Executor::execute(&mut *connection, "PRAGMA synchronous = NORMAL").await?;
-                    // Statement journals (a multi-row insert that may fail part-way) in memory, not
-                    // in temporary files; a page cache that holds the chain's hot index pages.
-                    sqlx::Executor::execute(&mut *connection, "PRAGMA temp_store = MEMORY").await?;
-                    sqlx::Executor::execute(&mut *connection, "PRAGMA cache_size = -8192").await?;
-                    Ok(())
+            Engine::Sqlite => {
+                AnyPoolOptions::new().max_connections(sqlite_connections).test_before_acquire(false).after_connect(|connection, _| {
+                    Box::pin(async move {
+                        sqlx::Executor::execute(&mut *connection, "PRAGMA synchronous = NORMAL").await?;
+                        // Statement journals (a multi-row insert that may fail part-way) in memory, not
+                        // in temporary files; a page cache that holds the chain's hot index pages.
+                        sqlx::Executor::execute(&mut *connection, "PRAGMA temp_store = MEMORY").await?;
+                        sqlx::Executor::execute(&mut *connection, "PRAGMA cache_size = -8192").await?;
+                        Ok(())
+                    })
                 })
-            }),
+            }
             Engine::Postgres => AnyPoolOptions::new().max_connections(16),
         };
         pool_options.acquire_timeout(Duration::from_secs(10))

@@ -99,7 +99,8 @@ impl UpstreamClient {
         if let Some(parsed) = known {
             return Ok(parsed);
         }
-        let parsed = reqwest::Url::parse(&url).map_err(|error| UpstreamError::Transport(format!("invalid provider URL `{url}`: {error}")))?;
+        let parsed =
+            reqwest::Url::parse(&url).map_err(|error| UpstreamError::Transport(format!("invalid provider URL `{url}`: {error}")))?;
         let mut urls = self.urls.write().unwrap_or_else(std::sync::PoisonError::into_inner);
         if urls.len() >= PARSED_URLS {
             urls.clear();
