@@ -48,6 +48,29 @@ macro_rules! service_contract {
                 $GeneratedServer::new(GrpcServerAdapter { client: self.clone() })
             }
 
+            /// Tests: this client served over real tonic gRPC on an in-memory duplex transport (no
+            /// port opened), and a gRPC client to it.
+            #[cfg(feature = "testing")]
+            pub async fn over_grpc_duplex(&self) -> Result<Self, tonic::transport::Error> {
+                let (client_io, server_io) = tokio::io::duplex(64 * 1024);
+                let service = self.as_grpc_service();
+                tokio::spawn(async move {
+                    let incoming = tokio_stream::once(Ok::<_, std::io::Error>(server_io));
+                    let _served = tonic::transport::Server::builder().add_service(service).serve_with_incoming(incoming).await;
+                });
+                let mut client_io = Some(client_io);
+                let channel = tonic::transport::Endpoint::from_static("http://duplex.invalid")
+                    .connect_with_connector(tower::service_fn(move |_| {
+                        let io = client_io.take();
+                        async move {
+                            io.map(hyper_util::rt::TokioIo::new)
+                                .ok_or_else(|| std::io::Error::other("the duplex transport connects once"))
+                        }
+                    }))
+                    .await?;
+                Ok(Self::grpc(channel))
+            }
+
             $(
                 $(#[$doc])*
                 pub async fn $method(&self, request: $Request) -> $crate::ServiceResult<$Response> {

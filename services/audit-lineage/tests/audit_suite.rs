@@ -107,26 +107,7 @@ fn broken(report: &ChainReport) -> Option<(i64, String)> {
     report.first_broken.as_ref().map(|broken| (broken.sequence, broken.reason.clone()))
 }
 
-macro_rules! on_both_engines {
-    ($($test:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test]
-                async fn $test() -> super::TestResult {
-                    super::$test(brainstorm_common::store::testing::fresh_sqlite().await?).await
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test]
-                async fn $test() -> super::TestResult {
-                    super::$test(brainstorm_common::store::testing::fresh_postgres().await?).await
-                }
-            )*
-        }
-    };
-}
+use brainstorm_common::on_both_engines;
 
 on_both_engines!(
     records_are_chained_once_per_request_and_per_tenant,

@@ -81,26 +81,7 @@ fn new_tenant() -> String {
     uuid::Uuid::new_v4().to_string()
 }
 
-macro_rules! on_both_engines {
-    ($($test:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test]
-                async fn $test() -> super::TestResult {
-                    super::$test(brainstorm_common::store::testing::fresh_sqlite().await?).await
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test]
-                async fn $test() -> super::TestResult {
-                    super::$test(brainstorm_common::store::testing::fresh_postgres().await?).await
-                }
-            )*
-        }
-    };
-}
+use brainstorm_common::on_both_engines;
 
 on_both_engines!(
     settlements_are_recorded_once_and_feed_the_status,

@@ -252,6 +252,31 @@ fn engine_of(url: &str) -> Result<Engine, StoreError> {
     }
 }
 
+/// Declares each named `async fn(Database) -> TestResult` of the calling test file as two tests,
+/// `sqlite::<name>` and `postgres::<name>`, each on a fresh, migrated database of its engine (the
+/// file defines `TestResult`).
+#[macro_export]
+macro_rules! on_both_engines {
+    ($($test:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test]
+                async fn $test() -> super::TestResult {
+                    super::$test($crate::store::testing::fresh_sqlite().await?).await
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test]
+                async fn $test() -> super::TestResult {
+                    super::$test($crate::store::testing::fresh_postgres().await?).await
+                }
+            )*
+        }
+    };
+}
+
 /// Test support: fresh, isolated databases on both engines.
 pub mod testing {
     use super::*;

@@ -45,26 +45,7 @@ fn tenant_id(response: &RegisterResponse) -> String {
     response.tenant.as_ref().map(|tenant| tenant.id.clone()).unwrap_or_default()
 }
 
-macro_rules! on_both_engines {
-    ($($test:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test]
-                async fn $test() -> super::TestResult {
-                    super::$test(brainstorm_common::store::testing::fresh_sqlite().await?).await
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test]
-                async fn $test() -> super::TestResult {
-                    super::$test(brainstorm_common::store::testing::fresh_postgres().await?).await
-                }
-            )*
-        }
-    };
-}
+use brainstorm_common::on_both_engines;
 
 on_both_engines!(
     registration_creates_a_sandbox_tenant_with_an_admin_key_and_claim,

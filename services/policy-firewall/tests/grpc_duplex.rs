@@ -12,8 +12,6 @@ use brainstorm_policy_firewall::{
 };
 use brainstorm_proto::ErrorKind;
 use brainstorm_proto::policy::*;
-use hyper_util::rt::TokioIo;
-use tonic::transport::{Endpoint, Server};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -22,20 +20,7 @@ async fn remote_policy_firewall() -> Result<PolicyFirewallClient, Box<dyn std::e
     let bus: Arc<dyn EventBus> = Arc::new(InProcessBus::new());
     let local = PolicyFirewallClient::local(PolicyFirewallServiceImpl::new(database, bus, PolicyFirewallOptions::default()));
 
-    let (client_io, server_io) = tokio::io::duplex(64 * 1024);
-    let service = local.as_grpc_service();
-    tokio::spawn(async move {
-        let incoming = tokio_stream::once(Ok::<_, std::io::Error>(server_io));
-        let _served = Server::builder().add_service(service).serve_with_incoming(incoming).await;
-    });
-    let mut client_io = Some(client_io);
-    let channel = Endpoint::try_from("http://duplex.invalid")?
-        .connect_with_connector(tower::service_fn(move |_| {
-            let io = client_io.take();
-            async move { io.map(TokioIo::new).ok_or_else(|| std::io::Error::other("the duplex transport connects once")) }
-        }))
-        .await?;
-    Ok(PolicyFirewallClient::grpc(channel))
+    Ok(local.over_grpc_duplex().await?)
 }
 
 #[tokio::test]

@@ -74,26 +74,7 @@ async fn next_event(subscription: &mut Box<dyn Subscription>) -> Result<PolicyEv
     Ok(event)
 }
 
-macro_rules! on_both_engines {
-    ($($test:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test]
-                async fn $test() -> super::TestResult {
-                    super::$test(brainstorm_common::store::testing::fresh_sqlite().await?).await
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test]
-                async fn $test() -> super::TestResult {
-                    super::$test(brainstorm_common::store::testing::fresh_postgres().await?).await
-                }
-            )*
-        }
-    };
-}
+use brainstorm_common::on_both_engines;
 
 on_both_engines!(
     the_tenant_switch_moves_between_states_keeps_fifty_activations_and_publishes_snapshots,
