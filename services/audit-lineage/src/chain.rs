@@ -12,9 +12,7 @@ use brainstorm_common::time::{format_timestamp, parse_timestamp};
 use brainstorm_proto::audit::{BrokenLink, Capture, ChainReport, ProvenanceCheck, ProvenanceSummary};
 use serde::{Deserialize, Serialize};
 
-use crate::canonical::{
-    CHAIN_SCHEMA_VERSION, DecodedPayload, GENESIS_HASH, capture_digest, chain_hash, decode_payload, payload_commitment,
-};
+use crate::canonical::{CHAIN_SCHEMA_VERSION, DecodedPayload, GENESIS_HASH, capture_digest, commitment_and_chain_hash, decode_payload};
 
 /// Provenance checks listed by default (every row is still verified).
 pub const DEFAULT_PROVENANCE_CHECKS: u32 = 1000;
@@ -125,10 +123,11 @@ pub fn row_integrity(row: &ChainRow) -> Result<DecodedPayload, BreakReason> {
     if row.chain_schema_version != CHAIN_SCHEMA_VERSION {
         return Err(BreakReason::UnsupportedSchemaVersion);
     }
-    if payload_commitment(&row.payload) != row.commitment {
+    let (commitment, hash) = commitment_and_chain_hash(&row.payload, &row.prev_hash);
+    if commitment != row.commitment {
         return Err(BreakReason::CommitmentMismatch);
     }
-    if chain_hash(&row.payload, &row.prev_hash) != row.hash {
+    if hash != row.hash {
         return Err(BreakReason::HashMismatch);
     }
     let decoded = decode_payload(&row.payload).map_err(|_| BreakReason::MalformedRow)?;
@@ -426,7 +425,7 @@ mod tests {
     use brainstorm_proto::audit::{AuditRecord, TraceContext};
 
     use super::*;
-    use crate::canonical::{canonical_payload, chain_hash};
+    use crate::canonical::{canonical_payload, chain_hash, payload_commitment};
 
     fn rows(count: i64) -> Vec<ChainRow> {
         let mut previous = ChainPoint::genesis();
