@@ -226,8 +226,11 @@ impl<'a> ObjectBuilder<'a> {
 
     /// The object.
     pub fn build(mut self) -> Canonical<'a> {
-        // Stable: of members with one key, the last added ends last, and is the one kept.
-        self.members.sort_by(|(left, _), (right, _)| left.as_bytes().cmp(right.as_bytes()));
+        // Builders below add members in key order, so the check usually spares the sort. Stable: of
+        // members with one key, the last added ends last, and is the one kept.
+        if !self.members.is_sorted_by(|(left, _), (right, _)| left.as_bytes() <= right.as_bytes()) {
+            self.members.sort_by(|(left, _), (right, _)| left.as_bytes().cmp(right.as_bytes()));
+        }
         let mut members: Vec<(Cow<'a, str>, Canonical<'a>)> = Vec::with_capacity(self.members.len());
         for member in self.members {
             match members.last_mut() {
@@ -287,34 +290,35 @@ pub fn commitment_and_chain_hash(payload: &str, prev_hash: &str) -> (String, Str
 
 fn record_object(record: &AuditRecord) -> Canonical<'_> {
     let capture_digest = record.capture.as_ref().map(capture_digest).unwrap_or_default();
+    // Members in key order (see `ObjectBuilder::build`).
     ObjectBuilder::new()
-        .integer("chain_schema_version", CHAIN_SCHEMA_VERSION)
-        .text("request_id", &record.request_id)
-        .text("tenant_id", &record.tenant_id)
-        .text("occurred_at", &record.occurred_at)
-        .text("endpoint", &record.endpoint)
-        .optional_text("key_id", record.key_id.as_ref())
+        .value("agent", record.agent.as_ref().map(agent_object).unwrap_or_else(empty))
         .optional_text("agent_id", record.agent_id.as_ref())
-        .value("principal", record.principal.as_ref().map(principal_object).unwrap_or_else(empty))
+        .text("capture_digest", capture_digest)
+        .integer("chain_schema_version", CHAIN_SCHEMA_VERSION)
+        .optional_text("conversation_id", record.conversation_id.as_ref())
+        .integer("cost_nanos", record.cost_nanos)
+        .text("coverage", &record.coverage)
+        .value("decision", record.decision.as_ref().map(decision_object).unwrap_or_else(empty))
+        .text("endpoint", &record.endpoint)
+        .value("grant", record.grant.as_ref().map(grant_object).unwrap_or_else(empty))
+        .integer("input_tokens", record.input_tokens)
+        .optional_text("key_id", record.key_id.as_ref())
+        .integer("latency_ms", record.latency_ms)
+        .text("model_executed", &record.model_executed)
         .text("model_requested", &record.model_requested)
         .text("model_resolved", &record.model_resolved)
-        .text("model_executed", &record.model_executed)
-        .text("provider", &record.provider)
-        .text("strategy", &record.strategy)
-        .integer("input_tokens", record.input_tokens)
-        .integer("output_tokens", record.output_tokens)
-        .integer("cost_nanos", record.cost_nanos)
+        .text("occurred_at", &record.occurred_at)
         .text("outcome", &record.outcome)
-        .text("reason_code", &record.reason_code)
-        .integer("latency_ms", record.latency_ms)
-        .value("trace", record.trace.as_ref().map(trace_object).unwrap_or_else(empty))
+        .integer("output_tokens", record.output_tokens)
         .value("policy", record.policy.as_ref().map(policy_object).unwrap_or_else(empty))
-        .value("agent", record.agent.as_ref().map(agent_object).unwrap_or_else(empty))
-        .value("grant", record.grant.as_ref().map(grant_object).unwrap_or_else(empty))
-        .value("decision", record.decision.as_ref().map(decision_object).unwrap_or_else(empty))
-        .text("capture_digest", capture_digest)
-        .text("coverage", &record.coverage)
-        .optional_text("conversation_id", record.conversation_id.as_ref())
+        .value("principal", record.principal.as_ref().map(principal_object).unwrap_or_else(empty))
+        .text("provider", &record.provider)
+        .text("reason_code", &record.reason_code)
+        .text("request_id", &record.request_id)
+        .text("strategy", &record.strategy)
+        .text("tenant_id", &record.tenant_id)
+        .value("trace", record.trace.as_ref().map(trace_object).unwrap_or_else(empty))
         .build()
 }
 
@@ -324,20 +328,20 @@ fn empty<'a>() -> Canonical<'a> {
 
 fn principal_object(principal: &Principal) -> Canonical<'_> {
     ObjectBuilder::new()
-        .text("id", &principal.id)
         .text("auth_method", &principal.auth_method)
-        .optional_text("spiffe_id", principal.spiffe_id.as_ref())
+        .text("id", &principal.id)
         .optional_text("owner_id", principal.owner_id.as_ref())
+        .optional_text("spiffe_id", principal.spiffe_id.as_ref())
         .build()
 }
 
 fn trace_object(trace: &TraceContext) -> Canonical<'_> {
     ObjectBuilder::new()
-        .text("trace_id", &trace.trace_id)
-        .text("span_id", &trace.span_id)
-        .optional_text("parent_span_id", trace.parent_span_id.as_ref())
-        .text("origin", &trace.origin)
         .bool("inbound_trusted", trace.inbound_trusted)
+        .text("origin", &trace.origin)
+        .optional_text("parent_span_id", trace.parent_span_id.as_ref())
+        .text("span_id", &trace.span_id)
+        .text("trace_id", &trace.trace_id)
         .build()
 }
 
@@ -375,12 +379,12 @@ fn decision_object(decision: &DecisionPath) -> Canonical<'_> {
         .iter()
         .map(|candidate| {
             ObjectBuilder::new()
+                .optional_integer("estimated_cost_nanos", candidate.estimated_cost_nanos)
                 .text("model", &candidate.model)
                 .text("provider", &candidate.provider)
-                .optional_integer("estimated_cost_nanos", candidate.estimated_cost_nanos)
+                .text("reason", &candidate.reason)
                 .integer("score_micros", candidate.score_micros)
                 .text("status", &candidate.status)
-                .text("reason", &candidate.reason)
                 .build()
         })
         .collect();
@@ -397,13 +401,13 @@ fn decision_object(decision: &DecisionPath) -> Canonical<'_> {
         })
         .collect();
     ObjectBuilder::new()
-        .text("selected_model", &decision.selected_model)
-        .integer("score_micros", decision.score_micros)
-        .text("selection_method", &decision.selection_method)
-        .text("reason", &decision.reason)
+        .value("candidates", Canonical::List(candidates))
         .integer("complexity_level", decision.complexity_level)
         .integer("complexity_score", decision.complexity_score)
-        .value("candidates", Canonical::List(candidates))
+        .text("reason", &decision.reason)
+        .integer("score_micros", decision.score_micros)
+        .text("selected_model", &decision.selected_model)
+        .text("selection_method", &decision.selection_method)
         .value("steps", Canonical::List(steps))
         .build()
 }

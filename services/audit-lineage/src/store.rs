@@ -9,7 +9,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use brainstorm_common::store::{Database, MAX_ROWS_PER_STATEMENT, is_unique_violation};
+use brainstorm_common::store::{Database, is_unique_violation, statement_chunks};
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
@@ -174,13 +174,13 @@ impl AuditStore {
             previous = ChainPoint { sequence, hash };
         }
         let placeholders = self.database.placeholders();
-        for chunk in rows.chunks(MAX_ROWS_PER_STATEMENT) {
+        for chunk in statement_chunks(&rows) {
             let sql = format!(
                 "INSERT INTO audit_chain (tenant_id, sequence, request_id, occurred_at, trace_id, chain_schema_version, payload, \
                  commitment, prev_hash, hash, recorded_at) VALUES {} ON CONFLICT (tenant_id, request_id) DO NOTHING",
                 placeholders.values(chunk.len(), 11, 1)
             );
-            let mut insert = sqlx::query(&sql).persistent(false);
+            let mut insert = sqlx::query(&sql);
             for (entry, sequence, commitment, prev_hash, hash) in chunk {
                 insert = insert
                     .bind(tenant_id)
@@ -206,12 +206,12 @@ impl AuditStore {
         }
         let captures: Vec<(&str, i64, (&str, &str, &str))> =
             rows.iter().filter_map(|(entry, sequence, ..)| entry.capture.map(|capture| (entry.request_id, *sequence, capture))).collect();
-        for chunk in captures.chunks(MAX_ROWS_PER_STATEMENT) {
+        for chunk in statement_chunks(&captures) {
             let sql = format!(
                 "INSERT INTO audit_captures (tenant_id, request_id, sequence, digest, prompt, completion) VALUES {}",
                 placeholders.values(chunk.len(), 6, 1)
             );
-            let mut insert = sqlx::query(&sql).persistent(false);
+            let mut insert = sqlx::query(&sql);
             for (request_id, sequence, (digest, prompt, completion)) in chunk {
                 insert = insert.bind(tenant_id).bind(*request_id).bind(*sequence).bind(*digest).bind(*prompt).bind(*completion);
             }
@@ -264,13 +264,13 @@ impl AuditStore {
     ) -> StoreResult<HashMap<String, (i64, String, String)>> {
         let mut known = HashMap::new();
         let placeholders = self.database.placeholders();
-        for chunk in entries.chunks(MAX_ROWS_PER_STATEMENT) {
+        for chunk in statement_chunks(&entries) {
             let sql = format!(
                 "SELECT request_id, sequence, hash, commitment FROM audit_chain WHERE tenant_id = {} AND request_id IN {}",
                 placeholders.nth(1),
                 placeholders.values(1, chunk.len(), 2)
             );
-            let mut select = sqlx::query(&sql).persistent(false).bind(tenant_id);
+            let mut select = sqlx::query(&sql).bind(tenant_id);
             for entry in chunk {
                 select = select.bind(entry.request_id);
             }

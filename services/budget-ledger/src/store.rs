@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use brainstorm_common::store::{Database, MAX_ROWS_PER_STATEMENT};
+use brainstorm_common::store::{Database, statement_chunks};
 use brainstorm_common::time::parse_timestamp;
 use brainstorm_proto::budget::{
     AgentBudget, AgentBudgetExhausted, AlertConfig, AlertRecord, CounterTotal, Settlement, TenantLimits, UsageGroup,
@@ -116,7 +116,7 @@ impl BudgetStore {
         let mut transaction = self.database.writer().begin().await?;
         let placeholders = self.database.placeholders();
         let mut inserted: HashSet<String> = HashSet::new();
-        for (chunk, chunk_periods) in settlements.chunks(MAX_ROWS_PER_STATEMENT).zip(periods.chunks(MAX_ROWS_PER_STATEMENT)) {
+        for (chunk, chunk_periods) in statement_chunks(&settlements).zip(statement_chunks(&periods)) {
             let sql = format!(
                 "INSERT INTO budget_settlements (request_id, tenant_id, plan, key_id, agent_id, conversation_id, model, provider, \
                  input_tokens, output_tokens, cost_nanos, outcome, latency_ms, day_key, month_key, occurred_at, recorded_at) \
@@ -127,7 +127,7 @@ impl BudgetStore {
                     Returning::RequestIds => " RETURNING request_id",
                 }
             );
-            let mut insert = sqlx::query(&sql).persistent(false);
+            let mut insert = sqlx::query(&sql);
             for (settlement, (occurred, day_key, month_key)) in chunk.iter().zip(chunk_periods) {
                 insert = insert
                     .bind(&settlement.request_id)
@@ -175,14 +175,14 @@ impl BudgetStore {
             day.2 += 1;
         }
         let days: Vec<_> = days.into_iter().collect();
-        for chunk in days.chunks(MAX_ROWS_PER_STATEMENT) {
+        for chunk in statement_chunks(&days) {
             let sql = format!(
                 "INSERT INTO budget_daily_spend (tenant_id, day_key, month_key, cost_nanos, requests) VALUES {} \
                  ON CONFLICT (tenant_id, day_key) DO UPDATE SET cost_nanos = budget_daily_spend.cost_nanos + excluded.cost_nanos, \
                  requests = budget_daily_spend.requests + excluded.requests",
                 placeholders.values(chunk.len(), 5, 1)
             );
-            let mut upsert = sqlx::query(&sql).persistent(false);
+            let mut upsert = sqlx::query(&sql);
             for ((tenant_id, day_key), (month_key, cost_nanos, requests)) in chunk {
                 upsert = upsert.bind(*tenant_id).bind(*day_key).bind(*month_key).bind(*cost_nanos).bind(*requests);
             }

@@ -200,6 +200,23 @@ pub fn is_unique_violation(error: &sqlx::Error) -> bool {
 /// (PostgreSQL 65,535; SQLite 32,766) for the widest row a store writes (17 columns).
 pub const MAX_ROWS_PER_STATEMENT: usize = 256;
 
+/// `items` cut into runs for multi-row statements: largest power of two first, at most
+/// `MAX_ROWS_PER_STATEMENT` rows each (50 rows: 32, 16, 2). Run sizes recur from batch to batch, so
+/// a statement built for one keeps its text and the connection's prepared-statement cache spares
+/// parsing it again (a statement per distinct row count would be parsed every time).
+pub fn statement_chunks<T>(items: &[T]) -> impl Iterator<Item = &[T]> {
+    let mut rest = items;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let size = (1_usize << rest.len().ilog2()).min(MAX_ROWS_PER_STATEMENT);
+        let (run, after) = rest.split_at(size);
+        rest = after;
+        Some(run)
+    })
+}
+
 /// The bound-parameter placeholders of statements built at run time (multi-row inserts, `IN` lists).
 /// PostgreSQL numbers them (`$1`); SQLite gets anonymous `?`s, bound in order: SQLite looks a
 /// numbered name up by walking the statement's list of names, so binding thousands of `$n` costs
@@ -312,6 +329,19 @@ pub mod testing {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn statement_chunks_are_powers_of_two_that_cover_every_item_in_order() {
+        for length in 0..700_usize {
+            let items: Vec<usize> = (0..length).collect();
+            let chunks: Vec<&[usize]> = statement_chunks(&items).collect();
+            assert!(chunks.iter().all(|chunk| chunk.len().is_power_of_two() && chunk.len() <= MAX_ROWS_PER_STATEMENT));
+            assert!(chunks.windows(2).all(|pair| pair[0].len() >= pair[1].len()), "largest first");
+            assert_eq!(chunks.concat(), items);
+        }
+        let sizes: Vec<usize> = statement_chunks(&[0; 50]).map(<[i32]>::len).collect();
+        assert_eq!(sizes, [32, 16, 2]);
+    }
 
     #[test]
     fn values_lists_number_every_parameter_once() {

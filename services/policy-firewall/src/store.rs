@@ -3,7 +3,7 @@
 //! Kill-switch changes bump the tenant row's `version` in the same transaction, so every snapshot can
 //! be ordered. Configurations are stored as the JSON of their validated domain types.
 
-use brainstorm_common::store::{Database, MAX_ROWS_PER_STATEMENT};
+use brainstorm_common::store::{Database, statement_chunks};
 use brainstorm_proto::policy::{Approval, Interception, KillSwitchHistoryEntry, ScopedSwitch, Verdict};
 use sqlx::any::AnyRow;
 use sqlx::{Any, Row, Transaction};
@@ -378,13 +378,13 @@ impl PolicyStore {
     pub async fn insert_interceptions(&self, interceptions: &[Interception]) -> StoreResult<()> {
         let placeholders = self.database.placeholders();
         let mut transaction = self.database.writer().begin().await?;
-        for chunk in interceptions.chunks(MAX_ROWS_PER_STATEMENT) {
+        for chunk in statement_chunks(&interceptions) {
             let sql = format!(
                 "INSERT INTO policy_interceptions (id, tenant_id, severity, actor_id, actor_type, resource, action, verdicts_json, \
                  request_id, created_at) VALUES {} ON CONFLICT (id) DO NOTHING",
                 placeholders.values(chunk.len(), 10, 1)
             );
-            let mut insert = sqlx::query(&sql).persistent(false);
+            let mut insert = sqlx::query(&sql);
             for interception in chunk {
                 let verdicts: Vec<serde_json::Value> = interception.verdicts.iter().map(verdict_json).collect();
                 insert = insert

@@ -81,10 +81,13 @@ pub struct UpstreamClient {
 }
 
 impl UpstreamClient {
-    /// A client with connection pooling and `TCP_NODELAY`.
+    /// A client with connection pooling and `TCP_NODELAY` that never follows redirects (a provider
+    /// API answers in place; a redirect is passed on as the provider's error, and the key is never
+    /// sent to a host it was not registered for).
     pub fn new() -> Result<Self, UpstreamError> {
         let http = reqwest::Client::builder()
             .tcp_nodelay(true)
+            .redirect(reqwest::redirect::Policy::none())
             .connect_timeout(Duration::from_secs(10))
             .pool_idle_timeout(Duration::from_secs(90))
             .pool_max_idle_per_host(256)
