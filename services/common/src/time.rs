@@ -25,7 +25,8 @@ pub fn format_timestamp(instant: DateTime<Utc>) -> String {
     put(14, 2, instant.minute());
     put(17, 2, instant.second());
     put(20, 3, nanos / 1_000_000);
-    text.iter().map(|&byte| char::from(byte)).collect()
+    // Digits and ASCII punctuation only: always valid UTF-8.
+    std::str::from_utf8(&text).map(str::to_owned).unwrap_or_default()
 }
 
 /// The current instant, formatted.
