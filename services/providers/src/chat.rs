@@ -113,7 +113,7 @@ impl ChatRequest {
                 Part::Image { .. } => 4000,
             })
             .sum();
-        let tools: usize = self.tools.iter().map(|tool| tool.name.len() + tool.parameters.to_string().len()).sum();
+        let tools: usize = self.tools.iter().map(|tool| tool.name.len() + json_length(&tool.parameters)).sum();
         system + messages + tools
     }
 
@@ -262,8 +262,35 @@ impl ReplyAssembler {
     }
 }
 
+/// The length of `value` as compact JSON, counted without writing the text out (estimates run
+/// several times per request).
+fn json_length(value: &serde_json::Value) -> usize {
+    struct Counter(usize);
+    impl std::io::Write for Counter {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len();
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut counter = Counter(0);
+    match serde_json::to_writer(&mut counter, value) {
+        Ok(()) => counter.0,
+        Err(_) => 0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn json_length_is_the_compact_texts_length() {
+        let value = serde_json::json!({"type": "object", "properties": {"query": {"type": "string", "enum": ["a\"b", "é"]}}});
+        assert_eq!(json_length(&value), value.to_string().len());
+    }
+
     use super::*;
 
     #[test]
