@@ -264,7 +264,7 @@ impl AuditStore {
     ) -> StoreResult<HashMap<String, (i64, String, String)>> {
         let mut known = HashMap::new();
         let placeholders = self.database.placeholders();
-        for chunk in statement_chunks(&entries) {
+        for chunk in statement_chunks(entries) {
             let sql = format!(
                 "SELECT request_id, sequence, hash, commitment FROM audit_chain WHERE tenant_id = {} AND request_id IN {}",
                 placeholders.nth(1),

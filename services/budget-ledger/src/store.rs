@@ -116,7 +116,7 @@ impl BudgetStore {
         let mut transaction = self.database.writer().begin().await?;
         let placeholders = self.database.placeholders();
         let mut inserted: HashSet<String> = HashSet::new();
-        for (chunk, chunk_periods) in statement_chunks(&settlements).zip(statement_chunks(&periods)) {
+        for (chunk, chunk_periods) in statement_chunks(settlements).zip(statement_chunks(periods)) {
             let sql = format!(
                 "INSERT INTO budget_settlements (request_id, tenant_id, plan, key_id, agent_id, conversation_id, model, provider, \
                  input_tokens, output_tokens, cost_nanos, outcome, latency_ms, day_key, month_key, occurred_at, recorded_at) \

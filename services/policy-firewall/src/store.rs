@@ -378,7 +378,7 @@ impl PolicyStore {
     pub async fn insert_interceptions(&self, interceptions: &[Interception]) -> StoreResult<()> {
         let placeholders = self.database.placeholders();
         let mut transaction = self.database.writer().begin().await?;
-        for chunk in statement_chunks(&interceptions) {
+        for chunk in statement_chunks(interceptions) {
             let sql = format!(
                 "INSERT INTO policy_interceptions (id, tenant_id, severity, actor_id, actor_type, resource, action, verdicts_json, \
                  request_id, created_at) VALUES {} ON CONFLICT (id) DO NOTHING",
