@@ -742,16 +742,15 @@ fn reply_response(
             set(&mut headers, "x-br-efficiency", &ratio);
         }
     }
-    let body = match format {
+    match format {
         ClientFormat::OpenAi => {
             let mut extra = Map::new();
             extra.insert("cost_usd".to_string(), cost.map_or(Value::Null, Usd::to_json));
             extra.insert("routing_strategy".to_string(), json!(route.strategy));
-            openai::render_reply(&reply, chrono::Utc::now().timestamp(), extra)
+            (headers, Json(openai::render_reply(&reply, chrono::Utc::now().timestamp(), extra))).into_response()
         }
-        ClientFormat::Anthropic => anthropic::render_reply(&reply),
-    };
-    (headers, Json(body)).into_response()
+        ClientFormat::Anthropic => (headers, Json(anthropic::render_reply(&reply))).into_response(),
+    }
 }
 
 async fn sandbox_response(chat: &ChatRequest, id: String, format: ClientFormat, started: Instant, reservation: Reservation) -> Response {
@@ -794,16 +793,15 @@ async fn sandbox_response(chat: &ChatRequest, id: String, format: ClientFormat, 
         Ok(remaining) => budget_headers(&mut headers, &remaining),
         Err(error) => tracing::error!(%error, "settling a sandbox completion failed"),
     }
-    let body = match format {
+    match format {
         ClientFormat::OpenAi => {
             let mut extra = Map::new();
             extra.insert("cost_usd".to_string(), Usd::ZERO.to_json());
             extra.insert("routing_strategy".to_string(), json!("price"));
-            openai::render_reply(&reply, chrono::Utc::now().timestamp(), extra)
+            (headers, Json(openai::render_reply(&reply, chrono::Utc::now().timestamp(), extra))).into_response()
         }
-        ClientFormat::Anthropic => anthropic::render_reply(&reply),
-    };
-    (headers, Json(body)).into_response()
+        ClientFormat::Anthropic => (headers, Json(anthropic::render_reply(&reply))).into_response(),
+    }
 }
 
 /// What a stream from `candidate` relays: ids, price and the client's format.

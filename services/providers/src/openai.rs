@@ -168,41 +168,89 @@ fn parse_finish(reason: &str) -> FinishReason {
     }
 }
 
-fn tool_calls_json(reply: &ChatReply) -> Vec<Value> {
-    reply
+/// A `chat.completion` as the client receives it, serialized straight from the reply (no JSON tree
+/// in between: this is on every answered request).
+#[derive(Debug, serde::Serialize)]
+pub struct RenderedReply<'a> {
+    id: &'a str,
+    object: &'static str,
+    created: i64,
+    model: &'a str,
+    choices: [RenderedChoice<'a>; 1],
+    usage: RenderedUsage,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct RenderedChoice<'a> {
+    index: u32,
+    message: RenderedMessage<'a>,
+    finish_reason: &'static str,
+    logprobs: Option<()>,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct RenderedMessage<'a> {
+    role: &'static str,
+    content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<RenderedToolCall<'a>>,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct RenderedToolCall<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: RenderedFunction<'a>,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct RenderedFunction<'a> {
+    name: &'a str,
+    arguments: &'a str,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct RenderedUsage {
+    prompt_tokens: u64,
+    completion_tokens: u64,
+    total_tokens: u64,
+    #[serde(flatten)]
+    extra: Map<String, Value>,
+}
+
+/// A `chat.completion` for the client; `usage_extra` adds fields such as `cost_usd`.
+pub fn render_reply(reply: &ChatReply, created: i64, usage_extra: Map<String, Value>) -> RenderedReply<'_> {
+    let text = reply.text();
+    let tool_calls: Vec<RenderedToolCall<'_>> = reply
         .parts
         .iter()
         .filter_map(|part| match part {
             Part::ToolCall { id, name, arguments } => {
-                Some(json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}}))
+                Some(RenderedToolCall { id, kind: "function", function: RenderedFunction { name, arguments } })
             }
             _ => None,
         })
-        .collect()
-}
-
-/// A `chat.completion` for the client; `usage_extra` adds fields such as `cost_usd`.
-pub fn render_reply(reply: &ChatReply, created: i64, usage_extra: Map<String, Value>) -> Value {
-    let text = reply.text();
-    let tool_calls = tool_calls_json(reply);
-    let mut message =
-        json!({"role": "assistant", "content": if text.is_empty() && !tool_calls.is_empty() { Value::Null } else { json!(text) }});
-    if let (false, Some(object)) = (tool_calls.is_empty(), message.as_object_mut()) {
-        object.insert("tool_calls".to_string(), json!(tool_calls));
+        .collect();
+    let content = if text.is_empty() && !tool_calls.is_empty() { None } else { Some(text) };
+    RenderedReply {
+        id: &reply.id,
+        object: "chat.completion",
+        created,
+        model: &reply.model,
+        choices: [RenderedChoice {
+            index: 0,
+            message: RenderedMessage { role: "assistant", content, tool_calls },
+            finish_reason: finish_reason(reply.finish),
+            logprobs: None,
+        }],
+        usage: RenderedUsage {
+            prompt_tokens: reply.usage.input_tokens,
+            completion_tokens: reply.usage.output_tokens,
+            total_tokens: reply.usage.input_tokens + reply.usage.output_tokens,
+            extra: usage_extra,
+        },
     }
-    let mut usage = Map::new();
-    usage.insert("prompt_tokens".to_string(), json!(reply.usage.input_tokens));
-    usage.insert("completion_tokens".to_string(), json!(reply.usage.output_tokens));
-    usage.insert("total_tokens".to_string(), json!(reply.usage.input_tokens + reply.usage.output_tokens));
-    usage.extend(usage_extra);
-    json!({
-        "id": reply.id,
-        "object": "chat.completion",
-        "created": created,
-        "model": reply.model,
-        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason(reply.finish), "logprobs": null}],
-        "usage": Value::Object(usage),
-    })
 }
 
 /// Writes a neutral event stream as OpenAI `chat.completion.chunk` SSE frames.
@@ -529,11 +577,30 @@ mod tests {
         };
         let mut extra = Map::new();
         extra.insert("cost_usd".to_string(), json!(0.5));
-        let rendered = render_reply(&reply, 7, extra);
+        let rendered = serde_json::to_value(render_reply(&reply, 7, extra)).unwrap_or_default();
+        assert_eq!(rendered["object"], "chat.completion");
+        assert_eq!(rendered["choices"][0]["message"]["role"], "assistant");
         assert_eq!(rendered["choices"][0]["message"]["content"], Value::Null);
+        assert_eq!(rendered["choices"][0]["message"]["tool_calls"][0]["type"], "function");
+        assert_eq!(rendered["choices"][0]["logprobs"], Value::Null);
         assert_eq!(rendered["choices"][0]["finish_reason"], "tool_calls");
         assert_eq!(rendered["usage"]["total_tokens"], 3);
         assert_eq!(rendered["usage"]["cost_usd"], 0.5);
         assert_eq!(parse_reply(&rendered).map(|parsed| parsed.parts), Ok(reply.parts));
+    }
+
+    #[test]
+    fn text_replies_render_content_and_no_tool_calls() {
+        let reply = ChatReply {
+            id: "x".to_string(),
+            model: "openai/gpt-4o".to_string(),
+            parts: vec![Part::Text("hello".to_string())],
+            finish: FinishReason::Stop,
+            usage: Usage { input_tokens: 1, output_tokens: 2 },
+        };
+        let rendered = serde_json::to_value(render_reply(&reply, 7, Map::new())).unwrap_or_default();
+        assert_eq!(rendered["choices"][0]["message"], json!({"role": "assistant", "content": "hello"}));
+        assert_eq!(rendered["usage"], json!({"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}));
+        assert_eq!(rendered["created"], 7);
     }
 }
