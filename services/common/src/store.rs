@@ -198,7 +198,7 @@ pub fn is_unique_violation(error: &sqlx::Error) -> bool {
 
 /// Rows one multi-row statement carries at most: well inside both engines' bound-parameter limits
 /// (PostgreSQL 65,535; SQLite 32,766) for the widest row a store writes (17 columns).
-pub const MAX_ROWS_PER_STATEMENT: usize = 256;
+const MAX_ROWS_PER_STATEMENT: usize = 256;
 
 /// `items` cut into runs for multi-row statements: largest power of two first, at most
 /// `MAX_ROWS_PER_STATEMENT` rows each (50 rows: 32, 16, 2). Run sizes recur from batch to batch, so

@@ -742,14 +742,19 @@ fn reply_response(
             set(&mut headers, "x-br-efficiency", &ratio);
         }
     }
+    answer(&reply, headers, format, cost.map_or(Value::Null, Usd::to_json), &route.strategy)
+}
+
+/// A whole reply in the client's format; OpenAI's usage also carries `cost_usd` and `routing_strategy`.
+fn answer(reply: &ChatReply, headers: HeaderMap, format: ClientFormat, cost_usd: Value, strategy: &str) -> Response {
     match format {
         ClientFormat::OpenAi => {
             let mut extra = Map::new();
-            extra.insert("cost_usd".to_string(), cost.map_or(Value::Null, Usd::to_json));
-            extra.insert("routing_strategy".to_string(), json!(route.strategy));
-            (headers, Json(openai::render_reply(&reply, chrono::Utc::now().timestamp(), extra))).into_response()
+            extra.insert("cost_usd".to_string(), cost_usd);
+            extra.insert("routing_strategy".to_string(), json!(strategy));
+            (headers, Json(openai::render_reply(reply, chrono::Utc::now().timestamp(), extra))).into_response()
         }
-        ClientFormat::Anthropic => (headers, Json(anthropic::render_reply(&reply))).into_response(),
+        ClientFormat::Anthropic => (headers, Json(anthropic::render_reply(reply))).into_response(),
     }
 }
 
@@ -793,15 +798,7 @@ async fn sandbox_response(chat: &ChatRequest, id: String, format: ClientFormat, 
         Ok(remaining) => budget_headers(&mut headers, &remaining),
         Err(error) => tracing::error!(%error, "settling a sandbox completion failed"),
     }
-    match format {
-        ClientFormat::OpenAi => {
-            let mut extra = Map::new();
-            extra.insert("cost_usd".to_string(), Usd::ZERO.to_json());
-            extra.insert("routing_strategy".to_string(), json!("price"));
-            (headers, Json(openai::render_reply(&reply, chrono::Utc::now().timestamp(), extra))).into_response()
-        }
-        ClientFormat::Anthropic => (headers, Json(anthropic::render_reply(&reply))).into_response(),
-    }
+    answer(&reply, headers, format, Usd::ZERO.to_json(), "price")
 }
 
 /// What a stream from `candidate` relays: ids, price and the client's format.

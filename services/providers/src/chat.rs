@@ -284,14 +284,13 @@ fn json_length(value: &serde_json::Value) -> usize {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     #[test]
     fn json_length_is_the_compact_texts_length() {
         let value = serde_json::json!({"type": "object", "properties": {"query": {"type": "string", "enum": ["a\"b", "é"]}}});
         assert_eq!(json_length(&value), value.to_string().len());
     }
-
-    use super::*;
 
     #[test]
     fn replies_survive_a_round_trip_through_events() {
