@@ -32,18 +32,24 @@ struct Setup {
 }
 
 async fn setup_with(shape: Shape, config: MockConfig, providers: &[(&str, &str)]) -> anyhow::Result<Setup> {
+    setup_env(shape, config, providers, &[]).await
+}
+
+/// `setup_with`, with `extra` added to the gateway's environment.
+async fn setup_env(shape: Shape, config: MockConfig, providers: &[(&str, &str)], extra: &[(&str, &str)]) -> anyhow::Result<Setup> {
     let mock = MockUpstream::start(MockConfig {
         valid_keys: vec![OPENAI_KEY.to_string(), ANTHROPIC_KEY.to_string(), GOOGLE_KEY.to_string()],
         ..config
     })
     .await?;
     let openai_base = format!("{}/v1", mock.base_url());
-    let env = [
+    let mut env = vec![
         ("BR_PROVIDER_OPENAI_BASE_URL", openai_base.as_str()),
         ("BR_PROVIDER_ANTHROPIC_BASE_URL", mock.base_url()),
         ("BR_PROVIDER_GOOGLE_BASE_URL", mock.base_url()),
         ("RUST_LOG", "debug,h2=info,hyper=info,tower=info"),
     ];
+    env.extend_from_slice(extra);
     let gateway = Gateway::start_with(shape, &env).await?;
     let (key, _) = gateway.register("Acme").await?;
     for (provider, api_key) in providers {
@@ -529,4 +535,28 @@ async fn a_client_disconnect_cancels_the_upstream_stream(shape: Shape) -> TestRe
         anyhow::ensure!(std::time::Instant::now() < deadline, "the upstream never saw the disconnect");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
+}
+
+/// Pinned to one CPU (as in a one-CPU container), the gateway runs the single-threaded scheduler and
+/// serves whole and streamed replies as it does on several.
+#[tokio::test]
+async fn one_cpu_serves_completions_and_streams_single_threaded() -> TestResult {
+    let one_cpu = [(brainstorm_e2e::PIN_CPUS, "0")];
+    let setup =
+        setup_env(Shape::Embedded, MockConfig::default(), &[("openai", OPENAI_KEY), ("anthropic", ANTHROPIC_KEY)], &one_cpu).await?;
+    let (gateway, key) = (&setup.gateway, setup.key.as_str());
+    let log = gateway.log_of("up");
+    assert!(log.contains("async runtime started") && log.contains("\"single-threaded\""), "{log}");
+    for _ in 0..20 {
+        let reply = gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(completion("openai/gpt-4o-mini", "hello"))).await?;
+        assert_eq!(reply.status, 200, "{}", reply.text);
+        assert_eq!(reply.body["choices"][0]["message"]["content"], "mock openai reply to: hello");
+    }
+    let body =
+        json!({"model": "anthropic/claude-haiku-4-5", "stream": true, "messages": [{"role": "user", "content": "stream some words"}]});
+    let streamed = gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(body)).await?;
+    assert_eq!(streamed.status, 200, "{}", streamed.text);
+    let text: String = sse_data(&streamed.text).iter().filter_map(|chunk| chunk["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(text, "mock anthropic reply to: stream some words");
+    Ok(())
 }

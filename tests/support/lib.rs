@@ -118,6 +118,9 @@ pub fn run_to_end(arguments: &[&str], env: &[(&str, &str)], work_dir: &Path) -> 
     Ok((output.status.success(), text))
 }
 
+/// A test setting, not the gateway's: the CPUs (`taskset -c` syntax) every process is pinned to.
+pub const PIN_CPUS: &str = "BR_TEST_PIN_CPUS";
+
 impl Gateway {
     /// Starts the gateway in `shape` with the default test settings.
     pub async fn start(shape: Shape) -> anyhow::Result<Gateway> {
@@ -206,7 +209,17 @@ impl Gateway {
 
     fn spawn(&mut self, label: &str, arguments: &[&str], env: &[(String, String)]) -> anyhow::Result<()> {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(self.work_dir.join(format!("{label}.log")))?;
-        let child = Command::new(binary()?)
+        // `BR_TEST_PIN_CPUS` runs the process on those CPUs only (`taskset`), as a one-CPU container would.
+        let pinned = env.iter().find(|(name, _)| name == PIN_CPUS).map(|(_, cpus)| cpus.as_str());
+        let mut command = match pinned {
+            Some(cpus) => {
+                let mut command = Command::new("taskset");
+                command.args(["-c", cpus]).arg(binary()?);
+                command
+            }
+            None => Command::new(binary()?),
+        };
+        let child = command
             .args(arguments)
             .envs(env.iter().map(|(name, value)| (name.as_str(), value.as_str())))
             .current_dir(&self.work_dir)

@@ -21,7 +21,11 @@ fn main() -> ExitCode {
     if let Command::Audit(AuditCommand::Verify { file }) = &cli.command {
         return verify_audit_export(file);
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    // One CPU (a container limited to one, or a process pinned to one): the single-threaded
+    // scheduler, which parks and wakes without the work-stealing machinery a lone worker never uses.
+    let one_cpu = std::thread::available_parallelism().is_ok_and(|cpus| cpus.get() == 1);
+    let mut builder = if one_cpu { tokio::runtime::Builder::new_current_thread() } else { tokio::runtime::Builder::new_multi_thread() };
+    let runtime = match builder.enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => return fatal(&format!("cannot start the async runtime: {error}")),
     };
@@ -29,6 +33,7 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async move {
         let settings = cli.settings(&environment)?;
         brainstorm_common::telemetry::init_logging(settings.log_format, "info,sqlx=warn,h2=warn,tower=warn");
+        tracing::info!(scheduler = if one_cpu { "single-threaded" } else { "multi-threaded" }, "async runtime started");
         match cli.command {
             Command::Up(_) => shape::up(settings).await,
             Command::Serve(serve) => shape::serve(settings, &serve.services).await,
