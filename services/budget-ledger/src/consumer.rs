@@ -24,7 +24,7 @@ const MAX_BATCH: usize = 1024;
 /// How long a batch waits for more deliveries after its first (the chain and ledger lag by at most
 /// this; the edge never waits on them). Each batch's commit writes the pages it touched whatever
 /// its size, so a batch that gathers more costs less per record.
-const LINGER: Duration = Duration::from_millis(25);
+const LINGER: Duration = Duration::from_millis(100);
 
 /// What became of one delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
