@@ -8,7 +8,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use brainstorm_common::bus::{BusError, Delivery, EventBus, Subscription, next_batch};
+use brainstorm_common::bus::{BusError, Delivery, EventBus, Subscription, next_batch, share_thread};
 use brainstorm_proto::audit::{AUDIT_RECORDS_TOPIC, AuditRecord};
 use prost::Message;
 
@@ -27,7 +27,7 @@ const MAX_BATCH: usize = 1024;
 /// How long a batch waits for more deliveries after its first (the chain and ledger lag by at most
 /// this; the edge never waits on them). Each batch's commit writes the pages it touched whatever
 /// its size, so a batch that gathers more costs less per record.
-const LINGER: Duration = Duration::from_millis(100);
+const LINGER: Duration = Duration::from_millis(25);
 
 /// What became of one delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,7 +91,8 @@ impl AuditConsumer {
         let mut handled = Vec::with_capacity(deliveries.len());
         // Each tenant's records in order; tenants in the order they first appear.
         let mut tenants: Vec<(String, Vec<(AuditRecord, Delivery)>)> = Vec::new();
-        for delivery in deliveries {
+        for (index, delivery) in deliveries.into_iter().enumerate() {
+            share_thread(index).await;
             let record = match AuditRecord::decode(delivery.message().payload.clone()) {
                 Ok(record) => record,
                 Err(error) => {

@@ -161,7 +161,8 @@ impl AuditLineageServiceImpl {
             digest: Option<String>,
         }
         let mut prepared = Vec::with_capacity(records.len());
-        for record in records {
+        for (index, record) in records.iter().enumerate() {
+            brainstorm_common::bus::share_thread(index).await;
             validate_record(record)?;
             if record.tenant_id != tenant_id {
                 return Err(ServiceError::invalid("mixed_tenants", "a batch holds one tenant's records"));

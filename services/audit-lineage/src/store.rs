@@ -160,7 +160,8 @@ impl AuditStore {
         let mut first_occurred_at = None;
         let mut appended = Vec::with_capacity(entries.len());
         let mut rows: Vec<(&NewEntry<'_>, i64, String, String, String)> = Vec::with_capacity(entries.len());
-        for entry in entries {
+        for (index, entry) in entries.iter().enumerate() {
+            brainstorm_common::bus::share_thread(index).await;
             if let Some((sequence, hash, commitment)) = known.get(entry.request_id) {
                 appended.push(Appended::Duplicate { sequence: *sequence, hash: hash.clone(), commitment: commitment.clone() });
                 continue;

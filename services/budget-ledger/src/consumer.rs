@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use brainstorm_common::bus::{BusError, Delivery, EventBus, Subscription, next_batch};
+use brainstorm_common::bus::{BusError, Delivery, EventBus, Subscription, next_batch, share_thread};
 use brainstorm_proto::ErrorKind;
 use brainstorm_proto::budget::{BudgetEvent, SETTLEMENTS_TOPIC, Settlement, budget_event};
 use prost::Message;
@@ -24,7 +24,7 @@ const MAX_BATCH: usize = 1024;
 /// How long a batch waits for more deliveries after its first (the chain and ledger lag by at most
 /// this; the edge never waits on them). Each batch's commit writes the pages it touched whatever
 /// its size, so a batch that gathers more costs less per record.
-const LINGER: Duration = Duration::from_millis(100);
+const LINGER: Duration = Duration::from_millis(25);
 
 /// What became of one delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,7 +82,8 @@ impl SettlementConsumer {
         let deliveries = next_batch(self.subscription.as_mut(), MAX_BATCH, LINGER).await?;
         let mut handled = Vec::with_capacity(deliveries.len());
         let mut settlements = Vec::new();
-        for delivery in deliveries {
+        for (index, delivery) in deliveries.into_iter().enumerate() {
+            share_thread(index).await;
             match BudgetEvent::decode(delivery.message().payload.clone()) {
                 Ok(BudgetEvent { kind: Some(budget_event::Kind::Settlement(settlement)) }) => {
                     settlements.push((settlement, delivery));

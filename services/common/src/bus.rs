@@ -50,6 +50,18 @@ pub trait Subscription: Send {
     async fn next(&mut self) -> Result<Delivery, BusError>;
 }
 
+/// Items of a batch a consumer works through before handing its thread back to the runtime.
+const SHARE_EVERY: usize = 32;
+
+/// Yields to the runtime at every `SHARE_EVERY`th item of a batch (`index` counts from 0): where the
+/// process runs on one thread, the edge's requests wait while a consumer computes, so a batch of
+/// hundreds of records must not hold the thread for milliseconds at a time.
+pub async fn share_thread(index: usize) {
+    if index > 0 && index.is_multiple_of(SHARE_EVERY) {
+        tokio::task::yield_now().await;
+    }
+}
+
 /// Waits for one delivery, then gathers more for up to `linger` (or until `max`): what a consumer
 /// writes in one transaction. Under load a batch fills at once; when traffic is light the linger
 /// bounds how long the first delivery waits. Deliveries arriving during the linger do not wake the
