@@ -63,7 +63,7 @@ pub async fn up(settings: Settings) -> anyhow::Result<()> {
     };
     database.migrate().await?;
     let bus: Arc<dyn EventBus> = Arc::new(InProcessBus::new());
-    let upstream = UpstreamClient::new()?;
+    let upstream = UpstreamClient::new(&settings.egress_proxy)?;
     let master_key = match &settings.master_key {
         Some(key) => MasterKey::from_hex(key.expose())?,
         None => embedded_master_key(&settings).await?,
@@ -134,7 +134,7 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
     } else {
         None
     };
-    let upstream = UpstreamClient::new()?;
+    let upstream = UpstreamClient::new(&settings.egress_proxy)?;
 
     let identity = match (&database, hosted.contains(&ServiceName::Identity)) {
         (Some(database), true) => Some(IdentityClient::local(identity_service(&settings, database.clone(), bus.clone()))),

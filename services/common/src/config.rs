@@ -165,6 +165,12 @@ pub struct ConfigLayer {
     pub log_format: Option<String>,
     /// A model catalog file replacing the bundled one (prices update without a rebuild).
     pub model_catalog: Option<PathBuf>,
+    /// HTTP proxy for calls to providers (`HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY`; upper or lower case).
+    pub https_proxy: Option<Secret>,
+    pub http_proxy: Option<Secret>,
+    pub all_proxy: Option<Secret>,
+    /// Hosts reached without the proxy (`NO_PROXY`: comma-separated names, domains, IPs or CIDRs).
+    pub no_proxy: Option<String>,
     /// gRPC addresses of services not in this process, by role name.
     #[serde(default)]
     pub services: BTreeMap<String, String>,
@@ -211,6 +217,10 @@ impl ConfigLayer {
             registration_mode: text("BR_REGISTRATION_MODE"),
             log_format: text("BR_LOG_FORMAT"),
             model_catalog: text("BR_MODEL_CATALOG").map(PathBuf::from),
+            https_proxy: text("HTTPS_PROXY").or_else(|| text("https_proxy")).map(Secret),
+            http_proxy: text("HTTP_PROXY").or_else(|| text("http_proxy")).map(Secret),
+            all_proxy: text("ALL_PROXY").or_else(|| text("all_proxy")).map(Secret),
+            no_proxy: text("NO_PROXY").or_else(|| text("no_proxy")),
             services: BTreeMap::new(),
             provider_base_urls: BTreeMap::new(),
         };
@@ -250,8 +260,25 @@ impl ConfigLayer {
             registration_mode,
             log_format,
             model_catalog,
+            https_proxy,
+            http_proxy,
+            all_proxy,
+            no_proxy,
         )
     }
+}
+
+/// Where calls to providers go through an HTTP proxy (the variables curl reads).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EgressProxy {
+    /// Proxy for `https://` providers (`HTTPS_PROXY`).
+    pub https: Option<Secret>,
+    /// Proxy for `http://` providers (`HTTP_PROXY`).
+    pub http: Option<Secret>,
+    /// Proxy for both when the scheme's own is unset (`ALL_PROXY`).
+    pub all: Option<Secret>,
+    /// Hosts reached directly (`NO_PROXY`).
+    pub no: Option<String>,
 }
 
 /// Validated settings, shared read-only by every service of the process.
@@ -278,6 +305,7 @@ pub struct Settings {
     pub model_catalog: Option<PathBuf>,
     pub service_urls: BTreeMap<ServiceName, String>,
     pub provider_base_urls: BTreeMap<String, String>,
+    pub egress_proxy: EgressProxy,
 }
 
 impl Settings {
@@ -333,6 +361,15 @@ impl Settings {
             Some("json") => LogFormat::Json,
             Some(other) => return Err(ConfigError::new("log_format (BR_LOG_FORMAT)", format!("`{other}` is not one of text, json"))),
         };
+        for (setting, proxy) in [
+            ("https_proxy (HTTPS_PROXY)", &layer.https_proxy),
+            ("http_proxy (HTTP_PROXY)", &layer.http_proxy),
+            ("all_proxy (ALL_PROXY)", &layer.all_proxy),
+        ] {
+            if let Some(proxy) = proxy {
+                check_proxy(setting, proxy.expose())?;
+            }
+        }
         let mut service_urls = BTreeMap::new();
         for (name, url) in layer.services {
             let service: ServiceName = name.parse()?;
@@ -364,7 +401,24 @@ impl Settings {
             model_catalog: layer.model_catalog,
             service_urls,
             provider_base_urls,
+            egress_proxy: EgressProxy { https: layer.https_proxy, http: layer.http_proxy, all: layer.all_proxy, no: layer.no_proxy },
         })
+    }
+}
+
+/// A proxy for provider calls: `http://[user:password@]host:port` or `host:port` (the value itself
+/// never appears in the error: it may hold a password).
+fn check_proxy(setting: &str, value: &str) -> Result<(), ConfigError> {
+    let uri: http::Uri = value.parse().map_err(|_| ConfigError::new(setting, "expected a proxy URL such as http://proxy:3128"))?;
+    if uri.host().is_none() {
+        return Err(ConfigError::new(setting, "expected a proxy URL such as http://proxy:3128"));
+    }
+    match uri.scheme_str() {
+        None | Some("http") => Ok(()),
+        Some(other) => Err(ConfigError::new(
+            setting,
+            format!("`{other}` proxies are not supported: use an http:// proxy (TLS to the provider runs inside its tunnel)"),
+        )),
     }
 }
 
@@ -405,6 +459,27 @@ mod tests {
         assert_eq!(settings.mail_outbox, PathBuf::from("brainstorm-data/outbox"));
         assert_eq!(settings.registration_mode, RegistrationMode::Open);
         assert!(!settings.require_agent_owner);
+        Ok(())
+    }
+
+    #[test]
+    fn provider_calls_take_the_proxy_variables_curl_reads() -> Result<(), ConfigError> {
+        let layer = ConfigLayer::from_env(&env(&[
+            ("https_proxy", "http://agent:s3cret@proxy.internal:3128"),
+            ("HTTP_PROXY", "proxy.internal:3128"),
+            ("no_proxy", "localhost,.svc.cluster.local,10.0.0.0/8"),
+        ]))?;
+        let proxy = Settings::resolve(layer)?.egress_proxy;
+        assert_eq!(proxy.https.as_ref().map(Secret::expose), Some("http://agent:s3cret@proxy.internal:3128"));
+        assert_eq!(proxy.http.as_ref().map(Secret::expose), Some("proxy.internal:3128"));
+        assert_eq!(proxy.all, None);
+        assert_eq!(proxy.no.as_deref(), Some("localhost,.svc.cluster.local,10.0.0.0/8"));
+        assert!(!format!("{proxy:?}").contains("s3cret"), "a proxy password never prints");
+
+        let socks = ConfigLayer::from_env(&env(&[("ALL_PROXY", "socks5://agent:s3cret@proxy.internal:1080")]))?;
+        let error = Settings::resolve(socks).err().unwrap_or_else(|| panic!("a socks proxy is refused"));
+        assert_eq!(error.setting, "all_proxy (ALL_PROXY)");
+        assert!(!error.message.contains("s3cret"), "{}", error.message);
         Ok(())
     }
 

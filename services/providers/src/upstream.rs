@@ -10,6 +10,7 @@ use std::sync::{Arc, RwLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use brainstorm_common::config::EgressProxy;
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderName};
@@ -162,16 +163,22 @@ fn with_default_port(uri: Uri) -> Uri {
 impl UpstreamClient {
     /// A client with connection pooling and `TCP_NODELAY` that never follows redirects (a provider
     /// API answers in place; a redirect is passed on as the provider's error, and the key is never
-    /// sent to a host it was not registered for). Proxies come from the environment, read once
-    /// here: `HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY` and `NO_PROXY` (as curl reads them).
-    pub fn new() -> Result<Self, UpstreamError> {
-        Self::with_proxies(Matcher::from_env())
-    }
-
-    /// A client sending every call through the HTTP proxy at `proxy` (for example
-    /// `http://user:secret@proxy:3128`), except to the hosts in `no_proxy` (comma-separated).
-    pub fn with_proxy(proxy: &str, no_proxy: &str) -> Result<Self, UpstreamError> {
-        Self::with_proxies(Matcher::builder().all(proxy.to_string()).no(no_proxy.to_string()).build())
+    /// sent to a host it was not registered for), calling through `proxy` where it says so.
+    pub fn new(proxy: &EgressProxy) -> Result<Self, UpstreamError> {
+        let mut proxies = Matcher::builder();
+        if let Some(all) = &proxy.all {
+            proxies = proxies.all(all.expose().to_string());
+        }
+        if let Some(https) = &proxy.https {
+            proxies = proxies.https(https.expose().to_string());
+        }
+        if let Some(http) = &proxy.http {
+            proxies = proxies.http(http.expose().to_string());
+        }
+        if let Some(no) = &proxy.no {
+            proxies = proxies.no(no.clone());
+        }
+        Self::with_proxies(proxies.build())
     }
 
     fn with_proxies(proxies: Matcher) -> Result<Self, UpstreamError> {
@@ -524,6 +531,8 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::{TcpListener, TcpStream};
 
+    use brainstorm_common::config::Secret;
+
     use crate::catalog::provider_by_id;
     use crate::chat::{Message, Part, Role};
 
@@ -586,6 +595,12 @@ mod tests {
         (format!("http://{address}"), heads)
     }
 
+    /// A client calling through the HTTP proxy at `proxy`, except to the hosts in `no_proxy`.
+    fn client_via(proxy: &str, no_proxy: &str) -> Result<UpstreamClient, UpstreamError> {
+        let proxy = EgressProxy { all: Some(Secret::new(proxy)), no: Some(no_proxy.to_string()), ..EgressProxy::default() };
+        UpstreamClient::new(&proxy)
+    }
+
     fn chat() -> ChatRequest {
         ChatRequest {
             model: "openai/gpt-4o-mini".to_string(),
@@ -606,7 +621,7 @@ mod tests {
     #[tokio::test]
     async fn a_completion_carries_the_key_and_the_body_and_reads_the_reply() {
         let (base, seen) = provider().await;
-        let client = UpstreamClient::with_proxy("http://127.0.0.1:9", "127.0.0.1").unwrap_or_else(|error| panic!("{error}"));
+        let client = client_via("http://127.0.0.1:9", "127.0.0.1").unwrap_or_else(|error| panic!("{error}"));
         let base_url = format!("{base}/v1");
         // Twice: the second call reuses the pooled connection and the parsed URL.
         for _ in 0..2 {
@@ -628,7 +643,7 @@ mod tests {
         let (base, seen) = provider().await;
         let (proxy, heads) = tunnelling_proxy().await;
         let with_credentials = proxy.replace("http://", "http://agent:s3cret@");
-        let client = UpstreamClient::with_proxy(&with_credentials, "").unwrap_or_else(|error| panic!("{error}"));
+        let client = client_via(&with_credentials, "").unwrap_or_else(|error| panic!("{error}"));
         let base_url = format!("{base}/v1");
         client.complete(&target(&base_url), &chat()).await.unwrap_or_else(|error| panic!("{error}"));
         let heads = heads.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
@@ -645,7 +660,7 @@ mod tests {
     async fn no_proxy_hosts_are_called_directly() {
         let (base, seen) = provider().await;
         let (proxy, heads) = tunnelling_proxy().await;
-        let client = UpstreamClient::with_proxy(&proxy, "127.0.0.1").unwrap_or_else(|error| panic!("{error}"));
+        let client = client_via(&proxy, "127.0.0.1").unwrap_or_else(|error| panic!("{error}"));
         client.complete(&target(&format!("{base}/v1")), &chat()).await.unwrap_or_else(|error| panic!("{error}"));
         assert!(heads.lock().unwrap_or_else(std::sync::PoisonError::into_inner).is_empty());
         assert_eq!(seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner).len(), 1);
@@ -654,7 +669,7 @@ mod tests {
     #[tokio::test]
     async fn redirects_are_not_followed_and_failures_say_why() {
         let (base, seen) = provider().await;
-        let client = UpstreamClient::with_proxy("http://127.0.0.1:9", "127.0.0.1").unwrap_or_else(|error| panic!("{error}"));
+        let client = client_via("http://127.0.0.1:9", "127.0.0.1").unwrap_or_else(|error| panic!("{error}"));
         let moved = format!("{base}/moved");
         let error = client.complete(&target(&moved), &chat()).await.err();
         assert!(matches!(error, Some(UpstreamError::Status { status: 307, .. })), "{error:?}");
