@@ -1,6 +1,8 @@
 //! The OpenAI chat completions format, both as clients send it and as providers of the OpenAI family
 //! answer it.
 
+use std::borrow::Cow;
+
 use serde_json::{Map, Value, json};
 
 use crate::chat::fields::{
@@ -425,28 +427,184 @@ fn user_content(parts: &[Part]) -> Value {
     json!(items)
 }
 
-/// Reads a provider's `chat.completion`.
-pub fn parse_reply(body: &Value) -> Result<ChatReply, String> {
-    let choice = body.pointer("/choices/0").ok_or("no choices in the provider's reply")?;
-    let message = choice.get("message").ok_or("no message in the provider's reply")?;
+/// Reads a provider's `chat.completion` from its body: straight into the reply, without a JSON tree
+/// (this is on every answered request). Fields of an unexpected type read as absent, as they would
+/// from a tree: a text that is not a string is no text, a count that is not a whole number is 0.
+pub fn parse_reply(body: &[u8]) -> Result<ChatReply, String> {
+    let wire: wire::Reply<'_> = serde_json::from_slice(body).map_err(|error| error.to_string())?;
+    let choice = wire.choices.unwrap_or_default().into_iter().next().ok_or("no choices in the provider's reply")?;
+    let message = choice.message.ok_or("no message in the provider's reply")?;
     let mut parts = Vec::new();
-    if let Some(text) = message.get("content").and_then(Value::as_str).filter(|text| !text.is_empty()) {
-        parts.push(Part::Text(text.to_string()));
+    if let Some(text) = message.content.filter(|text| !text.is_empty()) {
+        parts.push(Part::Text(text.into_owned()));
     }
-    for call in message.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
+    for call in message.tool_calls.unwrap_or_default() {
+        let function = call.function.unwrap_or_default();
         parts.push(Part::ToolCall {
-            id: call.get("id").and_then(Value::as_str).unwrap_or_default().to_string(),
-            name: call.pointer("/function/name").and_then(Value::as_str).unwrap_or_default().to_string(),
-            arguments: arguments_text(call.pointer("/function/arguments")),
+            id: call.id.map(Cow::into_owned).unwrap_or_default(),
+            name: function.name.map(Cow::into_owned).unwrap_or_default(),
+            arguments: arguments_text(function.arguments.as_ref()),
         });
     }
+    let usage = wire.usage.unwrap_or_default();
     Ok(ChatReply {
-        id: body.get("id").and_then(Value::as_str).unwrap_or_default().to_string(),
-        model: body.get("model").and_then(Value::as_str).unwrap_or_default().to_string(),
+        id: wire.id.map(Cow::into_owned).unwrap_or_default(),
+        model: wire.model.map(Cow::into_owned).unwrap_or_default(),
         parts,
-        finish: parse_finish(choice.get("finish_reason").and_then(Value::as_str).unwrap_or("stop")),
-        usage: usage_of(body.get("usage")),
+        finish: parse_finish(choice.finish_reason.as_deref().unwrap_or("stop")),
+        usage: Usage { input_tokens: usage.prompt_tokens, output_tokens: usage.completion_tokens },
     })
+}
+
+/// The parts of a provider's `chat.completion` the gateway reads, borrowed from the body where no
+/// escape forces a copy; every other member is skipped unread.
+mod wire {
+    use std::borrow::Cow;
+    use std::fmt;
+
+    use serde::Deserialize;
+    use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+    use serde_json::Value;
+
+    #[derive(Deserialize)]
+    pub struct Reply<'a> {
+        #[serde(default, borrow, deserialize_with = "text")]
+        pub id: Option<Cow<'a, str>>,
+        #[serde(default, borrow, deserialize_with = "text")]
+        pub model: Option<Cow<'a, str>>,
+        #[serde(default, borrow)]
+        pub choices: Option<Vec<Choice<'a>>>,
+        #[serde(default)]
+        pub usage: Option<Usage>,
+    }
+
+    #[derive(Deserialize)]
+    pub struct Choice<'a> {
+        #[serde(default, borrow)]
+        pub message: Option<Message<'a>>,
+        #[serde(default, borrow, deserialize_with = "text")]
+        pub finish_reason: Option<Cow<'a, str>>,
+    }
+
+    #[derive(Deserialize)]
+    pub struct Message<'a> {
+        #[serde(default, borrow, deserialize_with = "text")]
+        pub content: Option<Cow<'a, str>>,
+        #[serde(default, borrow)]
+        pub tool_calls: Option<Vec<ToolCall<'a>>>,
+    }
+
+    #[derive(Deserialize)]
+    pub struct ToolCall<'a> {
+        #[serde(default, borrow, deserialize_with = "text")]
+        pub id: Option<Cow<'a, str>>,
+        #[serde(default, borrow)]
+        pub function: Option<Function<'a>>,
+    }
+
+    #[derive(Deserialize, Default)]
+    pub struct Function<'a> {
+        #[serde(default, borrow, deserialize_with = "text")]
+        pub name: Option<Cow<'a, str>>,
+        /// JSON text as OpenAI sends it, or (from some compatible providers) the object itself.
+        #[serde(default)]
+        pub arguments: Option<Value>,
+    }
+
+    #[derive(Deserialize, Default)]
+    pub struct Usage {
+        #[serde(default, deserialize_with = "count")]
+        pub prompt_tokens: u64,
+        #[serde(default, deserialize_with = "count")]
+        pub completion_tokens: u64,
+    }
+
+    /// A string, borrowed when it has no escapes; any other value reads as absent.
+    fn text<'de: 'a, 'a, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Cow<'a, str>>, D::Error> {
+        deserializer.deserialize_any(Lenient::<Cow<'a, str>>::default())
+    }
+
+    /// A whole non-negative number; any other value reads as 0.
+    fn count<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
+        Ok(deserializer.deserialize_any(Lenient::<u64>::default())?.unwrap_or(0))
+    }
+
+    /// Takes the value of type `T` when it is one, skips anything else.
+    struct Lenient<T>(std::marker::PhantomData<T>);
+
+    impl<T> Default for Lenient<T> {
+        fn default() -> Self {
+            Lenient(std::marker::PhantomData)
+        }
+    }
+
+    /// What a lenient visitor keeps: borrowed or owned text, or whole numbers.
+    trait Kept<'de>: Sized {
+        fn borrowed(_text: &'de str) -> Option<Self> {
+            None
+        }
+        fn text(_text: &str) -> Option<Self> {
+            None
+        }
+        fn unsigned(_number: u64) -> Option<Self> {
+            None
+        }
+    }
+
+    impl<'de: 'a, 'a> Kept<'de> for Cow<'a, str> {
+        fn borrowed(text: &'de str) -> Option<Self> {
+            Some(Cow::Borrowed(text))
+        }
+        fn text(text: &str) -> Option<Self> {
+            Some(Cow::Owned(text.to_string()))
+        }
+    }
+
+    impl Kept<'_> for u64 {
+        fn unsigned(number: u64) -> Option<Self> {
+            Some(number)
+        }
+    }
+
+    impl<'de, T: Kept<'de>> Visitor<'de> for Lenient<T> {
+        type Value = Option<T>;
+
+        fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+            formatter.write_str("any JSON value")
+        }
+        fn visit_borrowed_str<E: de::Error>(self, text: &'de str) -> Result<Self::Value, E> {
+            Ok(T::borrowed(text))
+        }
+        fn visit_str<E: de::Error>(self, text: &str) -> Result<Self::Value, E> {
+            Ok(T::text(text))
+        }
+        fn visit_u64<E: de::Error>(self, number: u64) -> Result<Self::Value, E> {
+            Ok(T::unsigned(number))
+        }
+        fn visit_i64<E: de::Error>(self, number: i64) -> Result<Self::Value, E> {
+            Ok(u64::try_from(number).ok().and_then(T::unsigned))
+        }
+        fn visit_f64<E: de::Error>(self, _number: f64) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_bool<E: de::Error>(self, _value: bool) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut items: A) -> Result<Self::Value, A::Error> {
+            while items.next_element::<IgnoredAny>()?.is_some() {}
+            Ok(None)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut members: A) -> Result<Self::Value, A::Error> {
+            while members.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+            Ok(None)
+        }
+    }
 }
 
 fn usage_of(usage: Option<&Value>) -> Usage {
@@ -586,7 +744,39 @@ mod tests {
         assert_eq!(rendered["choices"][0]["finish_reason"], "tool_calls");
         assert_eq!(rendered["usage"]["total_tokens"], 3);
         assert_eq!(rendered["usage"]["cost_usd"], 0.5);
-        assert_eq!(parse_reply(&rendered).map(|parsed| parsed.parts), Ok(reply.parts));
+        let body = serde_json::to_vec(&rendered).unwrap_or_default();
+        assert_eq!(parse_reply(&body).map(|parsed| parsed.parts), Ok(reply.parts));
+    }
+
+    #[test]
+    fn provider_replies_are_read_leniently_without_a_tree() {
+        let body = br#"{"id":"chatcmpl-9","object":"chat.completion","model":"gpt-4o-mini","system_fingerprint":null,
+            "choices":[{"index":0,"logprobs":null,"finish_reason":"tool_calls","message":{"role":"assistant","content":"line\nbreak \u00e9",
+              "refusal":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"lookup","arguments":"{\"q\":1}"}},
+                {"id":"call_2","type":"function","function":{"name":"other","arguments":{"q":2}}}]}},
+              {"index":1,"message":{"role":"assistant","content":"second choice is ignored"}}],
+            "usage":{"prompt_tokens":12,"completion_tokens":3.5,"total_tokens":15,"prompt_tokens_details":{"cached_tokens":0}}}"#;
+        let reply = parse_reply(body).unwrap_or_else(|error| panic!("{error}"));
+        assert_eq!(reply.id, "chatcmpl-9");
+        assert_eq!(reply.model, "gpt-4o-mini");
+        assert_eq!(reply.finish, FinishReason::ToolCalls);
+        assert_eq!(reply.usage, Usage { input_tokens: 12, output_tokens: 0 }, "a count that is not a whole number reads as 0");
+        assert_eq!(
+            reply.parts,
+            vec![
+                Part::Text("line\nbreak \u{e9}".to_string()),
+                Part::ToolCall { id: "call_1".to_string(), name: "lookup".to_string(), arguments: r#"{"q":1}"#.to_string() },
+                Part::ToolCall { id: "call_2".to_string(), name: "other".to_string(), arguments: r#"{"q":2}"#.to_string() },
+            ]
+        );
+        // Values of an unexpected type read as absent; a missing usage is zero.
+        let odd = br#"{"id":7,"model":["m"],"choices":[{"message":{"content":{"type":"text"},"tool_calls":null},"finish_reason":null}]}"#;
+        let reply = parse_reply(odd).unwrap_or_else(|error| panic!("{error}"));
+        assert_eq!((reply.id.as_str(), reply.model.as_str(), reply.parts.len()), ("", "", 0));
+        assert_eq!((reply.finish, reply.usage), (FinishReason::Stop, Usage::default()));
+        assert_eq!(parse_reply(br#"{"choices":[]}"#).err().as_deref(), Some("no choices in the provider's reply"));
+        assert_eq!(parse_reply(br#"{"choices":[{}]}"#).err().as_deref(), Some("no message in the provider's reply"));
+        assert!(parse_reply(b"not json").is_err());
     }
 
     #[test]

@@ -248,11 +248,11 @@ impl UpstreamClient {
         })
         .await
         .map_err(|_| UpstreamError::Timeout)??;
-        let body: Value = serde_json::from_slice(&body).map_err(|error| UpstreamError::Decode(error.to_string()))?;
+        let tree = || serde_json::from_slice::<Value>(&body).map_err(|error| error.to_string());
         let reply = match target.provider.format {
             WireFormat::OpenAi => openai::parse_reply(&body),
-            WireFormat::Anthropic => anthropic::parse_reply(&body),
-            WireFormat::Gemini => gemini::parse_reply(&body, target.model),
+            WireFormat::Anthropic => tree().and_then(|body| anthropic::parse_reply(&body)),
+            WireFormat::Gemini => tree().and_then(|body| gemini::parse_reply(&body, target.model)),
         };
         reply.map_err(UpstreamError::Decode)
     }
