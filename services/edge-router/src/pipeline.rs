@@ -31,6 +31,14 @@ use crate::reply_guard::{GuardReport, ReplyGuard, ToolVerdict};
 use crate::routing_cache::route_options;
 use crate::sandbox;
 
+/// Sets header `$name` (a literal, made a `HeaderName` at compile time) to `$value` when the value
+/// is a valid header value.
+macro_rules! set {
+    ($headers:expr, $name:literal, $value:expr $(,)?) => {
+        put($headers, const { HeaderName::from_static($name) }, $value)
+    };
+}
+
 /// The client format a request arrived in, and must be answered in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ClientFormat {
@@ -81,7 +89,7 @@ async fn budget_context(state: &EdgeState, caller: &Caller, request_headers: &He
 
 fn budget_headers(headers: &mut HeaderMap, remaining: &RemainingView) {
     for (name, value) in remaining.headers() {
-        set(headers, name, &value);
+        put(headers, HeaderName::from_static(name), &value);
     }
 }
 
@@ -300,11 +308,10 @@ fn seal(
         guardian_headers.push((HeaderName::from_static("x-br-guardian-status"), facts.guardian_status.to_string()));
         guardian_headers.push((HeaderName::from_static("x-br-guardian-overhead-ms"), milliseconds(facts.guardian_overhead)));
     }
-    let mut evidence = vec![
-        ("x-br-explain", request_id.0.clone()),
-        ("x-br-verdict-id", format!("vrd_{}", request_id.0.trim_start_matches("req_"))),
-        ("traceparent", traceparent),
-    ];
+    let mut evidence = Vec::with_capacity(6);
+    evidence.push((const { HeaderName::from_static("x-br-explain") }, request_id.0.clone()));
+    evidence.push((const { HeaderName::from_static("x-br-verdict-id") }, format!("vrd_{}", request_id.0.trim_start_matches("req_"))));
+    evidence.push((const { HeaderName::from_static("traceparent") }, traceparent));
     match facts.stream_evidence.take() {
         // A stream's record is completed (tokens, cost, how it ended) and submitted when the stream
         // ends; its commitment then travels as a trailing SSE comment.
@@ -320,15 +327,15 @@ fn seal(
                     return Err(ApiError::unavailable("audit_unavailable", format!("audit evidence cannot be recorded: {error}")));
                 }
             };
-            evidence.push(("x-br-evidence-receipt", format!("sha256:{commitment}")));
-            evidence.push(("x-br-audit-hash", commitment));
-            evidence.push(("x-br-evidence-coverage", coverage.to_string()));
+            evidence.push((const { HeaderName::from_static("x-br-evidence-receipt") }, format!("sha256:{commitment}")));
+            evidence.push((const { HeaderName::from_static("x-br-audit-hash") }, commitment));
+            evidence.push((const { HeaderName::from_static("x-br-evidence-coverage") }, coverage.to_string()));
         }
     }
     match result {
         Ok(mut response) => {
             for (name, value) in evidence {
-                set(response.headers_mut(), name, &value);
+                put(response.headers_mut(), name, &value);
             }
             for (name, value) in guardian_headers {
                 if let Ok(value) = HeaderValue::from_str(&value) {
@@ -339,7 +346,7 @@ fn seal(
         }
         Err(mut error) => {
             for (name, value) in evidence {
-                error.push_header(HeaderName::from_static(name), &value);
+                error.push_header(name, &value);
             }
             for (name, value) in guardian_headers {
                 error.push_header(name, &value);
@@ -529,7 +536,7 @@ async fn complete_inner(
         };
         let provider_started = Instant::now();
         let mut headers = route_headers(&route, candidate, &failures, &chat);
-        set(&mut headers, "x-br-routing-overhead-ms", &milliseconds(routing_overhead));
+        set!(&mut headers, "x-br-routing-overhead-ms", &milliseconds(routing_overhead));
         let outcome = if chat.stream {
             state.upstream.stream(&target, &chat).await.map(Ok)
         } else {
@@ -538,7 +545,7 @@ async fn complete_inner(
         let provider_latency = provider_started.elapsed();
         facts.model_executed = candidate.id();
         facts.provider = candidate.provider.id.to_string();
-        set(&mut headers, "x-br-provider-latency-ms", &milliseconds(provider_latency));
+        set!(&mut headers, "x-br-provider-latency-ms", &milliseconds(provider_latency));
         match outcome {
             Ok(Ok(events)) => {
                 budget_headers(&mut headers, reservation.remaining());
@@ -567,7 +574,7 @@ async fn complete_inner(
                     Err(error) => tracing::error!(%error, "settling a completion failed; the reservation stays counted"),
                 }
                 guard_whole_reply(state, tenant_id, reply_guard.as_ref(), guardian_off, &mut reply, facts).await?;
-                set(&mut headers, "x-br-total-latency-ms", &milliseconds(started.elapsed()));
+                set!(&mut headers, "x-br-total-latency-ms", &milliseconds(started.elapsed()));
                 return Ok(reply_response(reply, headers, candidate, &route, reply_id, format));
             }
             Err(error) => {
@@ -643,9 +650,10 @@ fn milliseconds(duration: std::time::Duration) -> String {
     format!("{:.3}", duration.as_secs_f64() * 1000.0)
 }
 
-fn set(headers: &mut HeaderMap, name: &'static str, value: &str) {
+/// Sets header `name` to `value` when `value` is a valid header value.
+fn put(headers: &mut HeaderMap, name: HeaderName, value: &str) {
     if let Ok(value) = HeaderValue::from_str(value) {
-        headers.insert(HeaderName::from_static(name), value);
+        headers.insert(name, value);
     }
 }
 
@@ -667,37 +675,37 @@ fn route_headers(route: &Route, candidate: &Candidate, failures: &[(String, Upst
     // once instead of growing the map three times.
     let mut headers = HeaderMap::with_capacity(32);
     let routed = candidate.id();
-    set(&mut headers, "x-br-routed-model", &routed);
+    set!(&mut headers, "x-br-routed-model", &routed);
     if let Some(first) = route.candidates.first() {
-        set(&mut headers, "x-br-resolved-model", &first.id());
+        set!(&mut headers, "x-br-resolved-model", &first.id());
     }
-    set(&mut headers, "x-br-upstream-model", &candidate.model);
-    set(&mut headers, "x-br-selection-method", route.method.as_str());
-    set(&mut headers, "x-br-route-reason", &route.reason);
-    set(&mut headers, "x-br-models-considered", &route.candidates.len().to_string());
-    set(&mut headers, "x-model-router-endpoint", candidate.provider.id);
+    set!(&mut headers, "x-br-upstream-model", &candidate.model);
+    set!(&mut headers, "x-br-selection-method", route.method.as_str());
+    set!(&mut headers, "x-br-route-reason", &route.reason);
+    set!(&mut headers, "x-br-models-considered", &route.candidates.len().to_string());
+    set!(&mut headers, "x-model-router-endpoint", candidate.provider.id);
     if let Some(entry) = &candidate.entry {
-        set(&mut headers, "x-br-quality-tier", &entry.tier.to_string());
+        set!(&mut headers, "x-br-quality-tier", &entry.tier.to_string());
         deprecation_headers(&mut headers, entry);
     }
     if let Some((tier, score)) = route.complexity {
-        set(&mut headers, "x-br-complexity-level", &tier.to_string());
-        set(&mut headers, "x-br-complexity-score", &score.to_string());
+        set!(&mut headers, "x-br-complexity-level", &tier.to_string());
+        set!(&mut headers, "x-br-complexity-score", &score.to_string());
     }
     if let (true, Some(estimate)) = (chat.model != "auto", candidate.estimated_cost) {
-        set(&mut headers, "x-br-estimated-cost", &dollars(estimate));
+        set!(&mut headers, "x-br-estimated-cost", &dollars(estimate));
         let usage = routing::estimate_usage(chat, candidate.entry.as_ref());
-        set(
+        set!(
             &mut headers,
             "x-br-estimated-cost-basis",
             &format!("input~{} tokens, output<={} tokens", usage.input_tokens, usage.output_tokens),
         );
     }
     if let Some((first_failed, _)) = failures.first() {
-        set(&mut headers, "x-br-failover-from", first_failed);
+        set!(&mut headers, "x-br-failover-from", first_failed);
         let mut path: Vec<&str> = failures.iter().map(|(model, _)| model.as_str()).collect();
         path.push(&routed);
-        set(&mut headers, "x-br-failover-path", &path.join(","));
+        set!(&mut headers, "x-br-failover-path", &path.join(","));
     }
     headers
 }
@@ -709,15 +717,15 @@ fn deprecation_headers(headers: &mut HeaderMap, entry: &Model) {
     if let Some(replacement) = &deprecation.replacement {
         notice.push_str(&format!("; use {replacement}"));
     }
-    set(headers, "x-br-deprecation", &notice);
+    set!(headers, "x-br-deprecation", &notice);
     let midnight = |date: &str| {
         chrono::NaiveDate::parse_from_str(date, "%Y-%m-%d").ok().and_then(|day| day.and_hms_opt(0, 0, 0)).map(|time| time.and_utc())
     };
     if let Some(deprecated_at) = midnight(&deprecation.date) {
-        set(headers, "deprecation", &format!("@{}", deprecated_at.timestamp()));
+        set!(headers, "deprecation", &format!("@{}", deprecated_at.timestamp()));
     }
     if let Some(sunset) = midnight(&deprecation.sunset) {
-        set(headers, "sunset", &sunset.format("%a, %d %b %Y %H:%M:%S GMT").to_string());
+        set!(headers, "sunset", &sunset.format("%a, %d %b %Y %H:%M:%S GMT").to_string());
     }
 }
 
@@ -737,9 +745,9 @@ fn reply_response(
     reply.model = candidate.id();
     let cost = price_of(candidate).map(|price| price.cost(reply.usage));
     if let Some(cost) = cost {
-        set(&mut headers, "x-br-actual-cost", &dollars(cost));
+        set!(&mut headers, "x-br-actual-cost", &dollars(cost));
         if let Some(ratio) = candidate.estimated_cost.and_then(|estimate| efficiency(cost, estimate)) {
-            set(&mut headers, "x-br-efficiency", &ratio);
+            set!(&mut headers, "x-br-efficiency", &ratio);
         }
     }
     answer(&reply, headers, format, cost.map_or(Value::Null, Usd::to_json), &route.strategy)
@@ -761,15 +769,15 @@ fn answer(reply: &ChatReply, headers: HeaderMap, format: ClientFormat, cost_usd:
 async fn sandbox_response(chat: &ChatRequest, id: String, format: ClientFormat, started: Instant, reservation: Reservation) -> Response {
     let reply = sandbox::sandbox_reply(chat, id);
     let mut headers = HeaderMap::new();
-    set(&mut headers, "x-br-routed-model", routing::SANDBOX_MODEL);
-    set(&mut headers, "x-br-resolved-model", routing::SANDBOX_MODEL);
-    set(&mut headers, "x-br-selection-method", "sandbox");
-    set(&mut headers, "x-br-route-reason", "no provider key registered: served by the sandbox model");
+    set!(&mut headers, "x-br-routed-model", routing::SANDBOX_MODEL);
+    set!(&mut headers, "x-br-resolved-model", routing::SANDBOX_MODEL);
+    set!(&mut headers, "x-br-selection-method", "sandbox");
+    set!(&mut headers, "x-br-route-reason", "no provider key registered: served by the sandbox model");
     if chat.model != "auto" {
-        set(&mut headers, "x-br-estimated-cost", "0.000000");
+        set!(&mut headers, "x-br-estimated-cost", "0.000000");
     }
-    set(&mut headers, "x-br-actual-cost", "0.000000");
-    set(&mut headers, "x-br-total-latency-ms", &milliseconds(started.elapsed()));
+    set!(&mut headers, "x-br-actual-cost", "0.000000");
+    set!(&mut headers, "x-br-total-latency-ms", &milliseconds(started.elapsed()));
     if chat.stream {
         budget_headers(&mut headers, reservation.remaining());
         let events = futures::stream::iter(reply_events(&reply).into_iter().map(Ok)).boxed();
