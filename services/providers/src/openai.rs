@@ -332,99 +332,229 @@ impl StreamWriter {
 }
 
 /// The body sent to an OpenAI-family provider.
-pub fn build_request(request: &ChatRequest, upstream_model: &str) -> Value {
-    let mut messages = Vec::new();
+pub fn build_request<'a>(request: &'a ChatRequest, upstream_model: &'a str) -> outgoing::Request<'a> {
+    use outgoing::{Call, Choice, ContentPart, FunctionName, ImageUrl, Message as Out, Tool as OutTool, ToolFunction, UserContent};
+    let mut messages = Vec::with_capacity(request.messages.len() + 1);
     if let Some(system) = &request.system {
-        messages.push(json!({"role": "system", "content": system}));
+        messages.push(Out::System { content: system });
     }
     for message in &request.messages {
         match message.role {
-            Role::User => messages.push(json!({"role": "user", "content": user_content(&message.parts)})),
+            Role::User => {
+                let content = if message.parts.iter().all(|part| matches!(part, Part::Text(_))) {
+                    UserContent::Text(joined_text(&message.parts))
+                } else {
+                    UserContent::Parts(
+                        message
+                            .parts
+                            .iter()
+                            .filter_map(|part| match part {
+                                Part::Text(text) => Some(ContentPart::Text { text }),
+                                Part::Image { url } => Some(ContentPart::ImageUrl { image_url: ImageUrl { url } }),
+                                _ => None,
+                            })
+                            .collect(),
+                    )
+                };
+                messages.push(Out::User { content });
+            }
             Role::Assistant => {
-                let text = message.text();
-                let calls: Vec<Value> = message
+                let text = joined_text(&message.parts);
+                let tool_calls: Vec<Call<'_>> = message
                     .parts
                     .iter()
                     .filter_map(|part| match part {
-                        Part::ToolCall { id, name, arguments } => {
-                            Some(json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}}))
-                        }
+                        Part::ToolCall { id, name, arguments } => Some(Call::function(id, name, arguments)),
                         _ => None,
                     })
                     .collect();
-                let mut assistant =
-                    json!({"role": "assistant", "content": if text.is_empty() && !calls.is_empty() { Value::Null } else { json!(text) }});
-                if let (false, Some(object)) = (calls.is_empty(), assistant.as_object_mut()) {
-                    object.insert("tool_calls".to_string(), json!(calls));
-                }
-                messages.push(assistant);
+                let content = if text.is_empty() && !tool_calls.is_empty() { None } else { Some(text) };
+                messages.push(Out::Assistant { content, tool_calls });
             }
             Role::Tool => {
                 for part in &message.parts {
                     if let Part::ToolResult { call_id, content, .. } = part {
-                        messages.push(json!({"role": "tool", "tool_call_id": call_id, "content": content}));
+                        messages.push(Out::Tool { tool_call_id: call_id, content });
                     }
                 }
             }
         }
     }
-    let mut body = Map::new();
-    body.insert("model".to_string(), json!(upstream_model));
-    body.insert("messages".to_string(), json!(messages));
-    if !request.tools.is_empty() {
-        let tools: Vec<Value> = request
+    outgoing::Request {
+        model: upstream_model,
+        messages,
+        tools: request
             .tools
             .iter()
-            .map(|tool| json!({"type": "function", "function": {"name": tool.name, "description": tool.description, "parameters": tool.parameters}}))
-            .collect();
-        body.insert("tools".to_string(), json!(tools));
-    }
-    if let Some(choice) = &request.tool_choice {
-        let choice = match choice {
-            ToolChoice::Auto => json!("auto"),
-            ToolChoice::None => json!("none"),
-            ToolChoice::Required => json!("required"),
-            ToolChoice::Named(name) => json!({"type": "function", "function": {"name": name}}),
-        };
-        body.insert("tool_choice".to_string(), choice);
-    }
-    if let Some(max_tokens) = request.max_tokens {
-        body.insert("max_tokens".to_string(), json!(max_tokens));
-    }
-    if let Some(temperature) = request.temperature {
-        body.insert("temperature".to_string(), json!(temperature));
-    }
-    if let Some(top_p) = request.top_p {
-        body.insert("top_p".to_string(), json!(top_p));
-    }
-    if !request.stop.is_empty() {
-        body.insert("stop".to_string(), json!(request.stop));
-    }
-    if let Some(user) = &request.user {
-        body.insert("user".to_string(), json!(user));
-    }
-    if request.stream {
-        body.insert("stream".to_string(), json!(true));
+            .map(|tool| OutTool {
+                kind: "function",
+                function: ToolFunction { name: &tool.name, description: tool.description.as_deref(), parameters: &tool.parameters },
+            })
+            .collect(),
+        tool_choice: request.tool_choice.as_ref().map(|choice| match choice {
+            ToolChoice::Auto => Choice::Mode("auto"),
+            ToolChoice::None => Choice::Mode("none"),
+            ToolChoice::Required => Choice::Mode("required"),
+            ToolChoice::Named(name) => Choice::Named { kind: "function", function: FunctionName { name } },
+        }),
+        max_tokens: request.max_tokens,
+        temperature: request.temperature,
+        top_p: request.top_p,
+        stop: &request.stop,
+        user: request.user.as_deref(),
+        stream: request.stream,
         // Always ask for usage: the gateway prices every stream.
-        body.insert("stream_options".to_string(), json!({"include_usage": true}));
+        stream_options: request.stream.then_some(outgoing::StreamOptions { include_usage: true }),
     }
-    Value::Object(body)
 }
 
-fn user_content(parts: &[Part]) -> Value {
-    let only_text = parts.iter().all(|part| matches!(part, Part::Text(_)));
-    if only_text {
-        return json!(Message { role: Role::User, parts: parts.to_vec() }.text());
+/// The text parts of a message, joined by newlines (as `Message::text`): borrowed when there is one.
+fn joined_text(parts: &[Part]) -> Cow<'_, str> {
+    let mut texts = parts.iter().filter_map(|part| match part {
+        Part::Text(text) => Some(text.as_str()),
+        Part::ToolResult { content, .. } => Some(content.as_str()),
+        Part::Image { .. } | Part::ToolCall { .. } => None,
+    });
+    let Some(first) = texts.next() else { return Cow::Borrowed("") };
+    match texts.next() {
+        None => Cow::Borrowed(first),
+        Some(second) => {
+            let mut joined = format!("{first}\n{second}");
+            for text in texts {
+                joined.push('\n');
+                joined.push_str(text);
+            }
+            Cow::Owned(joined)
+        }
     }
-    let items: Vec<Value> = parts
-        .iter()
-        .filter_map(|part| match part {
-            Part::Text(text) => Some(json!({"type": "text", "text": text})),
-            Part::Image { url } => Some(json!({"type": "image_url", "image_url": {"url": url}})),
-            _ => None,
-        })
-        .collect();
-    json!(items)
+}
+
+/// A chat completions request as it goes to a provider, serialized straight from the neutral request
+/// (no JSON tree in between: this is on every routed request).
+pub mod outgoing {
+    use std::borrow::Cow;
+
+    use serde::Serialize;
+    use serde_json::Value;
+
+    #[derive(Debug, Serialize)]
+    pub struct Request<'a> {
+        pub model: &'a str,
+        pub messages: Vec<Message<'a>>,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        pub tools: Vec<Tool<'a>>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub tool_choice: Option<Choice<'a>>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub max_tokens: Option<u32>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub temperature: Option<f64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub top_p: Option<f64>,
+        #[serde(skip_serializing_if = "<[String]>::is_empty")]
+        pub stop: &'a [String],
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub user: Option<&'a str>,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        pub stream: bool,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub stream_options: Option<StreamOptions>,
+    }
+
+    #[derive(Debug, Serialize)]
+    pub struct StreamOptions {
+        pub include_usage: bool,
+    }
+
+    #[derive(Debug, Serialize)]
+    #[serde(tag = "role", rename_all = "lowercase")]
+    pub enum Message<'a> {
+        System {
+            content: &'a str,
+        },
+        User {
+            content: UserContent<'a>,
+        },
+        Assistant {
+            content: Option<Cow<'a, str>>,
+            #[serde(skip_serializing_if = "Vec::is_empty")]
+            tool_calls: Vec<Call<'a>>,
+        },
+        Tool {
+            tool_call_id: &'a str,
+            content: &'a str,
+        },
+    }
+
+    #[derive(Debug, Serialize)]
+    #[serde(untagged)]
+    pub enum UserContent<'a> {
+        Text(Cow<'a, str>),
+        Parts(Vec<ContentPart<'a>>),
+    }
+
+    #[derive(Debug, Serialize)]
+    #[serde(tag = "type", rename_all = "snake_case")]
+    pub enum ContentPart<'a> {
+        Text { text: &'a str },
+        ImageUrl { image_url: ImageUrl<'a> },
+    }
+
+    #[derive(Debug, Serialize)]
+    pub struct ImageUrl<'a> {
+        pub url: &'a str,
+    }
+
+    #[derive(Debug, Serialize)]
+    pub struct Call<'a> {
+        pub id: &'a str,
+        #[serde(rename = "type")]
+        pub kind: &'static str,
+        pub function: CallFunction<'a>,
+    }
+
+    impl<'a> Call<'a> {
+        /// A function call with its arguments as JSON text.
+        pub fn function(id: &'a str, name: &'a str, arguments: &'a str) -> Self {
+            Call { id, kind: "function", function: CallFunction { name, arguments } }
+        }
+    }
+
+    #[derive(Debug, Serialize)]
+    pub struct CallFunction<'a> {
+        pub name: &'a str,
+        pub arguments: &'a str,
+    }
+
+    #[derive(Debug, Serialize)]
+    pub struct Tool<'a> {
+        #[serde(rename = "type")]
+        pub kind: &'static str,
+        pub function: ToolFunction<'a>,
+    }
+
+    #[derive(Debug, Serialize)]
+    pub struct ToolFunction<'a> {
+        pub name: &'a str,
+        pub description: Option<&'a str>,
+        pub parameters: &'a Value,
+    }
+
+    #[derive(Debug, Serialize)]
+    #[serde(untagged)]
+    pub enum Choice<'a> {
+        Mode(&'static str),
+        Named {
+            #[serde(rename = "type")]
+            kind: &'static str,
+            function: FunctionName<'a>,
+        },
+    }
+
+    #[derive(Debug, Serialize)]
+    pub struct FunctionName<'a> {
+        pub name: &'a str,
+    }
 }
 
 /// Reads a provider's `chat.completion` from its body: straight into the reply, without a JSON tree
@@ -688,13 +818,56 @@ mod tests {
         });
         let request = parse_request(&body)?;
         assert_eq!(request.tool_choice, Some(ToolChoice::Named("weather".to_string())));
-        let built = build_request(&request, "gpt-4o");
+        let built = serde_json::to_value(build_request(&request, "gpt-4o")).unwrap_or_default();
         assert_eq!(built["messages"][0], json!({"role": "system", "content": "sys"}));
         assert_eq!(built["messages"][2]["tool_calls"][0]["function"]["arguments"], "{\"city\":\"Oslo\"}");
         assert_eq!(built["messages"][3], json!({"role": "tool", "tool_call_id": "call_1", "content": "rainy"}));
         assert_eq!(built["stream_options"], json!({"include_usage": true}));
         assert_eq!(parse_request(&built)?.messages, request.messages);
         Ok(())
+    }
+
+    #[test]
+    fn upstream_requests_serialize_exactly() {
+        let request = ChatRequest {
+            model: "openai/gpt-4o-mini".to_string(),
+            system: Some("be brief".to_string()),
+            messages: vec![
+                Message { role: Role::User, parts: vec![Part::Text("one".to_string()), Part::Text("two".to_string())] },
+                Message { role: Role::Assistant, parts: vec![Part::Text("sure".to_string())] },
+                Message { role: Role::User, parts: vec![Part::Text("again".to_string())] },
+            ],
+            tools: vec![Tool { name: "f".to_string(), description: None, parameters: json!({"type": "object"}) }],
+            tool_choice: Some(ToolChoice::Required),
+            max_tokens: Some(16),
+            temperature: Some(0.5),
+            stop: vec!["END".to_string()],
+            user: Some("u-1".to_string()),
+            ..ChatRequest::default()
+        };
+        let built = serde_json::to_value(build_request(&request, "gpt-4o-mini")).unwrap_or_default();
+        assert_eq!(
+            built,
+            json!({
+                "model": "gpt-4o-mini",
+                "messages": [
+                    {"role": "system", "content": "be brief"},
+                    {"role": "user", "content": "one\ntwo"},
+                    {"role": "assistant", "content": "sure"},
+                    {"role": "user", "content": "again"}
+                ],
+                "tools": [{"type": "function", "function": {"name": "f", "description": null, "parameters": {"type": "object"}}}],
+                "tool_choice": "required",
+                "max_tokens": 16,
+                "temperature": 0.5,
+                "stop": ["END"],
+                "user": "u-1"
+            })
+        );
+        let minimal = ChatRequest { tools: Vec::new(), tool_choice: None, stop: Vec::new(), user: None, temperature: None, ..request };
+        let built = serde_json::to_value(build_request(&minimal, "m")).unwrap_or_default();
+        let keys: Vec<&String> = built.as_object().map(|object| object.keys().collect()).unwrap_or_default();
+        assert_eq!(keys, ["max_tokens", "messages", "model"], "nothing unset is sent");
     }
 
     #[test]

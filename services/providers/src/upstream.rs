@@ -219,16 +219,17 @@ impl UpstreamClient {
     fn request(&self, target: &Target<'_>, chat: &ChatRequest) -> Result<Request<Full<Bytes>>, UpstreamError> {
         let base = target.base_url.trim_end_matches('/');
         let (url, body) = match target.provider.format {
-            WireFormat::OpenAi => (format!("{base}/chat/completions"), openai::build_request(chat, target.model)),
-            WireFormat::Anthropic => {
-                (format!("{base}/v1/messages"), anthropic::build_request(chat, target.model, target.default_max_tokens))
-            }
+            WireFormat::OpenAi => (format!("{base}/chat/completions"), serde_json::to_vec(&openai::build_request(chat, target.model))),
+            WireFormat::Anthropic => (
+                format!("{base}/v1/messages"),
+                serde_json::to_vec(&anthropic::build_request(chat, target.model, target.default_max_tokens)),
+            ),
             WireFormat::Gemini => {
                 let method = if chat.stream { "streamGenerateContent?alt=sse" } else { "generateContent" };
-                (format!("{base}/v1beta/models/{}:{method}", target.model), gemini::build_request(chat))
+                (format!("{base}/v1beta/models/{}:{method}", target.model), serde_json::to_vec(&gemini::build_request(chat)))
             }
         };
-        let body = serde_json::to_vec(&body).map_err(|error| UpstreamError::Decode(error.to_string()))?;
+        let body = body.map_err(|error| UpstreamError::Decode(error.to_string()))?;
         outgoing(Method::POST, self.endpoint(url)?, target.provider, target.api_key, Some(body))
     }
 
