@@ -128,9 +128,25 @@ class Bench:
             "p99_ms": (percentiles.get("p99") or 0) * 1000,
         }
 
+    def settle(self, pid, window=0.2, timeout=20.0):
+        """Waits until process `pid` is idle (at most one clock tick of CPU in a `window`): the chain
+        and the ledger have caught up with the requests before, so a phase neither inherits the
+        previous phase's backlog nor leaves its own uncounted."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            before = cpu_seconds(pid)
+            time.sleep(window)
+            if cpu_seconds(pid) - before <= 1.0 / CLOCK_TICKS:
+                return
+        log(f"process {pid} still busy after {timeout:.0f} s: the phase's figures include only that much of its tail")
+
     def measured(self, pid, run):
+        """`run`'s result with the CPU per successful request of process `pid`, counted from an idle
+        process until it is idle again (the work each request leaves behind is its own)."""
+        self.settle(pid)
         before = cpu_seconds(pid)
         result = run()
+        self.settle(pid)
         spent = cpu_seconds(pid) - before
         result["gateway_cpu_us_per_request"] = round(spent / result["ok"] * 1e6, 1) if result.get("ok") else None
         return result
@@ -239,11 +255,13 @@ class Bench:
         log("phase d: streaming, time to first and last byte")
         stream_body = dict(routed, stream=True)
         phases["d_stream_direct"] = self.stream_timings(mock, "/v1/chat/completions", PROVIDER_KEY, dict(body, stream=True), args.streams)
+        self.settle(gateway.pid)
         phases["d_stream_gateway"] = self.stream_timings(base, "/v1/chat/completions", minimal_key, stream_body, args.streams)
         log("phase e: the guardian stages added one at a time to the minimal pipeline")
         full_body = dict(routed, **guardian["body"])
         at_2000 = lambda key, request: self.measured(gateway.pid, lambda: self.oha(gateway_url, key, request, duration=args.seconds, connections=32, rate=2000))
         phases["e_minimal_gateway"] = at_2000(minimal_key, routed)
+        self.settle(gateway.pid)
         minimal_overhead = self.guardian_overhead(base, minimal_key, routed, 200)
         phases["e_budget_gateway"] = at_2000(full_key, routed)
         call(f"{base}/v1/guardrails/config", {"enabled": True, "mode": "block"}, key, method="PUT")
