@@ -23,6 +23,8 @@ crate::grpc::service_contract! {
     methods {
         /// Chains one record idempotently (the consumer's path, for an edge without a shared bus).
         fn record_audit(AuditRecord) -> RecordAuditResponse;
+        /// Chains records idempotently, each tenant's in the order given; refused whole when one is invalid.
+        fn record_audit_batch(AuditRecordBatch) -> RecordAuditBatchResponse;
         /// Recomputes a tenant's chain: the first broken link and per-row provenance checks.
         fn verify_chain(VerifyChainRequest) -> ChainReport;
         /// One page of the chain as JSON lines.

@@ -46,5 +46,7 @@ crate::grpc::service_contract! {
         fn get_current_totals(CurrentTotalsRequest) -> CurrentTotals;
         /// Records one budget event idempotently (the consumer's path, for edges without a shared bus).
         fn record_event(BudgetEvent) -> RecordEventResponse;
+        /// Records budget events idempotently, settlements in one transaction; refused whole when one is invalid.
+        fn record_events(BudgetEventBatch) -> RecordEventsResponse;
     }
 }

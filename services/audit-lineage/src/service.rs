@@ -360,6 +360,34 @@ impl AuditLineageService for AuditLineageServiceImpl {
         })
     }
 
+    async fn record_audit_batch(&self, request: AuditRecordBatch) -> ServiceResult<RecordAuditBatchResponse> {
+        for (index, record) in request.records.iter().enumerate() {
+            validate_record(record).map_err(|error| ServiceError::invalid(error.reason, format!("records[{index}]: {}", error.message)))?;
+        }
+        // Each tenant's records in the order given (tenants in the order they first appear), one
+        // append per tenant; the results go back in the batch's order.
+        let mut tenants: Vec<(&str, Vec<usize>)> = Vec::new();
+        for (index, record) in request.records.iter().enumerate() {
+            match tenants.iter_mut().find(|(tenant_id, _)| *tenant_id == record.tenant_id) {
+                Some((_, indexes)) => indexes.push(index),
+                None => tenants.push((&record.tenant_id, vec![index])),
+            }
+        }
+        let mut results = vec![RecordAuditResponse::default(); request.records.len()];
+        for (tenant_id, indexes) in tenants {
+            let records: Vec<AuditRecord> = indexes.iter().map(|index| request.records[*index].clone()).collect();
+            for (index, appended) in indexes.into_iter().zip(self.append_batch(tenant_id, &records).await?) {
+                results[index] = match appended {
+                    Appended::Chained { sequence, hash, commitment } => RecordAuditResponse { recorded: true, sequence, hash, commitment },
+                    Appended::Duplicate { sequence, hash, commitment } => {
+                        RecordAuditResponse { recorded: false, sequence, hash, commitment }
+                    }
+                };
+            }
+        }
+        Ok(RecordAuditBatchResponse { results })
+    }
+
     async fn verify_chain(&self, request: VerifyChainRequest) -> ServiceResult<ChainReport> {
         let tenant_id = required("tenant_id", &request.tenant_id)?;
         let max_checks = request.max_provenance_checks.unwrap_or(DEFAULT_PROVENANCE_CHECKS).min(MAX_PROVENANCE_CHECKS);

@@ -114,3 +114,37 @@ async fn calls_and_errors_cross_the_grpc_hop_intact() -> TestResult {
     assert_eq!((invalid.kind, invalid.reason.as_str()), (ErrorKind::InvalidArgument, "invalid_strategy"));
     Ok(())
 }
+
+#[tokio::test]
+async fn a_batch_chains_each_tenant_in_order_across_the_hop() -> TestResult {
+    let audit = remote_audit().await?;
+    let (first_tenant, second_tenant) = (uuid::Uuid::new_v4().to_string(), uuid::Uuid::new_v4().to_string());
+    let a1 = record(&first_tenant, "a7ad6b7169203331", None);
+    let b1 = record(&second_tenant, "b7ad6b7169203331", None);
+    let a2 = record(&first_tenant, "a7ad6b7169203332", None);
+    let already = audit.record_audit(a1.clone()).await?;
+    assert_eq!(already.sequence, 1);
+
+    // A redelivered record, another tenant's, and a new one: results in the batch's order.
+    let batch = AuditRecordBatch { records: vec![a1.clone(), b1.clone(), a2.clone()] };
+    let results = audit.record_audit_batch(batch).await?.results;
+    assert_eq!(results.len(), 3);
+    assert!(!results[0].recorded && results[0].sequence == 1 && results[0].hash == already.hash, "a duplicate keeps its place");
+    assert!(results[1].recorded && results[1].sequence == 1 && results[1].commitment == commitment(&b1));
+    assert!(results[2].recorded && results[2].sequence == 2 && results[2].commitment == commitment(&a2));
+    for tenant_id in [&first_tenant, &second_tenant] {
+        let report = audit.verify_chain(VerifyChainRequest { tenant_id: tenant_id.clone(), max_provenance_checks: None }).await?;
+        assert!(report.valid, "{report:?}");
+    }
+
+    // One invalid record refuses the whole batch, naming it; nothing of it is chained.
+    let mut invalid = record(&first_tenant, "a7ad6b7169203333", None);
+    invalid.occurred_at = "yesterday".to_string();
+    let a3 = record(&first_tenant, "a7ad6b7169203334", None);
+    let error = audit.record_audit_batch(AuditRecordBatch { records: vec![a3, invalid] }).await.err().ok_or("must be refused")?;
+    assert_eq!(error.kind, ErrorKind::InvalidArgument);
+    assert!(error.message.contains("records[1]"), "{}", error.message);
+    let report = audit.verify_chain(VerifyChainRequest { tenant_id: first_tenant.clone(), max_provenance_checks: None }).await?;
+    assert_eq!(report.checked, 2);
+    Ok(())
+}

@@ -17,7 +17,7 @@ use brainstorm_audit_lineage::{
 };
 use brainstorm_budget_ledger::{BudgetGuard, BudgetLedgerOptions, BudgetLedgerServiceImpl, spawn_settlement_consumer};
 use brainstorm_catalog::{CatalogOptions, CatalogServiceImpl};
-use brainstorm_common::bus::{EventBus, InProcessBus, select_broadcast_bus, select_bus};
+use brainstorm_common::bus::{EventBus, InProcessBus, next_batch, select_broadcast_bus, select_bus};
 use brainstorm_common::config::{ServiceName, Settings};
 use brainstorm_common::outbox::MailOutbox;
 use brainstorm_common::store::Database;
@@ -356,7 +356,13 @@ fn audit_service(database: Database, master_key: &MasterKey) -> anyhow::Result<A
     Ok(AuditLineageServiceImpl::new(database, AuditLineageOptions::new(signer)))
 }
 
-/// Relays audit records from this process's bus to a remote audit-lineage.
+/// Most audit records relayed in one call.
+const RELAY_BATCH: usize = 256;
+
+/// Relays audit records from this process's bus to a remote audit-lineage in batches (whatever waits
+/// when the previous call returns, up to `RELAY_BATCH`: no linger, so a lone record goes at once),
+/// each tenant's in order. A batch refused as invalid goes again record by record, so only the invalid
+/// records are skipped.
 async fn forward_audit_records(bus: Arc<dyn EventBus>, chain: AuditLineageClient) {
     use prost::Message;
     let mut subscription = match bus.subscribe(audit::AUDIT_RECORDS_TOPIC, "audit-forwarder").await {
@@ -366,32 +372,58 @@ async fn forward_audit_records(bus: Arc<dyn EventBus>, chain: AuditLineageClient
             return;
         }
     };
-    while let Ok(delivery) = subscription.next().await {
-        let Ok(record) = audit::AuditRecord::decode(delivery.message().payload.clone()) else {
-            tracing::warn!("skipping an undecodable audit record");
-            delivery.ack();
-            continue;
-        };
-        let mut backoff = Duration::from_millis(100);
-        loop {
-            match chain.record_audit(record.clone()).await {
-                Ok(_) => break,
-                Err(error) if error.kind == brainstorm_proto::ErrorKind::InvalidArgument => {
-                    tracing::warn!(%error, "audit-lineage refused a record");
-                    break;
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "audit-lineage unreachable; retrying the record");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(10));
-                }
+    while let Ok(deliveries) = next_batch(subscription.as_mut(), RELAY_BATCH, Duration::ZERO).await {
+        let mut records = Vec::with_capacity(deliveries.len());
+        for delivery in &deliveries {
+            match audit::AuditRecord::decode(delivery.message().payload.clone()) {
+                Ok(record) => records.push(record),
+                Err(_) => tracing::warn!("skipping an undecodable audit record"),
             }
         }
-        delivery.ack();
+        relay_audit_records(&chain, records).await;
+        for delivery in deliveries {
+            delivery.ack();
+        }
     }
 }
 
-/// Relays settlements from this process's bus to a remote budget-ledger.
+/// Chains `records` remotely; a batch refused as invalid goes again record by record.
+async fn relay_audit_records(chain: &AuditLineageClient, records: Vec<audit::AuditRecord>) {
+    if records.is_empty()
+        || delivered("audit-lineage", || chain.record_audit_batch(audit::AuditRecordBatch { records: records.clone() })).await
+    {
+        return;
+    }
+    for record in records {
+        delivered("audit-lineage", || chain.record_audit(record.clone())).await;
+    }
+}
+
+/// Calls `send` until the service takes the call (true) or refuses it as invalid (false, logged),
+/// pausing with a doubling backoff while the service is unreachable.
+async fn delivered<T, Call>(service: &str, mut send: impl FnMut() -> Call) -> bool
+where
+    Call: std::future::Future<Output = Result<T, brainstorm_proto::ServiceError>>,
+{
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match send().await {
+            Ok(_) => return true,
+            Err(error) if error.kind == brainstorm_proto::ErrorKind::InvalidArgument => {
+                tracing::warn!(%error, service, "the service refused what was relayed");
+                return false;
+            }
+            Err(error) => {
+                tracing::warn!(%error, service, "the service is unreachable; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(10));
+            }
+        }
+    }
+}
+
+/// Relays settlements (and other budget events) from this process's bus to a remote budget-ledger in
+/// batches, as `forward_audit_records` does; a batch refused as invalid goes again event by event.
 async fn forward_settlements(bus: Arc<dyn EventBus>, ledger: BudgetLedgerClient) {
     use prost::Message;
     let mut subscription = match bus.subscribe(budget::SETTLEMENTS_TOPIC, "settlement-forwarder").await {
@@ -401,31 +433,28 @@ async fn forward_settlements(bus: Arc<dyn EventBus>, ledger: BudgetLedgerClient)
             return;
         }
     };
-    while let Ok(delivery) = subscription.next().await {
-        let event = match budget::BudgetEvent::decode(delivery.message().payload.clone()) {
-            Ok(event) => event,
-            Err(error) => {
-                tracing::warn!(%error, "skipping an undecodable settlement");
-                delivery.ack();
-                continue;
-            }
-        };
-        let mut backoff = Duration::from_millis(100);
-        loop {
-            match ledger.record_event(event.clone()).await {
-                Ok(_) => break,
-                Err(error) if error.kind == brainstorm_proto::ErrorKind::InvalidArgument => {
-                    tracing::warn!(%error, "budget-ledger refused a settlement");
-                    break;
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "budget-ledger unreachable; retrying the settlement");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(10));
-                }
+    while let Ok(deliveries) = next_batch(subscription.as_mut(), RELAY_BATCH, Duration::ZERO).await {
+        let mut events = Vec::with_capacity(deliveries.len());
+        for delivery in &deliveries {
+            match budget::BudgetEvent::decode(delivery.message().payload.clone()) {
+                Ok(event) => events.push(event),
+                Err(error) => tracing::warn!(%error, "skipping an undecodable settlement"),
             }
         }
-        delivery.ack();
+        relay_budget_events(&ledger, events).await;
+        for delivery in deliveries {
+            delivery.ack();
+        }
+    }
+}
+
+/// Records `events` remotely; a batch refused as invalid goes again event by event.
+async fn relay_budget_events(ledger: &BudgetLedgerClient, events: Vec<budget::BudgetEvent>) {
+    if events.is_empty() || delivered("budget-ledger", || ledger.record_events(budget::BudgetEventBatch { events: events.clone() })).await {
+        return;
+    }
+    for event in events {
+        delivered("budget-ledger", || ledger.record_event(event.clone())).await;
     }
 }
 

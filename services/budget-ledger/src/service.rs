@@ -504,6 +504,41 @@ impl BudgetLedgerService for BudgetLedgerServiceImpl {
         }
         Ok(RecordEventResponse { recorded })
     }
+
+    async fn record_events(&self, request: BudgetEventBatch) -> ServiceResult<RecordEventsResponse> {
+        let mut settlements = Vec::new();
+        for (index, event) in request.events.iter().enumerate() {
+            let checked = match &event.kind {
+                Some(budget_event::Kind::Settlement(settlement)) => {
+                    settlements.push((index, settlement));
+                    validate_settlement(settlement)
+                }
+                Some(budget_event::Kind::AgentBudgetExhausted(_)) => Ok(()),
+                None => Err(ServiceError::invalid("invalid_event", "the budget event carries nothing")),
+            };
+            checked.map_err(|error| ServiceError::invalid(error.reason, format!("events[{index}]: {}", error.message)))?;
+        }
+        let mut recorded = vec![false; request.events.len()];
+        let batch: Vec<&Settlement> = settlements.iter().map(|(_, settlement)| *settlement).collect();
+        let written = self.record_settlements(&batch).await?;
+        let mut tenants: Vec<(&str, &str)> = Vec::new();
+        for ((index, settlement), written) in settlements.iter().zip(written) {
+            recorded[*index] = written;
+            if written && !tenants.iter().any(|(tenant_id, _)| *tenant_id == settlement.tenant_id) {
+                tenants.push((&settlement.tenant_id, &settlement.plan));
+            }
+        }
+        for (index, event) in request.events.iter().enumerate() {
+            if let Some(budget_event::Kind::AgentBudgetExhausted(_)) = &event.kind {
+                recorded[index] = self.record(event).await?;
+            }
+        }
+        // Alerts once per tenant per batch (coalesced with an evaluation already running).
+        for (tenant_id, plan) in tenants {
+            self.schedule_alert_evaluation(tenant_id, plan);
+        }
+        Ok(RecordEventsResponse { recorded })
+    }
 }
 
 fn agent_entry<'a>(agents: &'a mut BTreeMap<String, AgentEntry>, agent_id: &str) -> &'a mut AgentEntry {

@@ -74,3 +74,43 @@ async fn calls_and_errors_cross_the_grpc_hop_intact() -> TestResult {
     assert_eq!((invalid.kind, invalid.reason.as_str()), (ErrorKind::InvalidArgument, "invalid_thresholds"));
     Ok(())
 }
+
+#[tokio::test]
+async fn a_batch_of_events_is_recorded_once_across_the_hop() -> TestResult {
+    let ledger = remote_ledger().await?;
+    let tenant_id = uuid::Uuid::new_v4().to_string();
+    let settlement = |request_id: &str, cost_nanos: i64| BudgetEvent {
+        kind: Some(budget_event::Kind::Settlement(Settlement {
+            request_id: request_id.to_string(),
+            tenant_id: tenant_id.clone(),
+            plan: "standard".to_string(),
+            model: "openai/gpt-4o-mini".to_string(),
+            provider: "openai".to_string(),
+            cost_nanos,
+            outcome: "succeeded".to_string(),
+            occurred_at: now_timestamp(),
+            ..Settlement::default()
+        })),
+    };
+    assert!(ledger.record_event(settlement("req_batch_1", USD)).await?.recorded);
+    // A redelivered settlement and two new ones: one flag each, in the batch's order.
+    let batch = BudgetEventBatch {
+        events: vec![settlement("req_batch_1", USD), settlement("req_batch_2", USD), settlement("req_batch_3", USD / 2)],
+    };
+    assert_eq!(ledger.record_events(batch).await?.recorded, vec![false, true, true]);
+    let status =
+        ledger.get_status(GetStatusRequest { tenant_id: tenant_id.clone(), plan: "standard".to_string(), ..Default::default() }).await?;
+    assert_eq!(status.daily.map(|daily| daily.spent_nanos), Some(5 * USD / 2), "each settlement counted once");
+
+    // One invalid event refuses the whole batch, naming it; nothing of it is recorded.
+    let empty = BudgetEvent { kind: None };
+    let error = ledger
+        .record_events(BudgetEventBatch { events: vec![settlement("req_batch_4", USD), empty] })
+        .await
+        .err()
+        .ok_or("must be refused")?;
+    assert_eq!(error.kind, ErrorKind::InvalidArgument);
+    assert!(error.message.contains("events[1]"), "{}", error.message);
+    assert!(ledger.record_event(settlement("req_batch_4", USD)).await?.recorded, "the refused batch recorded nothing");
+    Ok(())
+}
