@@ -195,7 +195,7 @@ impl ConfigLayer {
         toml::from_str(text).map_err(|error| ConfigError::new(format!("config file {}", origin.display()), error.message().to_string()))
     }
 
-    /// Reads the `BR_*` (and `OTEL_EXPORTER_OTLP_ENDPOINT`) variables of an environment map.
+    /// Reads the `BR_*` variables (and `OTEL_EXPORTER_OTLP_ENDPOINT` and the proxy variables curl reads) of an environment map.
     pub fn from_env(env: &HashMap<String, String>) -> Result<Self, ConfigError> {
         let text = |name: &str| env.get(name).filter(|value| !value.is_empty()).cloned();
         let flag = |name: &str| -> Result<Option<bool>, ConfigError> { text(name).map(|value| parse_bool(name, &value)).transpose() };
