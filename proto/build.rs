@@ -23,6 +23,8 @@ fn main() -> Result<(), Box<dyn Error>> {
         .build_client(true)
         // The edge answers governance reads with these messages as they are.
         .type_attribute(".brainstorm.audit.v1", "#[derive(serde::Serialize)]")
+        // Transport only: the edge's canonical payload travels with the record to the chain writer.
+        .field_attribute(".brainstorm.audit.v1.AuditRecord.canonical_payload", "#[serde(skip)]")
         .type_attribute(".brainstorm.policy.v1", "#[derive(serde::Serialize)]")
         // The spec spells these security shapes in camelCase (`activatedAt`, `evaluatedCount`,
         // `matchedRule`, `stdDev`, `consumedByRequestId`, ...).

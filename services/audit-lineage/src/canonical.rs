@@ -498,6 +498,8 @@ pub fn decode_payload(payload: &str) -> Result<DecodedPayload, CanonicalError> {
         capture: None,
         coverage: root.text("coverage")?,
         conversation_id: root.optional_text("conversation_id")?,
+        // The payload is what was decoded; it does not carry itself.
+        canonical_payload: String::new(),
     };
     Ok(DecodedPayload {
         record,

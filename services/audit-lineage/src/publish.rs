@@ -18,7 +18,7 @@ use bytes::Bytes;
 use prost::Message;
 use tokio::sync::mpsc;
 
-use crate::canonical::commitment;
+use crate::canonical::{canonical_payload, commitment, payload_commitment};
 
 /// Publishes `record` keyed by its tenant id and returns its commitment, the value of
 /// `X-BR-Audit-Hash`. The record is chained later by the consumer; lineage and verify show the same
@@ -146,8 +146,10 @@ impl AuditPublisher {
     }
 
     /// Queues a record without waiting; see `OverflowPolicy` for a full buffer.
-    pub fn submit(&self, record: AuditRecord) -> Result<Submitted, SubmitError> {
-        let commitment = commitment(&record);
+    pub fn submit(&self, mut record: AuditRecord) -> Result<Submitted, SubmitError> {
+        // Encoded once here; the chain writer stores this very payload.
+        record.canonical_payload = canonical_payload(&record);
+        let commitment = payload_commitment(&record.canonical_payload);
         match self.sender.try_send(record) {
             Ok(()) => {
                 self.counters.buffered.fetch_add(1, Ordering::Relaxed);
@@ -244,6 +246,20 @@ mod tests {
         let record = AuditRecord::decode(delivery.message().payload.clone())?;
         delivery.ack();
         Ok(record.request_id)
+    }
+
+    #[tokio::test]
+    async fn the_payload_committed_to_travels_with_the_record() -> Result<(), Box<dyn std::error::Error>> {
+        let bus = Arc::new(InProcessBus::new());
+        let mut consumer = bus.subscribe(AUDIT_RECORDS_TOPIC, "audit-lineage").await?;
+        let (publisher, _task) = AuditPublisher::spawn(bus, options(3, OverflowPolicy::FailClosed));
+        let Submitted::Queued { commitment: answered } = publisher.submit(record(7))? else { return Err("not queued".into()) };
+        let delivery = tokio::time::timeout(Duration::from_secs(5), consumer.next()).await??;
+        let carried = AuditRecord::decode(delivery.message().payload.clone())?;
+        assert_eq!(carried.canonical_payload, canonical_payload(&record(7)));
+        assert_eq!(payload_commitment(&carried.canonical_payload), answered);
+        assert_eq!(answered, commitment(&carried), "the payload does not include itself");
+        Ok(())
     }
 
     #[tokio::test]

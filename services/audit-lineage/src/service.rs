@@ -1,5 +1,6 @@
 //! The audit-lineage service: the `AuditLineageService` contract over the chain store.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -58,6 +59,12 @@ impl AuditLineageOptions {
 pub struct AuditLineageServiceImpl {
     store: AuditStore,
     options: Arc<AuditLineageOptions>,
+}
+
+/// The payload to chain: the one the edge encoded and committed to, carried with the record, or the
+/// record encoded here when none came with it (a record from an older edge, or from a test).
+fn payload_of(record: &AuditRecord) -> Cow<'_, str> {
+    if record.canonical_payload.is_empty() { Cow::Owned(canonical_payload(record)) } else { Cow::Borrowed(&record.canonical_payload) }
 }
 
 fn store_failure(error: sqlx::Error) -> ServiceError {
@@ -126,7 +133,7 @@ impl AuditLineageServiceImpl {
     /// Chains a record once per request id: the consumer's path and `RecordAudit`'s.
     pub async fn append(&self, record: &AuditRecord) -> ServiceResult<(Appended, String)> {
         validate_record(record)?;
-        let payload = canonical_payload(record);
+        let payload = payload_of(record).into_owned();
         let occurred_at = normalised_time(&record.occurred_at)?;
         let trace_id = record.trace.as_ref().map(|trace| trace.trace_id.clone()).unwrap_or_default();
         let digest = record.capture.as_ref().map(capture_digest);
@@ -154,8 +161,8 @@ impl AuditLineageServiceImpl {
     /// Chains several records of one tenant in one transaction, in order; each must pass
     /// `validate_record` (the consumer checks them one by one first).
     pub async fn append_batch(&self, tenant_id: &str, records: &[AuditRecord]) -> ServiceResult<Vec<Appended>> {
-        struct Prepared {
-            payload: String,
+        struct Prepared<'a> {
+            payload: Cow<'a, str>,
             occurred_at: String,
             trace_id: String,
             digest: Option<String>,
@@ -168,7 +175,7 @@ impl AuditLineageServiceImpl {
                 return Err(ServiceError::invalid("mixed_tenants", "a batch holds one tenant's records"));
             }
             prepared.push(Prepared {
-                payload: canonical_payload(record),
+                payload: payload_of(record),
                 occurred_at: normalised_time(&record.occurred_at)?,
                 trace_id: record.trace.as_ref().map(|trace| trace.trace_id.clone()).unwrap_or_default(),
                 digest: record.capture.as_ref().map(capture_digest),
@@ -182,7 +189,7 @@ impl AuditLineageServiceImpl {
                 request_id: &record.request_id,
                 occurred_at: &prepared.occurred_at,
                 trace_id: &prepared.trace_id,
-                payload: &prepared.payload,
+                payload: prepared.payload.as_ref(),
                 capture: match (&record.capture, &prepared.digest) {
                     (Some(capture), Some(digest)) => Some((digest.as_str(), capture.prompt.as_str(), capture.completion.as_str())),
                     _ => None,

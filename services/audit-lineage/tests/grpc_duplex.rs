@@ -148,3 +148,21 @@ async fn a_batch_chains_each_tenant_in_order_across_the_hop() -> TestResult {
     assert_eq!(report.checked, 2);
     Ok(())
 }
+
+#[tokio::test]
+async fn the_chain_keeps_the_payload_the_edge_committed_to() -> TestResult {
+    let audit = remote_audit().await?;
+    let tenant_id = uuid::Uuid::new_v4().to_string();
+    // As the edge's publisher sends it: the payload it encoded (and answered the commitment of) rides along.
+    let mut carried = record(&tenant_id, "d7ad6b7169203331", None);
+    carried.canonical_payload = brainstorm_audit_lineage::canonical_payload(&carried);
+    let recorded = audit.record_audit(carried.clone()).await?;
+    assert_eq!(recorded.commitment, commitment(&carried));
+    let page = audit.export_chain(ExportChainRequest { tenant_id: tenant_id.clone(), after_sequence: None, limit: None }).await?;
+    assert!(!page.lines.is_empty());
+    assert!(brainstorm_audit_lineage::verify_export(page.lines.join("\n").as_bytes())?.valid);
+    // Transport only: never part of what the API answers with.
+    let json = serde_json::to_value(&carried)?;
+    assert!(json.get("canonical_payload").is_none() && json.get("request_id").is_some(), "{json}");
+    Ok(())
+}
