@@ -43,16 +43,28 @@ pub struct Message {
 impl Message {
     /// The concatenated text parts.
     pub fn text(&self) -> String {
-        let texts: Vec<&str> = self
-            .parts
-            .iter()
-            .filter_map(|part| match part {
-                Part::Text(text) => Some(text.as_str()),
-                Part::ToolResult { content, .. } => Some(content.as_str()),
-                Part::Image { .. } | Part::ToolCall { .. } => None,
-            })
-            .collect();
-        texts.join("\n")
+        self.text_borrowed().into_owned()
+    }
+
+    /// The text parts joined by newlines, borrowed when there is only one.
+    pub fn text_borrowed(&self) -> std::borrow::Cow<'_, str> {
+        let mut texts = self.parts.iter().filter_map(|part| match part {
+            Part::Text(text) => Some(text.as_str()),
+            Part::ToolResult { content, .. } => Some(content.as_str()),
+            Part::Image { .. } | Part::ToolCall { .. } => None,
+        });
+        let Some(first) = texts.next() else { return std::borrow::Cow::Borrowed("") };
+        match texts.next() {
+            None => std::borrow::Cow::Borrowed(first),
+            Some(second) => {
+                let mut joined = format!("{first}\n{second}");
+                for text in texts {
+                    joined.push('\n');
+                    joined.push_str(text);
+                }
+                std::borrow::Cow::Owned(joined)
+            }
+        }
     }
 }
 

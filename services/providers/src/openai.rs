@@ -198,12 +198,20 @@ struct RenderedMessage<'a> {
     tool_calls: Vec<RenderedToolCall<'a>>,
 }
 
+/// A function call as OpenAI writes it, in replies and in the history of requests.
 #[derive(Debug, serde::Serialize)]
-struct RenderedToolCall<'a> {
+pub struct RenderedToolCall<'a> {
     id: &'a str,
     #[serde(rename = "type")]
     kind: &'static str,
     function: RenderedFunction<'a>,
+}
+
+impl<'a> RenderedToolCall<'a> {
+    /// A function call with its arguments as JSON text.
+    fn function(id: &'a str, name: &'a str, arguments: &'a str) -> Self {
+        RenderedToolCall { id, kind: "function", function: RenderedFunction { name, arguments } }
+    }
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -228,9 +236,7 @@ pub fn render_reply(reply: &ChatReply, created: i64, usage_extra: Map<String, Va
         .parts
         .iter()
         .filter_map(|part| match part {
-            Part::ToolCall { id, name, arguments } => {
-                Some(RenderedToolCall { id, kind: "function", function: RenderedFunction { name, arguments } })
-            }
+            Part::ToolCall { id, name, arguments } => Some(RenderedToolCall::function(id, name, arguments)),
             _ => None,
         })
         .collect();
@@ -333,7 +339,7 @@ impl StreamWriter {
 
 /// The body sent to an OpenAI-family provider.
 pub fn build_request<'a>(request: &'a ChatRequest, upstream_model: &'a str) -> outgoing::Request<'a> {
-    use outgoing::{Call, Choice, ContentPart, FunctionName, ImageUrl, Message as Out, Tool as OutTool, ToolFunction, UserContent};
+    use outgoing::{Choice, ContentPart, FunctionName, ImageUrl, Message as Out, Tool as OutTool, ToolFunction, UserContent};
     let mut messages = Vec::with_capacity(request.messages.len() + 1);
     if let Some(system) = &request.system {
         messages.push(Out::System { content: system });
@@ -342,7 +348,7 @@ pub fn build_request<'a>(request: &'a ChatRequest, upstream_model: &'a str) -> o
         match message.role {
             Role::User => {
                 let content = if message.parts.iter().all(|part| matches!(part, Part::Text(_))) {
-                    UserContent::Text(joined_text(&message.parts))
+                    UserContent::Text(message.text_borrowed())
                 } else {
                     UserContent::Parts(
                         message
@@ -359,12 +365,12 @@ pub fn build_request<'a>(request: &'a ChatRequest, upstream_model: &'a str) -> o
                 messages.push(Out::User { content });
             }
             Role::Assistant => {
-                let text = joined_text(&message.parts);
-                let tool_calls: Vec<Call<'_>> = message
+                let text = message.text_borrowed();
+                let tool_calls: Vec<RenderedToolCall<'_>> = message
                     .parts
                     .iter()
                     .filter_map(|part| match part {
-                        Part::ToolCall { id, name, arguments } => Some(Call::function(id, name, arguments)),
+                        Part::ToolCall { id, name, arguments } => Some(RenderedToolCall::function(id, name, arguments)),
                         _ => None,
                     })
                     .collect();
@@ -405,27 +411,6 @@ pub fn build_request<'a>(request: &'a ChatRequest, upstream_model: &'a str) -> o
         stream: request.stream,
         // Always ask for usage: the gateway prices every stream.
         stream_options: request.stream.then_some(outgoing::StreamOptions { include_usage: true }),
-    }
-}
-
-/// The text parts of a message, joined by newlines (as `Message::text`): borrowed when there is one.
-fn joined_text(parts: &[Part]) -> Cow<'_, str> {
-    let mut texts = parts.iter().filter_map(|part| match part {
-        Part::Text(text) => Some(text.as_str()),
-        Part::ToolResult { content, .. } => Some(content.as_str()),
-        Part::Image { .. } | Part::ToolCall { .. } => None,
-    });
-    let Some(first) = texts.next() else { return Cow::Borrowed("") };
-    match texts.next() {
-        None => Cow::Borrowed(first),
-        Some(second) => {
-            let mut joined = format!("{first}\n{second}");
-            for text in texts {
-                joined.push('\n');
-                joined.push_str(text);
-            }
-            Cow::Owned(joined)
-        }
     }
 }
 
@@ -478,7 +463,7 @@ pub mod outgoing {
         Assistant {
             content: Option<Cow<'a, str>>,
             #[serde(skip_serializing_if = "Vec::is_empty")]
-            tool_calls: Vec<Call<'a>>,
+            tool_calls: Vec<super::RenderedToolCall<'a>>,
         },
         Tool {
             tool_call_id: &'a str,
@@ -503,27 +488,6 @@ pub mod outgoing {
     #[derive(Debug, Serialize)]
     pub struct ImageUrl<'a> {
         pub url: &'a str,
-    }
-
-    #[derive(Debug, Serialize)]
-    pub struct Call<'a> {
-        pub id: &'a str,
-        #[serde(rename = "type")]
-        pub kind: &'static str,
-        pub function: CallFunction<'a>,
-    }
-
-    impl<'a> Call<'a> {
-        /// A function call with its arguments as JSON text.
-        pub fn function(id: &'a str, name: &'a str, arguments: &'a str) -> Self {
-            Call { id, kind: "function", function: CallFunction { name, arguments } }
-        }
-    }
-
-    #[derive(Debug, Serialize)]
-    pub struct CallFunction<'a> {
-        pub name: &'a str,
-        pub arguments: &'a str,
     }
 
     #[derive(Debug, Serialize)]

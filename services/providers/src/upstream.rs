@@ -335,6 +335,7 @@ fn outgoing(
     authorize(headers, provider, api_key)?;
     Ok(request)
 }
+
 /// `chat` asking for a stream or not: borrowed when it already does (the usual case), else a copy.
 fn with_stream(chat: &ChatRequest, stream: bool) -> std::borrow::Cow<'_, ChatRequest> {
     if chat.stream == stream {
@@ -504,7 +505,17 @@ async fn next_event(mut state: StreamState) -> Option<(Result<ChatEvent, Upstrea
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Mutex;
+
+    use axum::Router;
+    use axum::routing::{get, post};
+    use brainstorm_common::config::Secret;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
     use super::*;
+    use crate::catalog::provider_by_id;
+    use crate::chat::{Message, Part, Role};
 
     #[test]
     fn keys_are_scrubbed_from_provider_text() {
@@ -524,18 +535,6 @@ mod tests {
         assert!(UpstreamError::Timeout.may_fall_back());
         assert_eq!(UpstreamError::Timeout.status(), 504);
     }
-
-    use std::sync::Mutex;
-
-    use axum::Router;
-    use axum::routing::{get, post};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tokio::net::{TcpListener, TcpStream};
-
-    use brainstorm_common::config::Secret;
-
-    use crate::catalog::provider_by_id;
-    use crate::chat::{Message, Part, Role};
 
     const KEY: &str = "sk-test-0123456789abcdefghijklmnop";
 
