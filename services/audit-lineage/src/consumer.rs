@@ -12,7 +12,7 @@ use brainstorm_common::bus::{BusError, Delivery, EventBus, Subscription, next_ba
 use brainstorm_proto::audit::{AUDIT_RECORDS_TOPIC, AuditRecord};
 use prost::Message;
 
-use crate::service::{AuditLineageServiceImpl, is_rejection, validate_record};
+use crate::service::{AuditLineageServiceImpl, by_tenant, is_rejection, validate_record};
 use crate::store::Appended;
 
 /// The consumer group of audit-lineage on `audit.records`.
@@ -89,8 +89,7 @@ impl AuditConsumer {
             return Ok(vec![handle(&self.service, delivery).await]);
         }
         let mut handled = Vec::with_capacity(deliveries.len());
-        // Each tenant's records in order; tenants in the order they first appear.
-        let mut tenants: Vec<(String, Vec<(AuditRecord, Delivery)>)> = Vec::new();
+        let mut valid = Vec::with_capacity(deliveries.len());
         for (index, delivery) in deliveries.into_iter().enumerate() {
             share_thread(index).await;
             let record = match AuditRecord::decode(delivery.message().payload.clone()) {
@@ -108,12 +107,9 @@ impl AuditConsumer {
                 handled.push(Handled::Rejected);
                 continue;
             }
-            match tenants.iter_mut().find(|(tenant_id, _)| *tenant_id == record.tenant_id) {
-                Some((_, batch)) => batch.push((record, delivery)),
-                None => tenants.push((record.tenant_id.clone(), vec![(record, delivery)])),
-            }
+            valid.push((record, delivery));
         }
-        for (tenant_id, batch) in tenants {
+        for (tenant_id, batch) in by_tenant(valid, |(record, _)| &record.tenant_id) {
             let (records, deliveries): (Vec<AuditRecord>, Vec<Delivery>) = batch.into_iter().unzip();
             match self.service.append_batch(&tenant_id, &records).await {
                 Ok(appended) => {

@@ -67,6 +67,27 @@ fn payload_of(record: &AuditRecord) -> Cow<'_, str> {
     if record.canonical_payload.is_empty() { Cow::Owned(canonical_payload(record)) } else { Cow::Borrowed(&record.canonical_payload) }
 }
 
+/// Items grouped by their tenant: each tenant's in their order, tenants in the order they first
+/// appear (what a chain append needs: one tenant per transaction, its records in order).
+pub(crate) fn by_tenant<T>(items: impl IntoIterator<Item = T>, tenant_of: impl Fn(&T) -> &str) -> Vec<(String, Vec<T>)> {
+    let mut tenants: Vec<(String, Vec<T>)> = Vec::new();
+    for item in items {
+        match tenants.iter_mut().find(|(tenant_id, _)| tenant_id == tenant_of(&item)) {
+            Some((_, group)) => group.push(item),
+            None => tenants.push((tenant_of(&item).to_string(), vec![item])),
+        }
+    }
+    tenants
+}
+
+/// What `RecordAudit` answers for an append.
+fn recorded(appended: Appended) -> RecordAuditResponse {
+    match appended {
+        Appended::Chained { sequence, hash, commitment } => RecordAuditResponse { recorded: true, sequence, hash, commitment },
+        Appended::Duplicate { sequence, hash, commitment } => RecordAuditResponse { recorded: false, sequence, hash, commitment },
+    }
+}
+
 fn store_failure(error: sqlx::Error) -> ServiceError {
     common_store_failure("audit-lineage", error)
 }
@@ -361,35 +382,19 @@ impl AuditLineageServiceImpl {
 impl AuditLineageService for AuditLineageServiceImpl {
     async fn record_audit(&self, request: AuditRecord) -> ServiceResult<RecordAuditResponse> {
         let (appended, _) = self.append(&request).await?;
-        Ok(match appended {
-            Appended::Chained { sequence, hash, commitment } => RecordAuditResponse { recorded: true, sequence, hash, commitment },
-            Appended::Duplicate { sequence, hash, commitment } => RecordAuditResponse { recorded: false, sequence, hash, commitment },
-        })
+        Ok(recorded(appended))
     }
 
     async fn record_audit_batch(&self, request: AuditRecordBatch) -> ServiceResult<RecordAuditBatchResponse> {
         for (index, record) in request.records.iter().enumerate() {
             validate_record(record).map_err(|error| ServiceError::invalid(error.reason, format!("records[{index}]: {}", error.message)))?;
         }
-        // Each tenant's records in the order given (tenants in the order they first appear), one
-        // append per tenant; the results go back in the batch's order.
-        let mut tenants: Vec<(&str, Vec<usize>)> = Vec::new();
-        for (index, record) in request.records.iter().enumerate() {
-            match tenants.iter_mut().find(|(tenant_id, _)| *tenant_id == record.tenant_id) {
-                Some((_, indexes)) => indexes.push(index),
-                None => tenants.push((&record.tenant_id, vec![index])),
-            }
-        }
+        // One append per tenant; the results go back in the batch's order.
         let mut results = vec![RecordAuditResponse::default(); request.records.len()];
-        for (tenant_id, indexes) in tenants {
-            let records: Vec<AuditRecord> = indexes.iter().map(|index| request.records[*index].clone()).collect();
-            for (index, appended) in indexes.into_iter().zip(self.append_batch(tenant_id, &records).await?) {
-                results[index] = match appended {
-                    Appended::Chained { sequence, hash, commitment } => RecordAuditResponse { recorded: true, sequence, hash, commitment },
-                    Appended::Duplicate { sequence, hash, commitment } => {
-                        RecordAuditResponse { recorded: false, sequence, hash, commitment }
-                    }
-                };
+        for (tenant_id, group) in by_tenant(request.records.into_iter().enumerate(), |(_, record)| &record.tenant_id) {
+            let (indexes, records): (Vec<usize>, Vec<AuditRecord>) = group.into_iter().unzip();
+            for (index, appended) in indexes.into_iter().zip(self.append_batch(&tenant_id, &records).await?) {
+                results[index] = recorded(appended);
             }
         }
         Ok(RecordAuditBatchResponse { results })
