@@ -100,17 +100,11 @@ impl SettlementConsumer {
         let batch: Vec<&Settlement> = settlements.iter().map(|(settlement, _)| settlement).collect();
         match self.service.record_settlements(&batch).await {
             Ok(written) => {
-                let mut tenants: Vec<(String, String)> = Vec::new();
-                for ((settlement, delivery), written) in settlements.into_iter().zip(written) {
+                // Alerts once per tenant per batch (and coalesced with an evaluation already running).
+                self.service.schedule_alerts_after(batch.iter().copied().zip(written.iter().copied()));
+                for ((_, delivery), written) in settlements.into_iter().zip(written) {
                     delivery.ack();
                     handled.push(if written { Handled::Recorded } else { Handled::Duplicate });
-                    if written && !tenants.iter().any(|(tenant_id, _)| *tenant_id == settlement.tenant_id) {
-                        tenants.push((settlement.tenant_id, settlement.plan));
-                    }
-                }
-                // Alerts once per tenant per batch (and coalesced with an evaluation already running).
-                for (tenant_id, plan) in tenants {
-                    self.service.schedule_alert_evaluation(&tenant_id, &plan);
                 }
             }
             // One bad settlement must not hold the others back: decide them one by one.

@@ -108,6 +108,20 @@ impl BudgetLedgerServiceImpl {
         self.store.insert_settlements(settlements, &recorded_at).await.map_err(store_failure)
     }
 
+    /// Schedules the alert evaluation of each tenant with a new settlement among `written`
+    /// (settlement, whether it was new), once per tenant.
+    pub fn schedule_alerts_after<'a>(&self, written: impl IntoIterator<Item = (&'a Settlement, bool)>) {
+        let mut tenants: Vec<(&str, &str)> = Vec::new();
+        for (settlement, new) in written {
+            if new && !tenants.iter().any(|(tenant_id, _)| *tenant_id == settlement.tenant_id) {
+                tenants.push((&settlement.tenant_id, &settlement.plan));
+            }
+        }
+        for (tenant_id, plan) in tenants {
+            self.schedule_alert_evaluation(tenant_id, plan);
+        }
+    }
+
     /// Evaluates the tenant's alerts in the background, coalescing with an evaluation already running
     /// for the tenant. Never blocks the caller.
     pub fn schedule_alert_evaluation(&self, tenant_id: &str, plan: &str) {
@@ -521,22 +535,15 @@ impl BudgetLedgerService for BudgetLedgerServiceImpl {
         let mut recorded = vec![false; request.events.len()];
         let batch: Vec<&Settlement> = settlements.iter().map(|(_, settlement)| *settlement).collect();
         let written = self.record_settlements(&batch).await?;
-        let mut tenants: Vec<(&str, &str)> = Vec::new();
-        for ((index, settlement), written) in settlements.iter().zip(written) {
-            recorded[*index] = written;
-            if written && !tenants.iter().any(|(tenant_id, _)| *tenant_id == settlement.tenant_id) {
-                tenants.push((&settlement.tenant_id, &settlement.plan));
-            }
+        for ((index, _), written) in settlements.iter().zip(&written) {
+            recorded[*index] = *written;
         }
         for (index, event) in request.events.iter().enumerate() {
             if let Some(budget_event::Kind::AgentBudgetExhausted(_)) = &event.kind {
                 recorded[index] = self.record(event).await?;
             }
         }
-        // Alerts once per tenant per batch (coalesced with an evaluation already running).
-        for (tenant_id, plan) in tenants {
-            self.schedule_alert_evaluation(tenant_id, plan);
-        }
+        self.schedule_alerts_after(batch.into_iter().zip(written));
         Ok(RecordEventsResponse { recorded })
     }
 }
