@@ -164,9 +164,12 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
         _ if hosts_edge => {
             let remote = BudgetLedgerClient::grpc(remote(&settings, ServiceName::BudgetLedger)?);
             // Without a shared bus, settlements published on this process's bus reach the remote
-            // ledger through its RecordEvent call (idempotent per request id).
+            // ledger in batches through its RecordEvents call (idempotent per request id).
             if !on_kafka {
-                tokio::spawn(forward_settlements(bus.clone(), remote.clone()));
+                let ledger = remote.clone();
+                tokio::spawn(forward_in_batches(bus.clone(), budget::SETTLEMENTS_TOPIC, "settlement-forwarder", move |events| {
+                    relay_budget_events(ledger.clone(), events)
+                }));
             }
             Some(remote)
         }
@@ -183,9 +186,12 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
         _ if hosts_edge => {
             let remote = AuditLineageClient::grpc(remote(&settings, ServiceName::AuditLineage)?);
             // Without a shared bus, records queued on this process's bus reach the remote chain writer
-            // through its idempotent RecordAudit call.
+            // in batches through its idempotent RecordAuditBatch call.
             if !on_kafka {
-                tokio::spawn(forward_audit_records(bus.clone(), remote.clone()));
+                let chain = remote.clone();
+                tokio::spawn(forward_in_batches(bus.clone(), audit::AUDIT_RECORDS_TOPIC, "audit-forwarder", move |records| {
+                    relay_audit_records(chain.clone(), records)
+                }));
             }
             Some(remote)
         }
@@ -356,31 +362,34 @@ fn audit_service(database: Database, master_key: &MasterKey) -> anyhow::Result<A
     Ok(AuditLineageServiceImpl::new(database, AuditLineageOptions::new(signer)))
 }
 
-/// Most audit records relayed in one call.
+/// Most messages relayed in one call.
 const RELAY_BATCH: usize = 256;
 
-/// Relays audit records from this process's bus to a remote audit-lineage in batches (whatever waits
-/// when the previous call returns, up to `RELAY_BATCH`: no linger, so a lone record goes at once),
-/// each tenant's in order. A batch refused as invalid goes again record by record, so only the invalid
-/// records are skipped.
-async fn forward_audit_records(bus: Arc<dyn EventBus>, chain: AuditLineageClient) {
-    use prost::Message;
-    let mut subscription = match bus.subscribe(audit::AUDIT_RECORDS_TOPIC, "audit-forwarder").await {
+/// Relays the messages of `topic` from this process's bus to a remote service in batches: whatever
+/// waits when the previous call returns, up to `RELAY_BATCH` (no linger, so a lone message goes at
+/// once), in bus order. Undecodable messages are skipped; `relay` retries until the service takes the
+/// batch, so each delivery is acked after its batch went.
+async fn forward_in_batches<M, Relayed>(bus: Arc<dyn EventBus>, topic: &'static str, group: &'static str, relay: impl Fn(Vec<M>) -> Relayed)
+where
+    M: prost::Message + Default,
+    Relayed: std::future::Future<Output = ()>,
+{
+    let mut subscription = match bus.subscribe(topic, group).await {
         Ok(subscription) => subscription,
         Err(error) => {
-            tracing::error!(%error, "cannot forward audit records to audit-lineage");
+            tracing::error!(%error, topic, "cannot forward to the remote service");
             return;
         }
     };
     while let Ok(deliveries) = next_batch(subscription.as_mut(), RELAY_BATCH, Duration::ZERO).await {
-        let mut records = Vec::with_capacity(deliveries.len());
+        let mut messages = Vec::with_capacity(deliveries.len());
         for delivery in &deliveries {
-            match audit::AuditRecord::decode(delivery.message().payload.clone()) {
-                Ok(record) => records.push(record),
-                Err(_) => tracing::warn!("skipping an undecodable audit record"),
+            match M::decode(delivery.message().payload.clone()) {
+                Ok(message) => messages.push(message),
+                Err(error) => tracing::warn!(%error, topic, "skipping an undecodable message"),
             }
         }
-        relay_audit_records(&chain, records).await;
+        relay(messages).await;
         for delivery in deliveries {
             delivery.ack();
         }
@@ -388,7 +397,7 @@ async fn forward_audit_records(bus: Arc<dyn EventBus>, chain: AuditLineageClient
 }
 
 /// Chains `records` remotely; a batch refused as invalid goes again record by record.
-async fn relay_audit_records(chain: &AuditLineageClient, records: Vec<audit::AuditRecord>) {
+async fn relay_audit_records(chain: AuditLineageClient, records: Vec<audit::AuditRecord>) {
     if records.is_empty()
         || delivered("audit-lineage", || chain.record_audit_batch(audit::AuditRecordBatch { records: records.clone() })).await
     {
@@ -422,34 +431,8 @@ where
     }
 }
 
-/// Relays settlements (and other budget events) from this process's bus to a remote budget-ledger in
-/// batches, as `forward_audit_records` does; a batch refused as invalid goes again event by event.
-async fn forward_settlements(bus: Arc<dyn EventBus>, ledger: BudgetLedgerClient) {
-    use prost::Message;
-    let mut subscription = match bus.subscribe(budget::SETTLEMENTS_TOPIC, "settlement-forwarder").await {
-        Ok(subscription) => subscription,
-        Err(error) => {
-            tracing::error!(%error, "cannot forward settlements to budget-ledger");
-            return;
-        }
-    };
-    while let Ok(deliveries) = next_batch(subscription.as_mut(), RELAY_BATCH, Duration::ZERO).await {
-        let mut events = Vec::with_capacity(deliveries.len());
-        for delivery in &deliveries {
-            match budget::BudgetEvent::decode(delivery.message().payload.clone()) {
-                Ok(event) => events.push(event),
-                Err(error) => tracing::warn!(%error, "skipping an undecodable settlement"),
-            }
-        }
-        relay_budget_events(&ledger, events).await;
-        for delivery in deliveries {
-            delivery.ack();
-        }
-    }
-}
-
 /// Records `events` remotely; a batch refused as invalid goes again event by event.
-async fn relay_budget_events(ledger: &BudgetLedgerClient, events: Vec<budget::BudgetEvent>) {
+async fn relay_budget_events(ledger: BudgetLedgerClient, events: Vec<budget::BudgetEvent>) {
     if events.is_empty() || delivered("budget-ledger", || ledger.record_events(budget::BudgetEventBatch { events: events.clone() })).await {
         return;
     }
