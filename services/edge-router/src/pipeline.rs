@@ -477,7 +477,7 @@ async fn complete_inner(
         }
         Resolution::Route(route) => route,
     };
-    route.candidates.retain(|candidate| caller.may_use_model(&candidate.id()));
+    route.candidates.retain(|candidate| caller.may_use_model(candidate.id()));
     if route.candidates.is_empty() {
         return Err(ApiError::forbidden("model_not_allowed", format!("this key may not use model `{}`", chat.model)));
     }
@@ -493,11 +493,11 @@ async fn complete_inner(
             .guardian_headers
             .push((HeaderName::from_static("x-br-tool-firewall-reason"), format!("deny_list: `{tool}` downgrades the request")));
     }
-    facts.model_resolved = route.candidates.first().map(Candidate::id).unwrap_or_default();
+    facts.model_resolved = route.candidates.first().map(|first| first.id().to_string()).unwrap_or_default();
     facts.strategy = route.strategy.clone();
     facts.selection_method = route.method.as_str().to_string();
     facts.reason = route.reason.clone();
-    facts.candidates = route.candidates.iter().map(Candidate::id).collect();
+    facts.candidates = route.candidates.iter().map(|candidate| candidate.id().to_string()).collect();
 
     // Reserve the worst case before any upstream call; settle the actual cost after.
     let estimate_of = |route: &Route| {
@@ -543,7 +543,7 @@ async fn complete_inner(
             state.upstream.complete(&target, &chat).await.map(Err)
         };
         let provider_latency = provider_started.elapsed();
-        facts.model_executed = candidate.id();
+        facts.model_executed = candidate.id().to_string();
         facts.provider = candidate.provider.id.to_string();
         set!(&mut headers, "x-br-provider-latency-ms", &milliseconds(provider_latency));
         match outcome {
@@ -560,7 +560,7 @@ async fn complete_inner(
                     cost,
                     input_tokens: i64::try_from(usage.input_tokens).unwrap_or(i64::MAX),
                     output_tokens: i64::try_from(usage.output_tokens).unwrap_or(i64::MAX),
-                    model: candidate.id(),
+                    model: candidate.id().to_string(),
                     provider: candidate.provider.id.to_string(),
                     outcome: Outcome::Succeeded,
                     latency_ms: u64::try_from(provider_latency.as_millis()).ok(),
@@ -580,7 +580,7 @@ async fn complete_inner(
             Err(error) => {
                 tracing::warn!(provider = candidate.provider.id, model = %candidate.model, %error, "upstream call failed");
                 let fall_back = error.may_fall_back() && index < last;
-                failures.push((candidate.id(), error));
+                failures.push((candidate.id().to_string(), error));
                 if !fall_back {
                     break;
                 }
@@ -674,10 +674,9 @@ fn route_headers(route: &Route, candidate: &Candidate, failures: &[(String, Upst
     // An answer carries about thirty headers (routing, cost, budget, evidence): room for them at
     // once instead of growing the map three times.
     let mut headers = HeaderMap::with_capacity(32);
-    let routed = candidate.id();
-    set!(&mut headers, "x-br-routed-model", &routed);
+    set!(&mut headers, "x-br-routed-model", candidate.id());
     if let Some(first) = route.candidates.first() {
-        set!(&mut headers, "x-br-resolved-model", &first.id());
+        set!(&mut headers, "x-br-resolved-model", first.id());
     }
     set!(&mut headers, "x-br-upstream-model", &candidate.model);
     set!(&mut headers, "x-br-selection-method", route.method.as_str());
@@ -704,7 +703,7 @@ fn route_headers(route: &Route, candidate: &Candidate, failures: &[(String, Upst
     if let Some((first_failed, _)) = failures.first() {
         set!(&mut headers, "x-br-failover-from", first_failed);
         let mut path: Vec<&str> = failures.iter().map(|(model, _)| model.as_str()).collect();
-        path.push(&routed);
+        path.push(candidate.id());
         set!(&mut headers, "x-br-failover-path", &path.join(","));
     }
     headers
@@ -742,7 +741,7 @@ fn reply_response(
     format: ClientFormat,
 ) -> Response {
     reply.id = id;
-    reply.model = candidate.id();
+    reply.model = candidate.id().to_string();
     let cost = price_of(candidate).map(|price| price.cost(reply.usage));
     if let Some(cost) = cost {
         set!(&mut headers, "x-br-actual-cost", &dollars(cost));
@@ -813,7 +812,7 @@ async fn sandbox_response(chat: &ChatRequest, id: String, format: ClientFormat, 
 fn stream_spec(candidate: &Candidate, id: String, format: ClientFormat, chat: &ChatRequest) -> RelaySpec {
     RelaySpec {
         id,
-        model: candidate.id(),
+        model: candidate.id().to_string(),
         provider: candidate.provider.id.to_string(),
         price: price_of(candidate),
         format,

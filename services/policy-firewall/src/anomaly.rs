@@ -83,7 +83,11 @@ impl Detector {
         if !value.is_finite() {
             return None;
         }
-        let series = self.series.entry(key.clone()).or_default();
+        // The key is cloned only for a new series: a known one is looked up by reference.
+        if !self.series.contains_key(&key) {
+            self.series.insert(key.clone(), Welford::default());
+        }
+        let Some(series) = self.series.get_mut(&key) else { return None }; // inserted above
         let std_dev = series.alert_std_dev();
         let sigma = (value - series.mean) / std_dev;
         let anomalous = series.count >= MIN_SAMPLES && sigma > SIGMA_THRESHOLD;

@@ -1,26 +1,34 @@
 //! Feeds the anomaly detector from `budget.settlements`, so no request pays for it: every settled
 //! request gives `cost_usd` and `tokens` observations for its tenant, key and agent, and per-minute
 //! windows give `request_rate` and `errors` when a minute closes (quiet minutes in between count as
-//! zero, up to an hour of them).
+//! zero, up to an hour of them). Deliveries are taken in batches, one detector call per tenant.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
-use brainstorm_common::bus::{BusError, EventBus, Subscription};
+use brainstorm_common::bus::{BusError, EventBus, Subscription, next_batch, share_thread};
 use brainstorm_common::time::{format_timestamp, parse_timestamp};
 use brainstorm_proto::budget::{BudgetEvent, SETTLEMENTS_TOPIC, Settlement, budget_event};
 use brainstorm_proto::policy::{Observation, ObservationBatch, PolicyFirewallService};
 use chrono::{DateTime, TimeZone, Utc};
 use prost::Message;
 
-use crate::service::PolicyFirewallServiceImpl;
+use crate::service::{MAX_OBSERVATIONS, PolicyFirewallServiceImpl};
 
 /// The policy firewall's consumer group on `budget.settlements`.
 pub const CONSUMER_GROUP: &str = "policy-firewall";
 
 /// Quiet minutes reported as zero when a window closes after a gap.
 const MAX_QUIET_MINUTES: i64 = 60;
+/// The most observations one settlement gives: three entities, each two per-request values and,
+/// when its minute closes, two per closed and quiet minute.
+const MAX_PER_SETTLEMENT: usize = 3 * (2 + 2 * (1 + MAX_QUIET_MINUTES as usize));
+/// Settlements fed to the detector per batch, and how long a batch waits for more (as the ledger's
+/// consumer of the same topic does).
+const MAX_BATCH: usize = 1024;
+const LINGER: Duration = Duration::from_millis(25);
 const NANOS_PER_USD: f64 = 1_000_000_000.0;
 
 /// Requests and errors of one entity in one minute.
@@ -31,61 +39,113 @@ struct Window {
     errors: u64,
 }
 
+impl Window {
+    /// A window opened by its first request.
+    fn opened(minute: i64, failed: bool) -> Self {
+        Window { minute, requests: 1, errors: u64::from(failed) }
+    }
+
+    /// Counts one request; when its minute is past the window's, the window closes first and is
+    /// returned (a late settlement counts in the open window: close enough for a rate).
+    fn count(&mut self, minute: i64, failed: bool) -> Option<Window> {
+        let closed = (minute > self.minute).then(|| std::mem::replace(self, Window { minute, requests: 0, errors: 0 }));
+        self.requests += 1;
+        self.errors += u64::from(failed);
+        closed
+    }
+}
+
+/// One tenant's open windows: its own, and its keys' and agents' by id.
+#[derive(Debug, Default)]
+struct TenantWindows {
+    tenant: Option<Window>,
+    keys: HashMap<String, Window>,
+    agents: HashMap<String, Window>,
+}
+
 /// Turns settlements into observations (keeps the open per-minute windows).
 #[derive(Debug, Default)]
 pub struct AnomalyFeed {
-    windows: HashMap<(String, String, String), Window>,
+    windows: HashMap<String, TenantWindows>,
 }
 
 impl AnomalyFeed {
     /// The observations one settlement gives (its tenant's), per-request ones first.
     pub fn observe(&mut self, settlement: &Settlement) -> Vec<Observation> {
+        let mut observations = Vec::new();
+        self.observe_into(settlement, &mut observations);
+        observations
+    }
+
+    /// Appends the observations one settlement gives to `observations`.
+    fn observe_into<'a>(&mut self, settlement: &'a Settlement, observations: &mut Vec<Observation>) {
         let occurred = parse_timestamp(&settlement.occurred_at).unwrap_or_else(Utc::now);
         let timestamp = format_timestamp(occurred);
         let minute = occurred.timestamp().div_euclid(60);
         let failed = settlement.outcome == "failed";
-        let mut entities = vec![("tenant", settlement.tenant_id.clone())];
-        if let Some(key_id) = settlement.key_id.as_ref().filter(|key_id| !key_id.is_empty()) {
-            entities.push(("key", key_id.clone()));
-        }
-        if let Some(agent_id) = settlement.agent_id.as_ref().filter(|agent_id| !agent_id.is_empty()) {
-            entities.push(("agent", agent_id.clone()));
-        }
-        let mut observations = Vec::new();
+        let cost_usd = settlement.cost_nanos as f64 / NANOS_PER_USD;
+        let tokens = (settlement.input_tokens + settlement.output_tokens) as f64;
+        let windows = self.windows.entry(settlement.tenant_id.clone()).or_default();
+        let present = |id: &'a Option<String>| id.as_deref().filter(|id| !id.is_empty());
+        let entities = [
+            ("tenant", Some(settlement.tenant_id.as_str())),
+            ("key", present(&settlement.key_id)),
+            ("agent", present(&settlement.agent_id)),
+        ];
         for (entity_type, entity_id) in entities {
-            let observation = |metric: &str, value: f64, timestamp: &str| Observation {
+            let Some(entity_id) = entity_id else { continue };
+            let observation = |metric: &str, value: f64, timestamp: String| Observation {
                 entity_type: entity_type.to_string(),
-                entity_id: entity_id.clone(),
+                entity_id: entity_id.to_string(),
                 metric: metric.to_string(),
                 value,
-                timestamp: timestamp.to_string(),
+                timestamp,
             };
-            observations.push(observation("cost_usd", settlement.cost_nanos as f64 / NANOS_PER_USD, &timestamp));
-            observations.push(observation("tokens", (settlement.input_tokens + settlement.output_tokens) as f64, &timestamp));
-            let key = (settlement.tenant_id.clone(), entity_type.to_string(), entity_id.clone());
-            let window = self.windows.entry(key).or_insert(Window { minute, requests: 0, errors: 0 });
-            if minute > window.minute {
-                let closed_at = minute_timestamp(window.minute);
-                observations.push(observation("request_rate", window.requests as f64, &closed_at));
-                observations.push(observation("errors", window.errors as f64, &closed_at));
-                for quiet in (window.minute + 1..minute).take(MAX_QUIET_MINUTES as usize) {
-                    let quiet_at = minute_timestamp(quiet);
-                    observations.push(observation("request_rate", 0.0, &quiet_at));
-                    observations.push(observation("errors", 0.0, &quiet_at));
+            observations.push(observation("cost_usd", cost_usd, timestamp.clone()));
+            observations.push(observation("tokens", tokens, timestamp.clone()));
+            let open = match entity_type {
+                "tenant" => windows.tenant.as_mut(),
+                "key" => windows.keys.get_mut(entity_id),
+                _ => windows.agents.get_mut(entity_id),
+            };
+            let Some(window) = open else {
+                let window = Window::opened(minute, failed);
+                match entity_type {
+                    "tenant" => windows.tenant = Some(window),
+                    "key" => {
+                        windows.keys.insert(entity_id.to_string(), window);
+                    }
+                    _ => {
+                        windows.agents.insert(entity_id.to_string(), window);
+                    }
                 }
-                *window = Window { minute, requests: 0, errors: 0 };
+                continue;
+            };
+            let Some(closed) = window.count(minute, failed) else { continue };
+            let closed_at = minute_timestamp(closed.minute);
+            observations.push(observation("request_rate", closed.requests as f64, closed_at.clone()));
+            observations.push(observation("errors", closed.errors as f64, closed_at));
+            for quiet in (closed.minute + 1..minute).take(MAX_QUIET_MINUTES as usize) {
+                let quiet_at = minute_timestamp(quiet);
+                observations.push(observation("request_rate", 0.0, quiet_at.clone()));
+                observations.push(observation("errors", 0.0, quiet_at));
             }
-            // A late settlement counts in the open window: close enough for a rate.
-            window.requests += 1;
-            window.errors += u64::from(failed);
         }
-        observations
     }
 }
 
 fn minute_timestamp(minute: i64) -> String {
     let instant: DateTime<Utc> = Utc.timestamp_opt(minute * 60, 0).single().unwrap_or_else(Utc::now);
     format_timestamp(instant)
+}
+
+/// What one batch of deliveries did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Handled {
+    /// Settlements fed to the detector.
+    pub settlements: usize,
+    /// Alerts they raised.
+    pub alerts: usize,
 }
 
 /// A subscribed consumer; `subscribe` before the edges start so no settlement is missed.
@@ -108,7 +168,7 @@ impl AnomalyConsumer {
         loop {
             tokio::select! {
                 () = &mut shutdown => break,
-                handled = self.handle_next() => if let Err(error) = handled {
+                handled = self.handle_batch() => if let Err(error) = handled {
                     tracing::error!(%error, "anomaly consumer stopped: the bus failed");
                     break;
                 },
@@ -116,31 +176,61 @@ impl AnomalyConsumer {
         }
     }
 
-    /// Waits for one delivery and feeds it to the detector; returns how many alerts it raised. The
-    /// detector lives in memory, so every delivery is acked (there is nothing to retry).
-    pub async fn handle_next(&mut self) -> Result<usize, BusError> {
-        let delivery = self.subscription.next().await?;
-        let event = BudgetEvent::decode(delivery.message().payload.clone());
-        delivery.ack();
-        let settlement = match event {
-            Ok(BudgetEvent { kind: Some(budget_event::Kind::Settlement(settlement)) }) => settlement,
-            Ok(_) => return Ok(0),
-            Err(error) => {
-                tracing::warn!(%error, "skipping an undecodable budget event");
-                return Ok(0);
+    /// Waits for one delivery, gathers those arriving within `LINGER` (up to `MAX_BATCH`) and feeds
+    /// them to the detector, one call per tenant (in delivery order within a tenant). The detector
+    /// lives in memory, so every delivery is acked (there is nothing to retry).
+    pub async fn handle_batch(&mut self) -> Result<Handled, BusError> {
+        let deliveries = next_batch(self.subscription.as_mut(), MAX_BATCH, LINGER).await?;
+        let mut handled = Handled::default();
+        let mut batches: Vec<ObservationBatch> = Vec::new();
+        for (index, delivery) in deliveries.into_iter().enumerate() {
+            share_thread(index).await;
+            let event = BudgetEvent::decode(delivery.message().payload.clone());
+            delivery.ack();
+            let settlement = match event {
+                Ok(BudgetEvent { kind: Some(budget_event::Kind::Settlement(settlement)) }) => settlement,
+                Ok(_) => continue,
+                Err(error) => {
+                    tracing::warn!(%error, "skipping an undecodable budget event");
+                    continue;
+                }
+            };
+            if settlement.tenant_id.is_empty() {
+                continue;
             }
-        };
-        if settlement.tenant_id.is_empty() {
-            return Ok(0);
+            handled.settlements += 1;
+            let position = match batches.iter().position(|batch| batch.tenant_id == settlement.tenant_id) {
+                Some(position) => position,
+                None => {
+                    batches.push(ObservationBatch { tenant_id: settlement.tenant_id.clone(), observations: Vec::new() });
+                    batches.len() - 1
+                }
+            };
+            let batch = &mut batches[position];
+            self.feed.observe_into(&settlement, &mut batch.observations);
+            // A settlement gives at most 3 entities x (2 + 2 x 61) observations; the service takes
+            // MAX_OBSERVATIONS per call, so a full batch goes now and the tenant starts another.
+            if batch.observations.len() > MAX_OBSERVATIONS - MAX_PER_SETTLEMENT {
+                let full = std::mem::take(&mut batch.observations);
+                handled.alerts += record(&self.service, ObservationBatch { tenant_id: batch.tenant_id.clone(), observations: full }).await;
+            }
         }
-        let observations = self.feed.observe(&settlement);
-        let batch = ObservationBatch { tenant_id: settlement.tenant_id.clone(), observations };
-        match self.service.record_observations(batch).await {
-            Ok(alerts) => Ok(alerts.alerts.len()),
-            Err(error) => {
-                tracing::warn!(%error, "could not feed the anomaly detector");
-                Ok(0)
+        for batch in batches {
+            if !batch.observations.is_empty() {
+                handled.alerts += record(&self.service, batch).await;
             }
+        }
+        Ok(handled)
+    }
+}
+
+/// Feeds one tenant's observations to the detector; returns how many alerts they raised.
+async fn record(service: &PolicyFirewallServiceImpl, batch: ObservationBatch) -> usize {
+    match service.record_observations(batch).await {
+        Ok(alerts) => alerts.alerts.len(),
+        Err(error) => {
+            tracing::warn!(%error, "could not feed the anomaly detector");
+            0
         }
     }
 }

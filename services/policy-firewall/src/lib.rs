@@ -19,7 +19,7 @@ mod service;
 pub mod store;
 
 pub use approvals::{ApprovalScope, ArgumentFingerprint, approval_required_error, argument_fingerprint, is_high_risk_tool};
-pub use consumer::{AnomalyConsumer, AnomalyFeed};
+pub use consumer::{AnomalyConsumer, AnomalyFeed, Handled};
 pub use firewall::{
     ApprovalNeeded, CompiledFirewall, FirewallAction, FirewallConfig, FirewallMode, FirewallOutcome, InspectedCall, ToolCall, ToolCaller,
     Verdict,

@@ -37,7 +37,7 @@ const MAX_ANOMALIES: u32 = 1000;
 const MAX_REASON_CHARS: usize = 1000;
 const MAX_ID_CHARS: usize = 256;
 const MAX_PROVIDER_ID_CHARS: usize = 64;
-const MAX_OBSERVATIONS: usize = 1000;
+pub(crate) const MAX_OBSERVATIONS: usize = 1000;
 /// Interceptions one `record_interceptions` call may carry.
 const MAX_INTERCEPTION_BATCH: usize = 1000;
 const MAX_SCAN_CHARS: usize = 1_000_000;
@@ -841,19 +841,26 @@ impl PolicyFirewallService for PolicyFirewallServiceImpl {
                 return Err(ServiceError::invalid("invalid_observation", "observation values must be finite numbers"));
             }
         }
-        let now = self.now_text();
+        let now = self.now();
         let mut detectors = self.detectors();
         let detector = detectors.entry(tenant_id.to_string()).or_default();
-        let alerts = request
-            .observations
-            .into_iter()
-            .filter_map(|observation| {
-                // Normalised, so recent-alert windows compare instants as text.
-                let timestamp = parse_timestamp(&observation.timestamp).map_or_else(|| now.clone(), format_timestamp);
-                let key = SeriesKey { entity_type: observation.entity_type, entity_id: observation.entity_id, metric: observation.metric };
-                detector.observe(key, observation.value, &timestamp)
-            })
-            .collect::<Vec<_>>();
+        // Timestamps are normalised, so recent-alert windows compare instants as text. A batch's
+        // observations mostly share their instant (one settlement gives several): the last one's
+        // normal form is reused while the text repeats.
+        let mut normalised: Option<(String, String)> = None;
+        let mut alerts = Vec::new();
+        for observation in request.observations {
+            let timestamp = match normalised.take() {
+                Some((given, normal)) if given == observation.timestamp => (given, normal),
+                _ => {
+                    let normal = format_timestamp(parse_timestamp(&observation.timestamp).unwrap_or(now));
+                    (observation.timestamp, normal)
+                }
+            };
+            let key = SeriesKey { entity_type: observation.entity_type, entity_id: observation.entity_id, metric: observation.metric };
+            alerts.extend(detector.observe(key, observation.value, &timestamp.1));
+            normalised = Some(timestamp);
+        }
         for alert in &alerts {
             tracing::warn!(
                 tenant_id,

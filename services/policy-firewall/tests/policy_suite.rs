@@ -89,6 +89,7 @@ on_both_engines!(
     the_anomaly_detector_alerts_exports_imports_and_reports,
     guardians_on_two_edges_follow_the_bus_at_once,
     settlements_on_the_bus_feed_the_anomaly_detector,
+    one_batch_feeds_each_tenant_and_splits_what_one_call_cannot_take,
 );
 
 async fn the_tenant_switch_moves_between_states_keeps_fifty_activations_and_publishes_snapshots(database: Database) -> TestResult {
@@ -992,6 +993,53 @@ where
     false
 }
 
+async fn one_batch_feeds_each_tenant_and_splits_what_one_call_cannot_take(database: Database) -> TestResult {
+    use brainstorm_proto::budget::{BudgetEvent, SETTLEMENTS_TOPIC, Settlement, budget_event};
+    let harness = Harness::new(database)?;
+    let bus: Arc<dyn EventBus> = Arc::new(harness.bus.clone());
+    let mut consumer = brainstorm_policy_firewall::AnomalyConsumer::subscribe(&bus, harness.service.clone()).await?;
+    let (busy, quiet) = (new_tenant(), new_tenant());
+    let start = Utc::now();
+    // Two hours between the busy tenant's requests: each one closes the last minute and reports an
+    // hour of quiet ones for the tenant and its agent (246 observations), so six of them are more
+    // than one detector call takes (1,000).
+    let mut published = 0;
+    for index in 0..6 {
+        for (tenant, hours) in [(&busy, 2 * index), (&quiet, 0)] {
+            if tenant == &quiet && index > 1 {
+                continue;
+            }
+            let settlement = Settlement {
+                request_id: format!("req_{index}_{tenant}"),
+                tenant_id: tenant.clone(),
+                agent_id: Some("planner".to_string()),
+                input_tokens: 10,
+                output_tokens: 10,
+                cost_nanos: 1_000,
+                outcome: "succeeded".to_string(),
+                occurred_at: brainstorm_common::time::format_timestamp(start + ChronoDuration::hours(hours)),
+                ..Settlement::default()
+            };
+            let event = BudgetEvent { kind: Some(budget_event::Kind::Settlement(settlement)) };
+            bus.publish(SETTLEMENTS_TOPIC, tenant, event.encode_to_vec().into()).await?;
+            published += 1;
+        }
+    }
+    let handled = tokio::time::timeout(Duration::from_secs(2), consumer.handle_batch()).await??;
+    assert_eq!(handled.settlements, published, "everything waiting is one batch");
+    let stats = |tenant: &str, entity_type: &str, metric: &str| {
+        let (tenant, entity_type, metric) = (tenant.to_string(), entity_type.to_string(), metric.to_string());
+        let entity_id = if entity_type == "tenant" { tenant.clone() } else { "planner".to_string() };
+        let service = harness.service.clone();
+        async move { service.get_anomaly_stats(AnomalyStatsRef { tenant_id: tenant, entity_type, entity_id, metric }).await }
+    };
+    assert_eq!(stats(&busy, "tenant", "tokens").await?.count, 6, "every busy settlement was observed");
+    assert_eq!(stats(&busy, "agent", "request_rate").await?.count, 5 * 61, "five closed minutes, each after an hour of quiet ones");
+    assert_eq!(stats(&quiet, "tenant", "tokens").await?.count, 2, "the other tenant has its own detector");
+    assert!(stats(&quiet, "tenant", "request_rate").await.is_err(), "its minute is still open: no rate yet");
+    Ok(())
+}
+
 async fn settlements_on_the_bus_feed_the_anomaly_detector(database: Database) -> TestResult {
     use brainstorm_proto::budget::{BudgetEvent, SETTLEMENTS_TOPIC, Settlement, budget_event};
     let harness = Harness::new(database)?;
@@ -1020,10 +1068,12 @@ async fn settlements_on_the_bus_feed_the_anomaly_detector(database: Database) ->
         publish(index, 10_000_000 + index * 100_000).await?;
     }
     publish(12, 900_000_000).await?;
-    let mut alerts = 0;
-    for _ in 0..13 {
-        alerts += tokio::time::timeout(Duration::from_secs(2), consumer.handle_next()).await??;
+    let (mut settlements, mut alerts) = (0, 0);
+    while settlements < 13 {
+        let handled = tokio::time::timeout(Duration::from_secs(2), consumer.handle_batch()).await??;
+        (settlements, alerts) = (settlements + handled.settlements, alerts + handled.alerts);
     }
+    assert_eq!(settlements, 13, "each settlement is fed once");
     assert!(alerts >= 2, "the costly request is anomalous for the tenant and for the agent: {alerts}");
     let listed = harness.service.list_anomalies(ListAnomaliesRequest { tenant_id: tenant.clone(), limit: 10 }).await?;
     assert!(listed.alerts.iter().any(|alert| alert.entity_type == "agent" && alert.entity_id == "planner" && alert.metric == "cost_usd"));
