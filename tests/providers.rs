@@ -23,6 +23,7 @@ brainstorm_e2e::in_both_shapes!(
     aliases_presets_and_model_resolution_errors,
     models_runnable_allowlists_and_deprecations,
     a_client_disconnect_cancels_the_upstream_stream,
+    the_opening_frame_leaves_before_the_first_token,
 );
 
 struct Setup {
@@ -535,6 +536,47 @@ async fn a_client_disconnect_cancels_the_upstream_stream(shape: Shape) -> TestRe
         anyhow::ensure!(std::time::Instant::now() < deadline, "the upstream never saw the disconnect");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
+}
+
+/// A stream's first frame (OpenAI's role chunk, Anthropic's `message_start`) goes out with the headers
+/// as soon as the provider accepted the call, as the providers themselves do: the client's first byte
+/// does not wait for the first token (here a second behind it).
+async fn the_opening_frame_leaves_before_the_first_token(shape: Shape) -> TestResult {
+    let setup = setup_with(
+        shape,
+        MockConfig { chunk_delay: std::time::Duration::from_millis(1_000), ..MockConfig::default() },
+        &[("openai", OPENAI_KEY)],
+    )
+    .await?;
+    let (gateway, key) = (&setup.gateway, setup.key.as_str());
+    for (path, body, opening, token) in [
+        (
+            "/v1/chat/completions",
+            json!({"model": "openai/gpt-4o-mini", "stream": true, "messages": [{"role": "user", "content": "one two three"}]}),
+            "\"role\":\"assistant\"",
+            "\"content\":\"mock",
+        ),
+        (
+            "/v1/messages",
+            json!({"model": "openai/gpt-4o-mini", "max_tokens": 64, "stream": true, "messages": [{"role": "user", "content": "one two three"}]}),
+            "event: message_start",
+            "content_block_delta",
+        ),
+    ] {
+        let mut response = gateway.request(Method::POST, path, Some(key)).json(&body).send().await?;
+        assert_eq!(response.status().as_u16(), 200);
+        let first = response.chunk().await?.map(|chunk| String::from_utf8_lossy(&chunk).into_owned()).unwrap_or_default();
+        assert!(first.contains(opening), "{path}: the first chunk is the opening frame: {first}");
+        assert!(!first.contains(token), "{path}: the first token is a second later, not in the first chunk: {first}");
+        // The rest of the stream still comes, token by token.
+        let mut later = String::new();
+        while !later.contains(token) {
+            let Some(chunk) = response.chunk().await? else { break };
+            later.push_str(&String::from_utf8_lossy(&chunk));
+        }
+        assert!(later.contains(token), "{path}: {later}");
+    }
+    Ok(())
 }
 
 /// Pinned to one CPU (as in a one-CPU container), the gateway runs the single-threaded scheduler and

@@ -837,6 +837,13 @@ enum Writer {
 }
 
 impl Writer {
+    fn begin(&mut self) -> Vec<String> {
+        match self {
+            Writer::OpenAi(writer) => writer.begin(),
+            Writer::Anthropic(writer) => writer.begin(),
+        }
+    }
+
     fn write(&mut self, event: &ChatEvent) -> Vec<String> {
         match self {
             Writer::OpenAi(writer) => writer.write(event),
@@ -1092,12 +1099,16 @@ fn relay(
 ) -> Response {
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    let writer = match spec.format {
+    let mut writer = match spec.format {
         ClientFormat::OpenAi => {
             Writer::OpenAi(openai::StreamWriter::new(spec.id, spec.model.clone(), chrono::Utc::now().timestamp(), spec.stream_usage))
         }
         ClientFormat::Anthropic => Writer::Anthropic(anthropic::StreamWriter::new(spec.id, spec.model.clone(), spec.input_estimate)),
     };
+    // The opening frame goes with the headers, before the first token: the client's first byte does
+    // not wait for the provider's first event. Where output guardrails hold the whole reply, nothing
+    // leaves before they have judged it (a refusal is then the stream's only event).
+    let opening = if output_scan.is_none() { writer.begin() } else { Vec::new() };
     let state = RelayState {
         events,
         writer,
@@ -1111,7 +1122,7 @@ fn relay(
             reservation: Some(reservation),
             evidence,
         },
-        pending: VecDeque::new(),
+        pending: opening.into_iter().map(Bytes::from).collect(),
         ended: false,
         guard,
         held: Vec::new(),

@@ -233,6 +233,14 @@ impl StreamWriter {
         }
     }
 
+    /// The opening event (`message_start`), once: a relay sends it as soon as the provider accepted
+    /// the call, before the first token, as Anthropic does.
+    pub fn begin(&mut self) -> Vec<String> {
+        let mut frames = Vec::new();
+        self.start(&mut frames);
+        frames
+    }
+
     /// The events for one neutral event (the closing ones wait for `end`).
     pub fn write(&mut self, chat_event: &ChatEvent) -> Vec<String> {
         let mut frames = Vec::new();

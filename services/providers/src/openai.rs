@@ -290,13 +290,20 @@ impl StreamWriter {
         format!("data: {chunk}\n\n")
     }
 
-    /// The frames for one event (the finish and usage frames wait for `end`).
-    pub fn write(&mut self, event: &ChatEvent) -> Vec<String> {
+    /// The opening frame (the assistant's role), once: a relay sends it as soon as the provider
+    /// accepted the call, before the first token, as OpenAI does.
+    pub fn begin(&mut self) -> Vec<String> {
         let mut frames = Vec::new();
         if !self.started {
             self.started = true;
             frames.push(self.chunk(json!({"role": "assistant", "content": ""}), Value::Null));
         }
+        frames
+    }
+
+    /// The frames for one event (the finish and usage frames wait for `end`).
+    pub fn write(&mut self, event: &ChatEvent) -> Vec<String> {
+        let mut frames = self.begin();
         match event {
             ChatEvent::TextDelta(text) => frames.push(self.chunk(json!({"content": text}), Value::Null)),
             ChatEvent::ToolCallStart { index, id, name } => frames.push(self.chunk(
@@ -314,11 +321,7 @@ impl StreamWriter {
 
     /// The closing frames: the finish chunk, the usage chunk when asked for, and `[DONE]`.
     pub fn end(&mut self) -> Vec<String> {
-        let mut frames = Vec::new();
-        if !self.started {
-            self.started = true;
-            frames.push(self.chunk(json!({"role": "assistant", "content": ""}), Value::Null));
-        }
+        let mut frames = self.begin();
         frames.push(self.chunk(json!({}), json!(finish_reason(self.finish.unwrap_or(FinishReason::Stop)))));
         if self.include_usage {
             let usage = self.usage.unwrap_or_default();
