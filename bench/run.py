@@ -24,6 +24,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PROVIDER_KEY = "sk-bench-0123456789abcdefghijklmnopqrstuv"
+# The paced mock's gap between stream chunks (phase d's paced streams).
+PACED_CHUNK_MS = 5
 
 
 def log(message):
@@ -151,8 +153,9 @@ class Bench:
         result["gateway_cpu_us_per_request"] = round(spent / result["ok"] * 1e6, 1) if result.get("ok") else None
         return result
 
-    def stream_timings(self, base, path, key, body, count):
-        """Time to first byte and to last byte of `count` sequential streamed requests, in ms."""
+    def stream_timings(self, base, path, key, body, count, extra_headers=None):
+        """Time to first byte and to last byte of `count` sequential streamed requests, in ms (each
+        must answer 200)."""
         import http.client
 
         host, port = base.replace("http://", "").split(":")
@@ -160,12 +163,15 @@ class Bench:
         headers = {"content-type": "application/json"}
         if key:
             headers["authorization"] = f"Bearer {key}"
+        headers.update(extra_headers or {})
         payload = json.dumps(body)
         first, last = [], []
         for _ in range(count):
             started = time.perf_counter()
             connection.request("POST", path, payload, headers)
             response = connection.getresponse()
+            if response.status != 200:
+                raise RuntimeError(f"{base}{path} answered {response.status}: {response.read()[:300]!r}")
             response.read1(1)
             first.append((time.perf_counter() - started) * 1000)
             response.read()
@@ -209,10 +215,16 @@ class Bench:
             # the gateway's CPU like the load generator (processes started through `pin` choose their own).
             first, _, last = self.load_cpus.partition("-")
             os.sched_setaffinity(0, set(range(int(first), int(last or first) + 1)))
-        mock_port, gateway_port = free_port(), free_port()
+        mock_port, paced_port, gateway_port = free_port(), free_port(), free_port()
         mock = f"http://127.0.0.1:{mock_port}"
         self.start("mock", [args.mock, "--listen", f"127.0.0.1:{mock_port}"], self.load_cpus)
         wait_http(f"{mock}/__mock/requests")
+        # A second mock paces its streams like a model writing tokens (the first chunk at once, the
+        # next ones PACED_CHUNK_MS apart) and answers the Anthropic wire format: phase d's paced
+        # streams go through it, so time to first byte and to last byte differ as they do in use.
+        paced = f"http://127.0.0.1:{paced_port}"
+        self.start("paced-mock", [args.mock, "--listen", f"127.0.0.1:{paced_port}", "--chunk-delay-ms", str(PACED_CHUNK_MS)], self.load_cpus)
+        wait_http(f"{paced}/__mock/requests")
         body = {"model": "gpt-4o-mini", "max_tokens": 16, "messages": [{"role": "user", "content": "say hello to the benchmark"}]}
         routed = dict(body, model="openai/gpt-4o-mini")
 
@@ -225,7 +237,12 @@ class Bench:
             "gateway",
             [args.gateway, "up", "--listen", f"127.0.0.1:{gateway_port}", "--data-dir", data_dir],
             gateway_cpus,
-            {"BR_PROVIDER_OPENAI_BASE_URL": f"{mock}/v1", "RUST_LOG": "warn", "BR_MAIL_OUTBOX": os.path.join(self.work, "outbox")},
+            {
+                "BR_PROVIDER_OPENAI_BASE_URL": f"{mock}/v1",
+                "BR_PROVIDER_ANTHROPIC_BASE_URL": paced,
+                "RUST_LOG": "warn",
+                "BR_MAIL_OUTBOX": os.path.join(self.work, "outbox"),
+            },
         )
         base = f"http://127.0.0.1:{gateway_port}"
         wait_http(f"{base}/health")
@@ -234,6 +251,7 @@ class Bench:
 
         key = call(f"{base}/v1/register", {"tenant_name": "bench", "accept_tos": True})["api_key"]["key"]
         call(f"{base}/v1/providers", {"provider": "openai", "api_key": PROVIDER_KEY}, key)
+        call(f"{base}/v1/providers", {"provider": "anthropic", "api_key": PROVIDER_KEY}, key)
         graduated = call(f"{base}/v1/account/graduate", {}, key)
         log(f"tenant graduated to {graduated.get('tier')} (no sandbox request caps)")
         minimal_key = key
@@ -257,6 +275,15 @@ class Bench:
         phases["d_stream_direct"] = self.stream_timings(mock, "/v1/chat/completions", PROVIDER_KEY, dict(body, stream=True), args.streams)
         self.settle(gateway.pid)
         phases["d_stream_gateway"] = self.stream_timings(base, "/v1/chat/completions", minimal_key, stream_body, args.streams)
+        log(f"phase d: paced streams ({PACED_CHUNK_MS} ms between chunks, Anthropic wire format upstream, OpenAI format to the client)")
+        paced_direct_body = {"model": "claude-haiku-4-5", "max_tokens": 16, "stream": True, "messages": body["messages"]}
+        paced_body = dict(paced_direct_body, model="anthropic/claude-haiku-4-5")
+        paced_count = max(1, args.streams // 2)
+        phases["d_paced_stream_direct"] = self.stream_timings(
+            paced, "/v1/messages", None, paced_direct_body, paced_count, {"x-api-key": PROVIDER_KEY, "anthropic-version": "2023-06-01"}
+        )
+        self.settle(gateway.pid)
+        phases["d_paced_stream_gateway"] = self.stream_timings(base, "/v1/chat/completions", minimal_key, paced_body, paced_count)
         log("phase e: the guardian stages added one at a time to the minimal pipeline")
         full_body = dict(routed, **guardian["body"])
         at_2000 = lambda key, request: self.measured(gateway.pid, lambda: self.oha(gateway_url, key, request, duration=args.seconds, connections=32, rate=2000))
@@ -288,6 +315,11 @@ class Bench:
             self.report[f"added_latency_ms_at_{rate}"] = {q: round(gateway_phase[f"{q}_ms"] - direct_phase[f"{q}_ms"], 3) for q in ("p50", "p90", "p99")}
         stream_gateway, stream_direct = phases["d_stream_gateway"], phases["d_stream_direct"]
         self.report["stream_ttfb_overhead_ms"] = round(stream_gateway["ttfb_p50_ms"] - stream_direct["ttfb_p50_ms"], 3)
+        paced_gateway, paced_direct = phases["d_paced_stream_gateway"], phases["d_paced_stream_direct"]
+        self.report["paced_stream_overhead_ms"] = {
+            "ttfb_p50": round(paced_gateway["ttfb_p50_ms"] - paced_direct["ttfb_p50_ms"], 3),
+            "ttlb_p50": round(paced_gateway["ttlb_p50_ms"] - paced_direct["ttlb_p50_ms"], 3),
+        }
         gateway.terminate()
         gateway.wait(timeout=10)
         self.nginx_floor(mock, body)
@@ -347,6 +379,9 @@ http {{
             url = f"http://127.0.0.1:{port}/v1/chat/completions"
             log("nginx floor: a plain reverse proxy to the mock")
             self.rate_and_max("nginx", process.pid, url, PROVIDER_KEY, body)
+            # A plain proxy's own added latency: the floor for the gateway's.
+            nginx_phase, direct_phase = self.report["phases"]["nginx_rate_2000"], self.report["phases"]["b_rate_2000_direct"]
+            self.report["nginx_added_latency_ms_at_2000"] = {q: round(nginx_phase[f"{q}_ms"] - direct_phase[f"{q}_ms"], 3) for q in ("p50", "p90", "p99")}
             self.report["nginx"] = "nginx 1 worker on CPU 0 (its CPU per request is in the table)"
         finally:
             process.terminate()
@@ -429,7 +464,7 @@ def table(report):
             continue
         cpu = phase.get("gateway_cpu_us_per_request")
         lines.append(f"{name:<26}{(phase['requests_per_second'] or 0):>10.0f}{phase['p50_ms']:>9.3f}{phase['p90_ms']:>9.3f}{phase['p99_ms']:>9.3f}{(cpu if cpu is not None else float('nan')):>12.1f}")
-    for name in ("d_stream_direct", "d_stream_gateway"):
+    for name in ("d_stream_direct", "d_stream_gateway", "d_paced_stream_direct", "d_paced_stream_gateway"):
         phase = report["phases"].get(name, {})
         if phase:
             lines.append(f"{name:<26} TTFB p50 {phase['ttfb_p50_ms']:.3f} ms, p99 {phase['ttfb_p99_ms']:.3f} ms; last byte p50 {phase['ttlb_p50_ms']:.3f} ms")
@@ -438,7 +473,9 @@ def table(report):
         f"added latency, sequential: {report['added_latency_ms']}",
         f"added latency at 500 req/s: {report.get('added_latency_ms_at_500')}",
         f"added latency at 2000 req/s: {report.get('added_latency_ms_at_2000')}",
+        f"nginx's added latency at 2000 req/s (the floor): {report.get('nginx_added_latency_ms_at_2000', 'nginx not measured')}",
         f"streaming TTFB overhead (p50): {report['stream_ttfb_overhead_ms']} ms",
+        f"paced streams ({PACED_CHUNK_MS} ms between chunks), overhead p50: {report.get('paced_stream_overhead_ms')}",
         f"guardian overhead (X-BR-Guardian-Overhead-Ms): {report.get('guardian_overhead_ms')}",
         f"CPU per request each stage adds at 2000 req/s (us; noisy): {report.get('stage_cpu_us_per_request')}",
         f"gateway CPU per request (us): {report['cpu_us_per_request']}",
