@@ -87,7 +87,7 @@ impl Detector {
         if !self.series.contains_key(&key) {
             self.series.insert(key.clone(), Welford::default());
         }
-        let Some(series) = self.series.get_mut(&key) else { return None }; // inserted above
+        let series = self.series.get_mut(&key)?; // inserted above
         let std_dev = series.alert_std_dev();
         let sigma = (value - series.mean) / std_dev;
         let anomalous = series.count >= MIN_SAMPLES && sigma > SIGMA_THRESHOLD;
