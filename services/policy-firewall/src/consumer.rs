@@ -55,18 +55,14 @@ impl Window {
     }
 }
 
-/// One tenant's open windows: its own, and its keys' and agents' by id.
-#[derive(Debug, Default)]
-struct TenantWindows {
-    tenant: Option<Window>,
-    keys: HashMap<String, Window>,
-    agents: HashMap<String, Window>,
-}
+/// The entities a settlement is observed for, in the order of a tenant's window maps.
+const ENTITY_TYPES: [&str; 3] = ["tenant", "key", "agent"];
 
 /// Turns settlements into observations (keeps the open per-minute windows).
 #[derive(Debug, Default)]
 pub struct AnomalyFeed {
-    windows: HashMap<String, TenantWindows>,
+    /// Per tenant, one map of open windows per entity type (`ENTITY_TYPES` order), keyed by id.
+    windows: HashMap<String, [HashMap<String, Window>; 3]>,
 }
 
 impl AnomalyFeed {
@@ -85,14 +81,10 @@ impl AnomalyFeed {
         let failed = settlement.outcome == "failed";
         let cost_usd = settlement.cost_nanos as f64 / NANOS_PER_USD;
         let tokens = (settlement.input_tokens + settlement.output_tokens) as f64;
-        let windows = self.windows.entry(settlement.tenant_id.clone()).or_default();
         let present = |id: &'a Option<String>| id.as_deref().filter(|id| !id.is_empty());
-        let entities = [
-            ("tenant", Some(settlement.tenant_id.as_str())),
-            ("key", present(&settlement.key_id)),
-            ("agent", present(&settlement.agent_id)),
-        ];
-        for (entity_type, entity_id) in entities {
+        let entity_ids = [Some(settlement.tenant_id.as_str()), present(&settlement.key_id), present(&settlement.agent_id)];
+        let windows = self.windows.entry(settlement.tenant_id.clone()).or_default();
+        for ((entity_type, entity_id), open) in ENTITY_TYPES.into_iter().zip(entity_ids).zip(windows.iter_mut()) {
             let Some(entity_id) = entity_id else { continue };
             let observation = |metric: &str, value: f64, timestamp: String| Observation {
                 entity_type: entity_type.to_string(),
@@ -103,25 +95,14 @@ impl AnomalyFeed {
             };
             observations.push(observation("cost_usd", cost_usd, timestamp.clone()));
             observations.push(observation("tokens", tokens, timestamp.clone()));
-            let open = match entity_type {
-                "tenant" => windows.tenant.as_mut(),
-                "key" => windows.keys.get_mut(entity_id),
-                _ => windows.agents.get_mut(entity_id),
-            };
-            let Some(window) = open else {
-                let window = Window::opened(minute, failed);
-                match entity_type {
-                    "tenant" => windows.tenant = Some(window),
-                    "key" => {
-                        windows.keys.insert(entity_id.to_string(), window);
-                    }
-                    _ => {
-                        windows.agents.insert(entity_id.to_string(), window);
-                    }
+            let closed = match open.get_mut(entity_id) {
+                Some(window) => window.count(minute, failed),
+                None => {
+                    open.insert(entity_id.to_string(), Window::opened(minute, failed));
+                    None
                 }
-                continue;
             };
-            let Some(closed) = window.count(minute, failed) else { continue };
+            let Some(closed) = closed else { continue };
             let closed_at = minute_timestamp(closed.minute);
             observations.push(observation("request_rate", closed.requests as f64, closed_at.clone()));
             observations.push(observation("errors", closed.errors as f64, closed_at));

@@ -993,8 +993,25 @@ where
     false
 }
 
+/// A succeeded request of agent `planner`, encoded for `budget.settlements`: `tokens` in and out each.
+fn planner_settlement(tenant: &str, request_id: String, tokens: i64, cost_nanos: i64, occurred_at: DateTime<Utc>) -> Vec<u8> {
+    use brainstorm_proto::budget::{BudgetEvent, Settlement, budget_event};
+    let settlement = Settlement {
+        request_id,
+        tenant_id: tenant.to_string(),
+        agent_id: Some("planner".to_string()),
+        input_tokens: tokens,
+        output_tokens: tokens,
+        cost_nanos,
+        outcome: "succeeded".to_string(),
+        occurred_at: brainstorm_common::time::format_timestamp(occurred_at),
+        ..Settlement::default()
+    };
+    BudgetEvent { kind: Some(budget_event::Kind::Settlement(settlement)) }.encode_to_vec()
+}
+
 async fn one_batch_feeds_each_tenant_and_splits_what_one_call_cannot_take(database: Database) -> TestResult {
-    use brainstorm_proto::budget::{BudgetEvent, SETTLEMENTS_TOPIC, Settlement, budget_event};
+    use brainstorm_proto::budget::SETTLEMENTS_TOPIC;
     let harness = Harness::new(database)?;
     let bus: Arc<dyn EventBus> = Arc::new(harness.bus.clone());
     let mut consumer = brainstorm_policy_firewall::AnomalyConsumer::subscribe(&bus, harness.service.clone()).await?;
@@ -1009,19 +1026,8 @@ async fn one_batch_feeds_each_tenant_and_splits_what_one_call_cannot_take(databa
             if tenant == &quiet && index > 1 {
                 continue;
             }
-            let settlement = Settlement {
-                request_id: format!("req_{index}_{tenant}"),
-                tenant_id: tenant.clone(),
-                agent_id: Some("planner".to_string()),
-                input_tokens: 10,
-                output_tokens: 10,
-                cost_nanos: 1_000,
-                outcome: "succeeded".to_string(),
-                occurred_at: brainstorm_common::time::format_timestamp(start + ChronoDuration::hours(hours)),
-                ..Settlement::default()
-            };
-            let event = BudgetEvent { kind: Some(budget_event::Kind::Settlement(settlement)) };
-            bus.publish(SETTLEMENTS_TOPIC, tenant, event.encode_to_vec().into()).await?;
+            let settlement = planner_settlement(tenant, format!("req_{index}_{tenant}"), 10, 1_000, start + ChronoDuration::hours(hours));
+            bus.publish(SETTLEMENTS_TOPIC, tenant, settlement.into()).await?;
             published += 1;
         }
     }
@@ -1041,28 +1047,17 @@ async fn one_batch_feeds_each_tenant_and_splits_what_one_call_cannot_take(databa
 }
 
 async fn settlements_on_the_bus_feed_the_anomaly_detector(database: Database) -> TestResult {
-    use brainstorm_proto::budget::{BudgetEvent, SETTLEMENTS_TOPIC, Settlement, budget_event};
+    use brainstorm_proto::budget::SETTLEMENTS_TOPIC;
     let harness = Harness::new(database)?;
     let bus: Arc<dyn EventBus> = Arc::new(harness.bus.clone());
     let mut consumer = brainstorm_policy_firewall::AnomalyConsumer::subscribe(&bus, harness.service.clone()).await?;
     let tenant = new_tenant();
     let start = Utc::now();
     let publish = |index: i64, cost_nanos: i64| {
-        let settlement = Settlement {
-            request_id: format!("req_{index}"),
-            tenant_id: tenant.clone(),
-            agent_id: Some("planner".to_string()),
-            input_tokens: 100,
-            output_tokens: 100,
-            cost_nanos,
-            outcome: "succeeded".to_string(),
-            occurred_at: brainstorm_common::time::format_timestamp(start + ChronoDuration::seconds(index)),
-            ..Settlement::default()
-        };
-        let event = BudgetEvent { kind: Some(budget_event::Kind::Settlement(settlement)) };
+        let settlement = planner_settlement(&tenant, format!("req_{index}"), 100, cost_nanos, start + ChronoDuration::seconds(index));
         let bus = bus.clone();
         let tenant = tenant.clone();
-        async move { bus.publish(SETTLEMENTS_TOPIC, &tenant, event.encode_to_vec().into()).await }
+        async move { bus.publish(SETTLEMENTS_TOPIC, &tenant, settlement.into()).await }
     };
     for index in 0..12 {
         publish(index, 10_000_000 + index * 100_000).await?;
