@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use brainstorm_common::bus::{BusError, Delivery, EventBus, Subscription, next_batch, share_thread};
 use brainstorm_proto::audit::{AUDIT_RECORDS_TOPIC, AuditRecord};
-use prost::Message;
 
 use crate::service::{AuditLineageServiceImpl, by_tenant, is_rejection, validate_record};
 use crate::store::Appended;
@@ -92,7 +91,7 @@ impl AuditConsumer {
         let mut valid = Vec::with_capacity(deliveries.len());
         for (index, delivery) in deliveries.into_iter().enumerate() {
             share_thread(index).await;
-            let record = match AuditRecord::decode(delivery.message().payload.clone()) {
+            let record = match delivery.message().decode::<AuditRecord>() {
                 Ok(record) => record,
                 Err(error) => {
                     tracing::error!(%error, key = %delivery.message().key, "dropping an undecodable audit record");
@@ -110,7 +109,7 @@ impl AuditConsumer {
             valid.push((record, delivery));
         }
         for (tenant_id, batch) in by_tenant(valid, |(record, _)| &record.tenant_id) {
-            let (records, deliveries): (Vec<AuditRecord>, Vec<Delivery>) = batch.into_iter().unzip();
+            let (records, deliveries): (Vec<Arc<AuditRecord>>, Vec<Delivery>) = batch.into_iter().unzip();
             match self.service.append_batch(&tenant_id, &records).await {
                 Ok(appended) => {
                     for (delivery, appended) in deliveries.into_iter().zip(appended) {
@@ -136,7 +135,7 @@ impl AuditConsumer {
 }
 
 async fn handle(service: &AuditLineageServiceImpl, delivery: Delivery) -> Handled {
-    let record = match AuditRecord::decode(delivery.message().payload.clone()) {
+    let record = match delivery.message().decode::<AuditRecord>() {
         Ok(record) => record,
         Err(error) => {
             tracing::error!(%error, key = %delivery.message().key, "dropping an undecodable audit record");

@@ -14,8 +14,6 @@ use std::time::Duration;
 
 use brainstorm_common::bus::{BusError, EventBus};
 use brainstorm_proto::audit::{AUDIT_RECORDS_TOPIC, AuditRecord};
-use bytes::Bytes;
-use prost::Message;
 use tokio::sync::mpsc;
 
 use crate::canonical::{canonical_payload, commitment, payload_commitment};
@@ -25,13 +23,14 @@ use crate::canonical::{canonical_payload, commitment, payload_commitment};
 /// commitment once it is.
 pub async fn publish_record(bus: &dyn EventBus, record: &AuditRecord) -> Result<String, BusError> {
     let commitment = commitment(record);
-    publish_encoded(bus, record).await?;
+    publish(bus, &Arc::new(record.clone())).await?;
     Ok(commitment)
 }
 
-/// Publishes a record whose commitment is already known (the publisher computed it at `submit`).
-async fn publish_encoded(bus: &dyn EventBus, record: &AuditRecord) -> Result<(), BusError> {
-    bus.publish(AUDIT_RECORDS_TOPIC, &record.tenant_id, Bytes::from(record.encode_to_vec())).await
+/// Publishes a record whose commitment is already known (the publisher computed it at `submit`); an
+/// in-process consumer receives this very value.
+async fn publish(bus: &dyn EventBus, record: &Arc<AuditRecord>) -> Result<(), BusError> {
+    bus.publish_event(AUDIT_RECORDS_TOPIC, &record.tenant_id, record.clone()).await
 }
 
 /// What to do with a record when the buffer is full.
@@ -185,9 +184,10 @@ impl AuditPublisher {
 
 async fn drain(bus: Arc<dyn EventBus>, mut receiver: mpsc::Receiver<AuditRecord>, counters: Arc<Counters>, options: Arc<PublisherOptions>) {
     while let Some(record) = receiver.recv().await {
+        let record = Arc::new(record);
         let mut backoff = options.initial_backoff;
         // Retried until it goes: the next record must not overtake it.
-        while let Err(error) = publish_encoded(bus.as_ref(), &record).await {
+        while let Err(error) = publish(bus.as_ref(), &record).await {
             counters.publish_failures.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(%error, request_id = %record.request_id, backoff_ms = backoff.as_millis() as u64, "cannot publish an audit record; retrying");
             tokio::time::sleep(backoff).await;
@@ -204,6 +204,7 @@ mod tests {
 
     use async_trait::async_trait;
     use brainstorm_common::bus::{InProcessBus, Subscription};
+    use bytes::Bytes;
 
     use super::*;
 
@@ -243,9 +244,9 @@ mod tests {
 
     async fn received(subscription: &mut Box<dyn Subscription>) -> Result<String, Box<dyn std::error::Error>> {
         let delivery = tokio::time::timeout(Duration::from_secs(5), subscription.next()).await??;
-        let record = AuditRecord::decode(delivery.message().payload.clone())?;
+        let record = delivery.message().decode::<AuditRecord>()?;
         delivery.ack();
-        Ok(record.request_id)
+        Ok(record.request_id.clone())
     }
 
     #[tokio::test]
@@ -255,7 +256,7 @@ mod tests {
         let (publisher, _task) = AuditPublisher::spawn(bus, options(3, OverflowPolicy::FailClosed));
         let Submitted::Queued { commitment: answered } = publisher.submit(record(7))? else { return Err("not queued".into()) };
         let delivery = tokio::time::timeout(Duration::from_secs(5), consumer.next()).await??;
-        let carried = AuditRecord::decode(delivery.message().payload.clone())?;
+        let carried = delivery.message().decode::<AuditRecord>()?;
         assert_eq!(carried.canonical_payload, canonical_payload(&record(7)));
         assert_eq!(payload_commitment(&carried.canonical_payload), answered);
         assert_eq!(answered, commitment(&carried), "the payload does not include itself");

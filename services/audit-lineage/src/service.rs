@@ -1,6 +1,6 @@
 //! The audit-lineage service: the `AuditLineageService` contract over the chain store.
 
-use std::borrow::Cow;
+use std::borrow::{Borrow, Cow};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -181,7 +181,7 @@ impl AuditLineageServiceImpl {
 
     /// Chains several records of one tenant in one transaction, in order; each must pass
     /// `validate_record` (the consumer checks them one by one first).
-    pub async fn append_batch(&self, tenant_id: &str, records: &[AuditRecord]) -> ServiceResult<Vec<Appended>> {
+    pub async fn append_batch<R: Borrow<AuditRecord>>(&self, tenant_id: &str, records: &[R]) -> ServiceResult<Vec<Appended>> {
         struct Prepared<'a> {
             payload: Cow<'a, str>,
             occurred_at: String,
@@ -191,6 +191,7 @@ impl AuditLineageServiceImpl {
         let mut prepared = Vec::with_capacity(records.len());
         for (index, record) in records.iter().enumerate() {
             brainstorm_common::bus::share_thread(index).await;
+            let record = record.borrow();
             validate_record(record)?;
             if record.tenant_id != tenant_id {
                 return Err(ServiceError::invalid("mixed_tenants", "a batch holds one tenant's records"));
@@ -204,6 +205,7 @@ impl AuditLineageServiceImpl {
         }
         let entries: Vec<NewEntry<'_>> = records
             .iter()
+            .map(Borrow::borrow)
             .zip(&prepared)
             .map(|(record, prepared)| NewEntry {
                 tenant_id,

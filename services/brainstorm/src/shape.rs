@@ -371,7 +371,7 @@ const RELAY_BATCH: usize = 256;
 /// batch, so each delivery is acked after its batch went.
 async fn forward_in_batches<M, Relayed>(bus: Arc<dyn EventBus>, topic: &'static str, group: &'static str, relay: impl Fn(Vec<M>) -> Relayed)
 where
-    M: prost::Message + Default,
+    M: prost::Message + Default + Clone + 'static,
     Relayed: std::future::Future<Output = ()>,
 {
     let mut subscription = match bus.subscribe(topic, group).await {
@@ -384,8 +384,8 @@ where
     while let Ok(deliveries) = next_batch(subscription.as_mut(), RELAY_BATCH, Duration::ZERO).await {
         let mut messages = Vec::with_capacity(deliveries.len());
         for delivery in &deliveries {
-            match M::decode(delivery.message().payload.clone()) {
-                Ok(message) => messages.push(message),
+            match delivery.message().decode::<M>() {
+                Ok(message) => messages.push(Arc::unwrap_or_clone(message)),
                 Err(error) => tracing::warn!(%error, topic, "skipping an undecodable message"),
             }
         }

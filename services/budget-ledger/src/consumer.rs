@@ -8,7 +8,6 @@ use std::time::Duration;
 use brainstorm_common::bus::{BusError, Delivery, EventBus, Subscription, next_batch, share_thread};
 use brainstorm_proto::ErrorKind;
 use brainstorm_proto::budget::{BudgetEvent, SETTLEMENTS_TOPIC, Settlement, budget_event};
-use prost::Message;
 
 use crate::service::BudgetLedgerServiceImpl;
 
@@ -84,10 +83,8 @@ impl SettlementConsumer {
         let mut settlements = Vec::new();
         for (index, delivery) in deliveries.into_iter().enumerate() {
             share_thread(index).await;
-            match BudgetEvent::decode(delivery.message().payload.clone()) {
-                Ok(BudgetEvent { kind: Some(budget_event::Kind::Settlement(settlement)) }) => {
-                    settlements.push((settlement, delivery));
-                }
+            match delivery.message().decode::<BudgetEvent>() {
+                Ok(event) if settlement_of(&event).is_some() => settlements.push((event, delivery)),
                 _ => handled.push(handle(&self.service, delivery).await),
             }
         }
@@ -97,7 +94,7 @@ impl SettlementConsumer {
             }
             return Ok(handled);
         }
-        let batch: Vec<&Settlement> = settlements.iter().map(|(settlement, _)| settlement).collect();
+        let batch: Vec<&Settlement> = settlements.iter().filter_map(|(event, _)| settlement_of(event)).collect();
         match self.service.record_settlements(&batch).await {
             Ok(written) => {
                 // Alerts once per tenant per batch (and coalesced with an evaluation already running).
@@ -125,8 +122,16 @@ impl SettlementConsumer {
     }
 }
 
+/// The settlement an event carries, if it is one.
+fn settlement_of(event: &BudgetEvent) -> Option<&Settlement> {
+    match &event.kind {
+        Some(budget_event::Kind::Settlement(settlement)) => Some(settlement),
+        _ => None,
+    }
+}
+
 async fn handle(service: &BudgetLedgerServiceImpl, delivery: Delivery) -> Handled {
-    let event = match BudgetEvent::decode(delivery.message().payload.clone()) {
+    let event = match delivery.message().decode::<BudgetEvent>() {
         Ok(event) => event,
         Err(error) => {
             tracing::error!(%error, key = %delivery.message().key, "dropping an undecodable budget event");

@@ -18,7 +18,6 @@ use brainstorm_proto::budget::{self, BudgetEvent, CurrentTotals, budget_event};
 use brainstorm_proto::identity::ApiKey;
 use chrono::{DateTime, Utc};
 use http::StatusCode;
-use prost::Message;
 use serde_json::json;
 
 use crate::counters::{
@@ -541,8 +540,8 @@ fn unavailable(error: CounterError) -> BudgetDenial {
 /// Publishes a budget event; a lost event costs the ledger one row, never the request, so failures
 /// are logged.
 async fn publish(bus: &dyn EventBus, tenant_id: &str, kind: budget_event::Kind) {
-    let event = BudgetEvent { kind: Some(kind) };
-    if let Err(error) = bus.publish(budget::SETTLEMENTS_TOPIC, tenant_id, event.encode_to_vec().into()).await {
+    let event = Arc::new(BudgetEvent { kind: Some(kind) });
+    if let Err(error) = bus.publish_event(budget::SETTLEMENTS_TOPIC, tenant_id, event).await {
         tracing::warn!(%error, tenant_id, "could not publish a budget event");
     }
 }

@@ -13,7 +13,6 @@ use brainstorm_proto::budget::{self, BudgetEvent, CounterTotal, CurrentTotals, b
 use brainstorm_proto::identity::ApiKey;
 use chrono::Utc;
 use http::StatusCode;
-use prost::Message;
 
 type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
@@ -54,9 +53,9 @@ async fn reserve_ok(guard: &BudgetGuard, context: &BudgetContext, cost_nanos: i6
 
 async fn next_event(subscription: &mut Box<dyn Subscription>) -> Result<BudgetEvent, Box<dyn std::error::Error + Send + Sync>> {
     let delivery = tokio::time::timeout(Duration::from_secs(2), subscription.next()).await??;
-    let event = BudgetEvent::decode(delivery.message().payload.clone())?;
+    let event = delivery.message().decode::<BudgetEvent>()?;
     delivery.ack();
-    Ok(event)
+    Ok(std::sync::Arc::unwrap_or_clone(event))
 }
 
 fn header<'a>(headers: &'a [(&'static str, String)], name: &str) -> Option<&'a str> {

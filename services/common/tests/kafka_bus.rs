@@ -56,7 +56,7 @@ fn group(name: &str) -> String {
 
 async fn next(subscription: &mut Box<dyn Subscription>) -> Result<(String, Delivery), Box<dyn std::error::Error>> {
     let delivery = tokio::time::timeout(Duration::from_secs(60), subscription.next()).await??;
-    let text = String::from_utf8_lossy(&delivery.message().payload).into_owned();
+    let text = String::from_utf8_lossy(&delivery.message().payload()).into_owned();
     Ok((text, delivery))
 }
 

@@ -15,7 +15,6 @@ use brainstorm_common::time::parse_timestamp;
 use brainstorm_proto::events::{IDENTITY_EVENTS_TOPIC, IdentityEvent, identity_event};
 use brainstorm_proto::identity::{ApiKey, AuthenticateRequest, IdentityClient, Principal};
 use chrono::{DateTime, Utc};
-use prost::Message;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
@@ -160,8 +159,8 @@ impl Authenticator {
                     return;
                 }
             };
-            match IdentityEvent::decode(delivery.message().payload.clone()) {
-                Ok(event) => match event.kind {
+            match delivery.message().decode::<IdentityEvent>() {
+                Ok(event) => match &event.kind {
                     Some(identity_event::Kind::ApiKeyRevoked(revoked)) => self.evict_key(&revoked.key_id),
                     Some(identity_event::Kind::TenantChanged(_)) => self.evict_tenant(&event.tenant_id),
                     None => {}

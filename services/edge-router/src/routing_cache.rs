@@ -12,7 +12,6 @@ use brainstorm_common::money::Usd;
 use brainstorm_proto::catalog::{CatalogClient, Preset, TenantRef};
 use brainstorm_proto::events::{CATALOG_EVENTS_TOPIC, RoutingConfigChanged};
 use brainstorm_providers::routing::{PresetSpec, RouteOptions, TenantRouting};
-use prost::Message;
 use serde_json::Value;
 
 /// What the edge holds for one tenant.
@@ -100,7 +99,7 @@ impl RoutingCache {
             }
         };
         while let Ok(delivery) = subscription.next().await {
-            match RoutingConfigChanged::decode(delivery.message().payload.clone()) {
+            match delivery.message().decode::<RoutingConfigChanged>() {
                 Ok(changed) => self.evict(&changed.tenant_id),
                 Err(error) => tracing::warn!(%error, "skipping undecodable catalog event"),
             }

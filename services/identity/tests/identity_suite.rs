@@ -11,7 +11,6 @@ use brainstorm_identity::{IdentityOptions, IdentityServiceImpl};
 use brainstorm_proto::events::{IDENTITY_EVENTS_TOPIC, IdentityEvent, identity_event};
 use brainstorm_proto::identity::*;
 use brainstorm_proto::{ErrorKind, ServiceError};
-use prost::Message;
 use sha2::Digest;
 use sqlx::Row;
 
@@ -136,7 +135,7 @@ async fn keys_are_stored_hashed_and_authenticate_until_revoked(database: Databas
     assert_eq!((refused.kind, refused.reason.as_str()), (ErrorKind::Unauthenticated, "revoked_api_key"));
 
     let delivery = tokio::time::timeout(std::time::Duration::from_secs(2), edge_events.next()).await??;
-    let event = IdentityEvent::decode(delivery.message().payload.clone())?;
+    let event = delivery.message().decode::<IdentityEvent>()?;
     delivery.ack();
     assert!(matches!(event.kind, Some(identity_event::Kind::ApiKeyRevoked(ref revoked)) if revoked.key_id == record.id));
 
@@ -379,9 +378,9 @@ async fn approval_mode_holds_tenants_until_approved(database: Database) -> TestR
 /// The next identity event, which must arrive within two seconds.
 async fn next_identity_event(subscription: &mut Box<dyn Subscription>) -> Result<IdentityEvent, Box<dyn std::error::Error>> {
     let delivery = tokio::time::timeout(std::time::Duration::from_secs(2), subscription.next()).await??;
-    let event = IdentityEvent::decode(delivery.message().payload.clone())?;
+    let event = delivery.message().decode::<IdentityEvent>()?;
     delivery.ack();
-    Ok(event)
+    Ok(Arc::unwrap_or_clone(event))
 }
 
 /// Fails if an identity event arrives within a short while.

@@ -13,7 +13,6 @@ use brainstorm_common::time::{format_timestamp, parse_timestamp};
 use brainstorm_proto::budget::{BudgetEvent, SETTLEMENTS_TOPIC, Settlement, budget_event};
 use brainstorm_proto::policy::{Observation, ObservationBatch, PolicyFirewallService};
 use chrono::{DateTime, TimeZone, Utc};
-use prost::Message;
 
 use crate::service::{MAX_OBSERVATIONS, PolicyFirewallServiceImpl};
 
@@ -166,16 +165,16 @@ impl AnomalyConsumer {
         let mut batches: Vec<ObservationBatch> = Vec::new();
         for (index, delivery) in deliveries.into_iter().enumerate() {
             share_thread(index).await;
-            let event = BudgetEvent::decode(delivery.message().payload.clone());
+            let event = delivery.message().decode::<BudgetEvent>();
             delivery.ack();
-            let settlement = match event {
-                Ok(BudgetEvent { kind: Some(budget_event::Kind::Settlement(settlement)) }) => settlement,
-                Ok(_) => continue,
+            let event = match event {
+                Ok(event) => event,
                 Err(error) => {
                     tracing::warn!(%error, "skipping an undecodable budget event");
                     continue;
                 }
             };
+            let Some(budget_event::Kind::Settlement(settlement)) = &event.kind else { continue };
             if settlement.tenant_id.is_empty() {
                 continue;
             }
@@ -188,7 +187,7 @@ impl AnomalyConsumer {
                 }
             };
             let batch = &mut batches[position];
-            self.feed.observe_into(&settlement, &mut batch.observations);
+            self.feed.observe_into(settlement, &mut batch.observations);
             // A settlement gives at most 3 entities x (2 + 2 x 61) observations; the service takes
             // MAX_OBSERVATIONS per call, so a full batch goes now and the tenant starts another.
             if batch.observations.len() > MAX_OBSERVATIONS - MAX_PER_SETTLEMENT {

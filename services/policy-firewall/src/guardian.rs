@@ -17,7 +17,6 @@ use brainstorm_proto::policy::{
     TenantRef, policy_event,
 };
 use brainstorm_proto::{ServiceError, ServiceResult};
-use prost::Message;
 use tokio::time::Instant;
 
 use crate::firewall::{ApprovalNeeded, CompiledFirewall, FirewallConfig, FirewallMode, FirewallOutcome, ToolCall, ToolCaller};
@@ -262,7 +261,7 @@ impl Guardian {
             }
         };
         while let Ok(delivery) = subscription.next().await {
-            match PolicyEvent::decode(delivery.message().payload.clone()) {
+            match delivery.message().decode::<PolicyEvent>() {
                 Ok(event) => self.apply_event(&event),
                 Err(error) => tracing::warn!(%error, "skipping undecodable policy event"),
             }

@@ -69,9 +69,9 @@ fn tenant_ref(tenant_id: &str) -> TenantRef {
 
 async fn next_event(subscription: &mut Box<dyn Subscription>) -> Result<PolicyEvent, Box<dyn std::error::Error + Send + Sync>> {
     let delivery = tokio::time::timeout(Duration::from_secs(2), subscription.next()).await??;
-    let event = PolicyEvent::decode(delivery.message().payload.clone())?;
+    let event = delivery.message().decode::<PolicyEvent>()?;
     delivery.ack();
-    Ok(event)
+    Ok(std::sync::Arc::unwrap_or_clone(event))
 }
 
 use brainstorm_common::on_both_engines;

@@ -273,11 +273,11 @@ impl Subscription for KafkaSubscription {
                 state.outstanding.insert(offset);
                 state.epoch
             };
-            let bus_message = BusMessage {
-                topic: topic.clone(),
-                key: message.key().map(|key| String::from_utf8_lossy(key).into_owned()).unwrap_or_default(),
-                payload: Bytes::copy_from_slice(message.payload().unwrap_or_default()),
-            };
+            let bus_message = BusMessage::new(
+                topic.clone(),
+                message.key().map(|key| String::from_utf8_lossy(key).into_owned()).unwrap_or_default(),
+                Bytes::copy_from_slice(message.payload().unwrap_or_default()),
+            );
             let acknowledger = KafkaAcknowledger { shared: self.shared.clone(), topic, partition, offset, epoch };
             return Ok(Delivery::new(bus_message, Box::new(acknowledger)));
         }
