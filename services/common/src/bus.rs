@@ -283,7 +283,8 @@ impl InProcessBus {
 
     /// Queues `message` for every consumer group of its topic.
     fn append(&self, message: BusMessage) {
-        let groups: Vec<Arc<GroupQueue>> = self.topics().get(&message.topic).map(|groups| groups.values().cloned().collect()).unwrap_or_default();
+        let groups: Vec<Arc<GroupQueue>> =
+            self.topics().get(&message.topic).map(|groups| groups.values().cloned().collect()).unwrap_or_default();
         for group in groups {
             group.pending().push_back(message.clone());
             group.notify.notify_one();
@@ -471,7 +472,8 @@ mod tests {
         let bus = InProcessBus::new();
         let mut ledger = bus.subscribe("events", "ledger").await?;
         let mut anomaly = bus.subscribe("events", "anomaly").await?;
-        let event = Arc::new(RoutingConfigChanged { tenant_id: "tenant-1".to_string(), occurred_at: "2026-11-25T10:00:00.000Z".to_string() });
+        let event =
+            Arc::new(RoutingConfigChanged { tenant_id: "tenant-1".to_string(), occurred_at: "2026-11-25T10:00:00.000Z".to_string() });
         bus.publish_event("events", "tenant-1", event.clone()).await?;
         for subscription in [&mut ledger, &mut anomaly] {
             let delivery = tokio::time::timeout(Duration::from_secs(2), subscription.next()).await??;
