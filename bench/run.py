@@ -249,11 +249,8 @@ class Bench:
         time.sleep(1)
         self.report["idle_rss_mib"] = round(memory_kib(gateway.pid)["VmRSS"] / 1024, 1)
 
-        key = call(f"{base}/v1/register", {"tenant_name": "bench", "accept_tos": True})["api_key"]["key"]
-        call(f"{base}/v1/providers", {"provider": "openai", "api_key": PROVIDER_KEY}, key)
-        call(f"{base}/v1/providers", {"provider": "anthropic", "api_key": PROVIDER_KEY}, key)
-        graduated = call(f"{base}/v1/account/graduate", {}, key)
-        log(f"tenant graduated to {graduated.get('tier')} (no sandbox request caps)")
+        key = self.prepare_tenant(base, "bench", ("openai", "anthropic"))
+        log("tenant graduated (no sandbox request caps)")
         minimal_key = key
         full_key = call(f"{base}/v1/api-keys", {"name": "bench-full", "role": "developer", "budget_limit_usd": 4, "budget_period": "daily", "rate_limit_rpm": 10_000_000}, key)["api_key"]["key"]
         guardian = self.enable_guardian(base, key)
@@ -324,6 +321,7 @@ class Bench:
         gateway.wait(timeout=10)
         self.nginx_floor(mock, body)
         self.distributed_edge(mock, routed)
+        self.instructions(mock, routed)
         self.report["cpu_us_per_request"] = {name: phase.get("gateway_cpu_us_per_request") for name, phase in phases.items() if "gateway_cpu_us_per_request" in phase}
 
     def rate_and_max(self, prefix, pid, url, key, body):
@@ -386,6 +384,58 @@ http {{
         finally:
             process.terminate()
 
+    def instructions(self, mock, routed):
+        """Phase i: instructions per request, counted by callgrind on a fresh `up` (minimal pipeline,
+        8 connections; counting switched on after a warm-up and off before shutdown). Unlike times,
+        the count repeats on a noisy machine, so commits compare by it. SHA-256 runs in software
+        under valgrind (it hides the CPU's SHA extensions), so hashing weighs more here than natively.
+        Skipped without valgrind or with --no-callgrind."""
+        valgrind, control = shutil.which("valgrind"), shutil.which("callgrind_control")
+        if self.args.no_callgrind or valgrind is None or control is None or shutil.which("callgrind_annotate") is None:
+            self.report["instructions_per_request"] = "skipped: no valgrind" if not self.args.no_callgrind else "skipped: --no-callgrind"
+            return
+        log("phase i: instructions per request (callgrind)")
+        port = free_port()
+        out_dir = os.path.join(self.work, "callgrind")
+        os.makedirs(out_dir)
+        gateway = self.start(
+            "gateway-callgrind",
+            [valgrind, "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out_dir}/callgrind.out.%p",
+             self.args.gateway, "up", "--listen", f"127.0.0.1:{port}", "--data-dir", os.path.join(self.work, "data-callgrind")],
+            "0",
+            {"BR_PROVIDER_OPENAI_BASE_URL": f"{mock}/v1", "RUST_LOG": "warn", "BR_MAIL_OUTBOX": os.path.join(self.work, "outbox")},
+        )
+        base = f"http://127.0.0.1:{port}"
+        wait_http(f"{base}/health", timeout=180)
+        key = self.prepare_tenant(base, "bench-callgrind", ("openai",))
+        url = f"{base}/v1/chat/completions"
+        warm, counted = 500, self.args.callgrind_requests
+        self.oha(url, key, routed, requests=warm, connections=8)
+        time.sleep(2)
+        subprocess.run([control, "-i", "on", str(gateway.pid)], check=True, capture_output=True)
+        phase = self.oha(url, key, routed, requests=counted, connections=8)
+        # The chain, ledger and anomaly consumers finish the counted requests' batches (25 ms linger).
+        time.sleep(3)
+        subprocess.run([control, "-i", "off", str(gateway.pid)], check=True, capture_output=True)
+        gateway.terminate()
+        gateway.wait(timeout=120)
+        outputs = sorted((os.path.join(out_dir, name) for name in os.listdir(out_dir)), key=os.path.getsize)
+        summary = subprocess.run(["callgrind_annotate", outputs[-1]], capture_output=True, text=True).stdout if outputs else ""
+        total = next((int(line.split()[0].replace(",", "")) for line in summary.splitlines() if "PROGRAM TOTALS" in line), None)
+        if total is None or phase["ok"] != counted:
+            self.report["instructions_per_request"] = f"not counted (ok {phase['ok']} of {counted}, total {total})"
+            return
+        self.report["instructions_per_request"] = round(total / counted)
+
+    def prepare_tenant(self, base, name, providers):
+        """Registers tenant `name` on gateway `base` with the mock's key for `providers`, graduated
+        (no sandbox request caps); returns its admin key."""
+        key = call(f"{base}/v1/register", {"tenant_name": name, "accept_tos": True})["api_key"]["key"]
+        for provider in providers:
+            call(f"{base}/v1/providers", {"provider": provider, "api_key": PROVIDER_KEY}, key)
+        call(f"{base}/v1/account/graduate", {}, key)
+        return key
+
     def distributed_edge(self, mock, routed):
         """Phase h: the edge alone (`serve edge-router` on CPU 0) with the five services in one
         `serve` process on PostgreSQL (the other CPU): the edge's own cost per request, without the
@@ -419,9 +469,7 @@ http {{
             )
             base = f"http://127.0.0.1:{edge_port}"
             wait_http(f"{base}/health")
-            key = call(f"{base}/v1/register", {"tenant_name": "bench-distributed", "accept_tos": True})["api_key"]["key"]
-            call(f"{base}/v1/providers", {"provider": "openai", "api_key": PROVIDER_KEY}, key)
-            call(f"{base}/v1/account/graduate", {}, key)
+            key = self.prepare_tenant(base, "bench-distributed", ("openai",))
             url = f"{base}/v1/chat/completions"
             log("phase h: the edge alone, services in another process on PostgreSQL")
             self.rate_and_max("h_edge", edge.pid, url, key, routed)
@@ -483,6 +531,7 @@ def table(report):
         f"guardian stages in phase e: {', '.join(report['phases'].get('e_full_gateway', {}).get('stages', []))}",
         f"nginx floor: {report.get('nginx', 'not installed: skipped')}",
         f"distributed edge (phase h): {report.get('distributed_edge')}",
+        f"instructions per request, callgrind (phase i; repeatable, SHA-256 in software): {report.get('instructions_per_request')}",
     ]
     return "\n".join(lines)
 
@@ -495,6 +544,8 @@ def main():
     parser.add_argument("--seconds", type=int, default=5)
     parser.add_argument("--sequential", type=int, default=2000)
     parser.add_argument("--streams", type=int, default=200)
+    parser.add_argument("--callgrind-requests", type=int, default=3000)
+    parser.add_argument("--no-callgrind", action="store_true", help="skip phase i (instructions per request under callgrind)")
     parser.add_argument("--output", default=os.path.join(ROOT, "target", "bench", "latest.json"))
     args = parser.parse_args()
     bench = Bench(args)
