@@ -203,6 +203,11 @@ impl ApiError {
         }
     }
 
+    /// Adds a header already made a value.
+    pub fn push_header_value(&mut self, name: HeaderName, value: HeaderValue) {
+        self.headers.push((name, value));
+    }
+
     /// The JSON body: `{error{message,type,code,...}, recovery{...}}`.
     pub fn body(&self) -> Value {
         let mut error = Map::new();

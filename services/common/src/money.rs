@@ -82,16 +82,33 @@ impl Usd {
 
     /// Formats with exactly `decimals` places (truncating extra precision toward zero).
     pub fn format_fixed(self, decimals: u32) -> String {
-        let decimals = decimals.min(9);
-        let sign = if self.nanos < 0 { "-" } else { "" };
-        let magnitude = self.nanos.unsigned_abs();
+        self.fixed(decimals).to_string()
+    }
+
+    /// Displays with exactly `decimals` places (at most 9; extra precision truncated toward zero), to
+    /// be written where it goes without an intermediate `String`.
+    pub fn fixed(self, decimals: u32) -> FixedUsd {
+        FixedUsd { amount: self, decimals: decimals.min(9) }
+    }
+}
+
+/// An amount shown with a fixed number of decimals (`Usd::fixed`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FixedUsd {
+    amount: Usd,
+    decimals: u32,
+}
+
+impl fmt::Display for FixedUsd {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let sign = if self.amount.nanos < 0 { "-" } else { "" };
+        let magnitude = self.amount.nanos.unsigned_abs();
         let whole = magnitude / NANOS_PER_USD as u64;
-        let fraction = magnitude % NANOS_PER_USD as u64;
-        if decimals == 0 {
-            return format!("{sign}{whole}");
+        if self.decimals == 0 {
+            return write!(formatter, "{sign}{whole}");
         }
-        let fraction = fraction / 10u64.pow(9 - decimals);
-        format!("{sign}{whole}.{fraction:0width$}", width = decimals as usize)
+        let fraction = (magnitude % NANOS_PER_USD as u64) / 10u64.pow(9 - self.decimals);
+        write!(formatter, "{sign}{whole}.{fraction:0width$}", width = self.decimals as usize)
     }
 }
 

@@ -5,6 +5,7 @@
 mod auth;
 mod budget_cache;
 mod extract;
+mod header_value;
 mod pipeline;
 mod reply_guard;
 mod routes;

@@ -27,6 +27,7 @@ use serde_json::{Map, Value, json};
 use crate::EdgeState;
 use crate::auth::{Caller, CallerIdentity, Refused};
 use crate::extract::RequestId;
+use crate::header_value::{self, Millis};
 use crate::reply_guard::{GuardReport, ReplyGuard, ToolVerdict};
 use crate::routing_cache::route_options;
 use crate::sandbox;
@@ -36,6 +37,15 @@ use crate::sandbox;
 macro_rules! set {
     ($headers:expr, $name:literal, $value:expr $(,)?) => {
         put($headers, const { HeaderName::from_static($name) }, $value)
+    };
+}
+
+/// Sets header `$name` to `$value` (an `Option<HeaderValue>`, from `header_value`) when it is Some.
+macro_rules! set_value {
+    ($headers:expr, $name:literal, $value:expr $(,)?) => {
+        if let Some(value) = $value {
+            $headers.insert(const { HeaderName::from_static($name) }, value);
+        }
     };
 }
 
@@ -303,15 +313,22 @@ fn seal(
         conversation_id: request_headers.get("x-conversation-id").and_then(|value| value.to_str().ok()).map(str::to_string),
         ..AuditRecord::default()
     };
-    let mut guardian_headers = std::mem::take(&mut facts.guardian_headers);
+    let guardian_headers = std::mem::take(&mut facts.guardian_headers);
+    // Evidence and guardian status headers, for the answer or the error alike.
+    let mut evidence: Vec<(HeaderName, Option<HeaderValue>)> = Vec::with_capacity(8);
     if !facts.guardian_status.is_empty() {
-        guardian_headers.push((HeaderName::from_static("x-br-guardian-status"), facts.guardian_status.to_string()));
-        guardian_headers.push((HeaderName::from_static("x-br-guardian-overhead-ms"), milliseconds(facts.guardian_overhead)));
+        evidence.push((const { HeaderName::from_static("x-br-guardian-status") }, header_value::fixed(facts.guardian_status)));
+        evidence.push((
+            const { HeaderName::from_static("x-br-guardian-overhead-ms") },
+            header_value::formatted(format_args!("{}", Millis(facts.guardian_overhead))),
+        ));
     }
-    let mut evidence = Vec::with_capacity(6);
-    evidence.push((const { HeaderName::from_static("x-br-explain") }, request_id.0.clone()));
-    evidence.push((const { HeaderName::from_static("x-br-verdict-id") }, format!("vrd_{}", request_id.0.trim_start_matches("req_"))));
-    evidence.push((const { HeaderName::from_static("traceparent") }, traceparent));
+    evidence.push((const { HeaderName::from_static("x-br-explain") }, HeaderValue::from_str(&request_id.0).ok()));
+    evidence.push((
+        const { HeaderName::from_static("x-br-verdict-id") },
+        header_value::formatted(format_args!("vrd_{}", request_id.0.trim_start_matches("req_"))),
+    ));
+    evidence.push((const { HeaderName::from_static("traceparent") }, HeaderValue::from_str(&traceparent).ok()));
     match facts.stream_evidence.take() {
         // A stream's record is completed (tokens, cost, how it ended) and submitted when the stream
         // ends; its commitment then travels as a trailing SSE comment.
@@ -327,15 +344,20 @@ fn seal(
                     return Err(ApiError::unavailable("audit_unavailable", format!("audit evidence cannot be recorded: {error}")));
                 }
             };
-            evidence.push((const { HeaderName::from_static("x-br-evidence-receipt") }, format!("sha256:{commitment}")));
-            evidence.push((const { HeaderName::from_static("x-br-audit-hash") }, commitment));
-            evidence.push((const { HeaderName::from_static("x-br-evidence-coverage") }, coverage.to_string()));
+            evidence.push((
+                const { HeaderName::from_static("x-br-evidence-receipt") },
+                header_value::formatted(format_args!("sha256:{commitment}")),
+            ));
+            evidence.push((const { HeaderName::from_static("x-br-audit-hash") }, HeaderValue::from_str(&commitment).ok()));
+            evidence.push((const { HeaderName::from_static("x-br-evidence-coverage") }, header_value::fixed(coverage)));
         }
     }
     match result {
         Ok(mut response) => {
             for (name, value) in evidence {
-                put(response.headers_mut(), name, &value);
+                if let Some(value) = value {
+                    response.headers_mut().insert(name, value);
+                }
             }
             for (name, value) in guardian_headers {
                 if let Ok(value) = HeaderValue::from_str(&value) {
@@ -346,7 +368,9 @@ fn seal(
         }
         Err(mut error) => {
             for (name, value) in evidence {
-                error.push_header(name, &value);
+                if let Some(value) = value {
+                    error.push_header_value(name, value);
+                }
             }
             for (name, value) in guardian_headers {
                 error.push_header(name, &value);
@@ -536,7 +560,7 @@ async fn complete_inner(
         };
         let provider_started = Instant::now();
         let mut headers = route_headers(&route, candidate, &failures, &chat);
-        set!(&mut headers, "x-br-routing-overhead-ms", &milliseconds(routing_overhead));
+        set_value!(&mut headers, "x-br-routing-overhead-ms", header_value::formatted(format_args!("{}", Millis(routing_overhead))));
         let outcome = if chat.stream {
             state.upstream.stream(&target, &chat).await.map(Ok)
         } else {
@@ -545,7 +569,7 @@ async fn complete_inner(
         let provider_latency = provider_started.elapsed();
         facts.model_executed = candidate.id().to_string();
         facts.provider = candidate.provider.id.to_string();
-        set!(&mut headers, "x-br-provider-latency-ms", &milliseconds(provider_latency));
+        set_value!(&mut headers, "x-br-provider-latency-ms", header_value::formatted(format_args!("{}", Millis(provider_latency))));
         match outcome {
             Ok(Ok(events)) => {
                 budget_headers(&mut headers, reservation.remaining());
@@ -574,7 +598,7 @@ async fn complete_inner(
                     Err(error) => tracing::error!(%error, "settling a completion failed; the reservation stays counted"),
                 }
                 guard_whole_reply(state, tenant_id, reply_guard.as_ref(), guardian_off, &mut reply, facts).await?;
-                set!(&mut headers, "x-br-total-latency-ms", &milliseconds(started.elapsed()));
+                set_value!(&mut headers, "x-br-total-latency-ms", header_value::formatted(format_args!("{}", Millis(started.elapsed()))));
                 return Ok(reply_response(reply, headers, candidate, &route, reply_id, format));
             }
             Err(error) => {
@@ -646,10 +670,6 @@ fn reply_id(request_id: &RequestId, format: ClientFormat) -> String {
     }
 }
 
-fn milliseconds(duration: std::time::Duration) -> String {
-    format!("{:.3}", duration.as_secs_f64() * 1000.0)
-}
-
 /// Sets header `name` to `value` when `value` is a valid header value.
 fn put(headers: &mut HeaderMap, name: HeaderName, value: &str) {
     if let Ok(value) = HeaderValue::from_str(value) {
@@ -657,17 +677,18 @@ fn put(headers: &mut HeaderMap, name: HeaderName, value: &str) {
     }
 }
 
-/// Exact dollars with six decimals, as the cost headers show them.
-fn dollars(amount: Usd) -> String {
-    amount.format_fixed(6)
+/// Actual cost as a share of the estimate (1 = the whole estimate was spent).
+fn efficiency(actual: Usd, estimated: Usd) -> Option<Efficiency> {
+    (estimated.nanos() > 0).then(|| Efficiency(i128::from(actual.nanos()) * 10_000 / i128::from(estimated.nanos())))
 }
 
-/// Actual cost as a share of the estimate (1 = the whole estimate was spent).
-fn efficiency(actual: Usd, estimated: Usd) -> Option<String> {
-    (estimated.nanos() > 0).then(|| {
-        let ten_thousandths = i128::from(actual.nanos()) * 10_000 / i128::from(estimated.nanos());
-        format!("{}.{:04}", ten_thousandths / 10_000, ten_thousandths % 10_000)
-    })
+/// A ratio in ten-thousandths, shown with four decimals (`0.4500`).
+struct Efficiency(i128);
+
+impl std::fmt::Display for Efficiency {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(formatter, "{}.{:04}", self.0 / 10_000, self.0 % 10_000)
+    }
 }
 
 fn route_headers(route: &Route, candidate: &Candidate, failures: &[(String, UpstreamError)], chat: &ChatRequest) -> HeaderMap {
@@ -679,25 +700,25 @@ fn route_headers(route: &Route, candidate: &Candidate, failures: &[(String, Upst
         set!(&mut headers, "x-br-resolved-model", first.id());
     }
     set!(&mut headers, "x-br-upstream-model", &candidate.model);
-    set!(&mut headers, "x-br-selection-method", route.method.as_str());
+    set_value!(&mut headers, "x-br-selection-method", header_value::fixed(route.method.as_str()));
     set!(&mut headers, "x-br-route-reason", &route.reason);
-    set!(&mut headers, "x-br-models-considered", &route.candidates.len().to_string());
-    set!(&mut headers, "x-model-router-endpoint", candidate.provider.id);
+    set_value!(&mut headers, "x-br-models-considered", header_value::formatted(format_args!("{}", route.candidates.len())));
+    set_value!(&mut headers, "x-model-router-endpoint", header_value::fixed(candidate.provider.id));
     if let Some(entry) = &candidate.entry {
-        set!(&mut headers, "x-br-quality-tier", &entry.tier.to_string());
+        set_value!(&mut headers, "x-br-quality-tier", header_value::formatted(format_args!("{}", entry.tier)));
         deprecation_headers(&mut headers, entry);
     }
     if let Some((tier, score)) = route.complexity {
-        set!(&mut headers, "x-br-complexity-level", &tier.to_string());
-        set!(&mut headers, "x-br-complexity-score", &score.to_string());
+        set_value!(&mut headers, "x-br-complexity-level", header_value::formatted(format_args!("{tier}")));
+        set_value!(&mut headers, "x-br-complexity-score", header_value::formatted(format_args!("{score}")));
     }
     if let (true, Some(estimate)) = (chat.model != "auto", candidate.estimated_cost) {
-        set!(&mut headers, "x-br-estimated-cost", &dollars(estimate));
+        set_value!(&mut headers, "x-br-estimated-cost", header_value::formatted(format_args!("{}", estimate.fixed(6))));
         let usage = routing::estimate_usage(chat, candidate.entry.as_ref());
-        set!(
+        set_value!(
             &mut headers,
             "x-br-estimated-cost-basis",
-            &format!("input~{} tokens, output<={} tokens", usage.input_tokens, usage.output_tokens),
+            header_value::formatted(format_args!("input~{} tokens, output<={} tokens", usage.input_tokens, usage.output_tokens)),
         );
     }
     if let Some((first_failed, _)) = failures.first() {
@@ -744,9 +765,9 @@ fn reply_response(
     reply.model = candidate.id().to_string();
     let cost = price_of(candidate).map(|price| price.cost(reply.usage));
     if let Some(cost) = cost {
-        set!(&mut headers, "x-br-actual-cost", &dollars(cost));
+        set_value!(&mut headers, "x-br-actual-cost", header_value::formatted(format_args!("{}", cost.fixed(6))));
         if let Some(ratio) = candidate.estimated_cost.and_then(|estimate| efficiency(cost, estimate)) {
-            set!(&mut headers, "x-br-efficiency", &ratio);
+            set_value!(&mut headers, "x-br-efficiency", header_value::formatted(format_args!("{ratio}")));
         }
     }
     answer(&reply, headers, format, cost.map_or(Value::Null, Usd::to_json), &route.strategy)
@@ -776,7 +797,7 @@ async fn sandbox_response(chat: &ChatRequest, id: String, format: ClientFormat, 
         set!(&mut headers, "x-br-estimated-cost", "0.000000");
     }
     set!(&mut headers, "x-br-actual-cost", "0.000000");
-    set!(&mut headers, "x-br-total-latency-ms", &milliseconds(started.elapsed()));
+    set_value!(&mut headers, "x-br-total-latency-ms", header_value::formatted(format_args!("{}", Millis(started.elapsed()))));
     if chat.stream {
         budget_headers(&mut headers, reservation.remaining());
         let events = futures::stream::iter(reply_events(&reply).into_iter().map(Ok)).boxed();
@@ -1173,7 +1194,7 @@ fn relay(
                     let (cost, evidence) = state.settlement.settle(Outcome::Succeeded);
                     // Headers are gone by now: the actual cost and the evidence travel as SSE comments.
                     if let Some(cost) = cost {
-                        state.pending.push_back(Bytes::from(format!(": x-br-actual-cost={}\n\n", dollars(cost))));
+                        state.pending.push_back(Bytes::from(format!(": x-br-actual-cost={}\n\n", cost.fixed(6))));
                     }
                     if let Some((commitment, coverage)) = evidence {
                         state.pending.push_back(Bytes::from(format!(
@@ -1197,9 +1218,10 @@ mod tests {
 
     #[test]
     fn efficiency_is_exact_to_four_places() {
-        assert_eq!(efficiency(Usd::from_nanos(450), Usd::from_nanos(1_000)), Some("0.4500".to_string()));
-        assert_eq!(efficiency(Usd::from_nanos(1), Usd::from_nanos(3)), Some("0.3333".to_string()));
-        assert_eq!(efficiency(Usd::from_nanos(5), Usd::ZERO), None);
-        assert_eq!(dollars(Usd::from_nanos(450_000)), "0.000450");
+        let shown = |actual, estimated| efficiency(Usd::from_nanos(actual), Usd::from_nanos(estimated)).map(|ratio| ratio.to_string());
+        assert_eq!(shown(450, 1_000), Some("0.4500".to_string()));
+        assert_eq!(shown(1, 3), Some("0.3333".to_string()));
+        assert_eq!(shown(5, 0), None);
+        assert_eq!(Usd::from_nanos(450_000).fixed(6).to_string(), "0.000450");
     }
 }
