@@ -38,7 +38,7 @@ impl Period {
     pub fn key_at(self, now: DateTime<Utc>) -> String {
         match self {
             Period::Daily => day_key(now.date_naive()),
-            Period::Monthly => format!("{:04}-{:02}", now.year(), now.month()),
+            Period::Monthly => month_key(now.year(), now.month()),
         }
     }
 
@@ -55,8 +55,31 @@ impl Period {
 
 /// `2026-11-22`.
 pub fn day_key(date: NaiveDate) -> String {
-    // Formatted by hand: chrono's `format` parses its pattern on every call (this runs per request).
-    format!("{:04}-{:02}-{:02}", date.year(), date.month(), date.day())
+    let mut key = month_key(date.year(), date.month());
+    key.push('-');
+    push_two_digits(&mut key, date.day());
+    key
+}
+
+/// `2026-11`. Written digit by digit: a reservation formats a key per scope and period, and
+/// `format!` costs about ten times as much (years outside 0-9999 go through it).
+fn month_key(year: i32, month: u32) -> String {
+    if !(0..=9999).contains(&year) {
+        return format!("{year:04}-{month:02}");
+    }
+    let mut key = String::with_capacity(10);
+    let year = year.unsigned_abs();
+    push_two_digits(&mut key, year / 100);
+    push_two_digits(&mut key, year % 100);
+    key.push('-');
+    push_two_digits(&mut key, month);
+    key
+}
+
+/// Appends `value` (below 100) as two digits.
+fn push_two_digits(text: &mut String, value: u32) {
+    text.push(char::from(b'0' + (value / 10 % 10) as u8));
+    text.push(char::from(b'0' + (value % 10) as u8));
 }
 
 /// The end (exclusive) of the period a key names: `2026-11-22` ends at the next midnight, `2026-11` at
@@ -110,6 +133,17 @@ mod tests {
         assert_eq!(Period::Daily.key_at(at("2026-11-23T00:30:00+02:00")), "2026-11-22");
         assert_eq!(Period::Daily.end_after(now), at("2026-11-23T00:00:00Z"));
         assert_eq!(Period::Monthly.end_after(at("2026-12-05T10:00:00Z")), at("2027-01-01T00:00:00Z"));
+    }
+
+    #[test]
+    fn hand_written_keys_match_the_formatter() {
+        for (year, month, day) in [(2026, 1, 1), (2026, 12, 31), (1, 2, 3), (999, 10, 9), (9999, 12, 31), (0, 1, 1)] {
+            let Some(date) = NaiveDate::from_ymd_opt(year, month, day) else { continue };
+            assert_eq!(day_key(date), format!("{year:04}-{month:02}-{day:02}"));
+            assert_eq!(month_key(year, month), format!("{year:04}-{month:02}"));
+        }
+        assert_eq!(month_key(10_000, 1), "10000-01");
+        assert_eq!(month_key(-5, 3), "-005-03");
     }
 
     #[test]

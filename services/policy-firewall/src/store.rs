@@ -386,7 +386,6 @@ impl PolicyStore {
             );
             let mut insert = sqlx::query(&sql);
             for interception in chunk {
-                let verdicts: Vec<serde_json::Value> = interception.verdicts.iter().map(verdict_json).collect();
                 insert = insert
                     .bind(&interception.id)
                     .bind(&interception.tenant_id)
@@ -395,7 +394,7 @@ impl PolicyStore {
                     .bind(&interception.actor_type)
                     .bind(&interception.resource)
                     .bind(&interception.action)
-                    .bind(serde_json::Value::Array(verdicts).to_string())
+                    .bind(verdicts_json(&interception.verdicts))
                     .bind(interception.request_id.clone())
                     .bind(&interception.created_at);
             }
@@ -687,8 +686,23 @@ fn approval_from_row(row: &AnyRow) -> StoreResult<Approval> {
     })
 }
 
-fn verdict_json(verdict: &Verdict) -> serde_json::Value {
-    serde_json::json!({"step": verdict.step, "tool": verdict.tool, "action": verdict.action, "reason": verdict.reason})
+/// One verdict as stored, fields in the order `json!` wrote them (sorted): serialized from borrowed
+/// text instead of through a `Value` tree (nine verdicts per interception, eight strings each).
+#[derive(serde::Serialize)]
+struct StoredVerdict<'a> {
+    action: &'a str,
+    reason: &'a str,
+    step: &'a str,
+    tool: &'a str,
+}
+
+/// The verdicts as the `verdicts_json` column holds them.
+fn verdicts_json(verdicts: &[Verdict]) -> String {
+    let stored: Vec<StoredVerdict<'_>> = verdicts
+        .iter()
+        .map(|verdict| StoredVerdict { action: &verdict.action, reason: &verdict.reason, step: &verdict.step, tool: &verdict.tool })
+        .collect();
+    serde_json::to_string(&stored).unwrap_or_else(|_| "[]".to_string())
 }
 
 fn verdicts_from_json(text: &str) -> Vec<Verdict> {
@@ -703,4 +717,25 @@ fn verdicts_from_json(text: &str) -> Vec<Verdict> {
             reason: field(value, "reason"),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verdicts_are_stored_as_the_json_tree_wrote_them_and_read_back() {
+        let verdicts = vec![
+            Verdict { step: "mask_patterns".into(), tool: "lookup".into(), action: "mask".into(), reason: "masked \"ticket\"\n".into() },
+            Verdict { step: "allowlist".into(), tool: "lookup".into(), action: "allow".into(), reason: String::new() },
+        ];
+        let tree: Vec<serde_json::Value> = verdicts
+            .iter()
+            .map(|verdict| serde_json::json!({"step": verdict.step, "tool": verdict.tool, "action": verdict.action, "reason": verdict.reason}))
+            .collect();
+        let text = verdicts_json(&verdicts);
+        assert_eq!(text, serde_json::Value::Array(tree).to_string());
+        assert_eq!(verdicts_from_json(&text), verdicts);
+        assert_eq!(verdicts_json(&[]), "[]");
+    }
 }
