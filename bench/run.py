@@ -385,8 +385,9 @@ http {{
             process.terminate()
 
     def instructions(self, mock, routed):
-        """Phase i: instructions per request, counted by callgrind on a fresh `up` (minimal pipeline,
-        8 connections; counting switched on after a warm-up and off before shutdown). Unlike times,
+        """Phase i: instructions per request, counted by callgrind on a fresh `up` (the minimal pipeline,
+        then the full one as phase e runs it; 8 connections; counting zeroed and switched on after a
+        warm-up, off and dumped once the consumers have written the counted requests). Unlike times,
         the count repeats on a noisy machine, so commits compare by it. SHA-256 runs in software
         under valgrind (it hides the CPU's SHA extensions), so hashing weighs more here than natively.
         Skipped without valgrind or with --no-callgrind."""
@@ -409,23 +410,35 @@ http {{
         wait_http(f"{base}/health", timeout=180)
         key = self.prepare_tenant(base, "bench-callgrind", ("openai",))
         url = f"{base}/v1/chat/completions"
-        warm, counted = 500, self.args.callgrind_requests
-        self.oha(url, key, routed, requests=warm, connections=8)
-        time.sleep(2)
-        subprocess.run([control, "-i", "on", str(gateway.pid)], check=True, capture_output=True)
-        phase = self.oha(url, key, routed, requests=counted, connections=8)
-        # The chain, ledger and anomaly consumers finish the counted requests' batches (25 ms linger).
-        time.sleep(3)
-        subprocess.run([control, "-i", "off", str(gateway.pid)], check=True, capture_output=True)
+        counted = self.args.callgrind_requests
+
+        def count(request_key, body):
+            """Instructions of `counted` requests after 500 warm-up ones (None if any failed)."""
+            self.oha(url, request_key, body, requests=500, connections=8)
+            time.sleep(2)
+            subprocess.run([control, "-z", str(gateway.pid)], check=True, capture_output=True)
+            subprocess.run([control, "-i", "on", str(gateway.pid)], check=True, capture_output=True)
+            phase = self.oha(url, request_key, body, requests=counted, connections=8)
+            # The chain, ledger and anomaly consumers finish the counted requests' batches (25 ms linger).
+            time.sleep(3)
+            subprocess.run([control, "-i", "off", str(gateway.pid)], check=True, capture_output=True)
+            before = set(os.listdir(out_dir))
+            subprocess.run([control, "-d", str(gateway.pid)], check=True, capture_output=True)
+            files = [os.path.join(out_dir, name) for name in sorted(set(os.listdir(out_dir)) - before)]
+            summary = subprocess.run(["callgrind_annotate", *files], capture_output=True, text=True).stdout if files else ""
+            total = next((int(line.split()[0].replace(",", "")) for line in summary.splitlines() if "PROGRAM TOTALS" in line), None)
+            return round(total / counted) if total is not None and phase["ok"] == counted else None
+
+        counts = {"minimal": count(key, routed)}
+        # The full pipeline as phase e runs it: a key with a budget and a rate limit, guardrails on
+        # the prompt, the tool firewall on a reply that calls a tool.
+        full_key = call(f"{base}/v1/api-keys", {"name": "bench-full", "role": "developer", "budget_limit_usd": 4, "budget_period": "daily", "rate_limit_rpm": 10_000_000}, key)["api_key"]["key"]
+        guardian = self.enable_guardian(base, key)
+        call(f"{base}/v1/guardrails/config", {"enabled": True, "mode": "block"}, key, method="PUT")
+        counts["full"] = count(full_key, dict(routed, **guardian["body"]))
         gateway.terminate()
         gateway.wait(timeout=120)
-        outputs = sorted((os.path.join(out_dir, name) for name in os.listdir(out_dir)), key=os.path.getsize)
-        summary = subprocess.run(["callgrind_annotate", outputs[-1]], capture_output=True, text=True).stdout if outputs else ""
-        total = next((int(line.split()[0].replace(",", "")) for line in summary.splitlines() if "PROGRAM TOTALS" in line), None)
-        if total is None or phase["ok"] != counted:
-            self.report["instructions_per_request"] = f"not counted (ok {phase['ok']} of {counted}, total {total})"
-            return
-        self.report["instructions_per_request"] = round(total / counted)
+        self.report["instructions_per_request"] = counts
 
     def prepare_tenant(self, base, name, providers):
         """Registers tenant `name` on gateway `base` with the mock's key for `providers`, graduated
@@ -531,7 +544,7 @@ def table(report):
         f"guardian stages in phase e: {', '.join(report['phases'].get('e_full_gateway', {}).get('stages', []))}",
         f"nginx floor: {report.get('nginx', 'not installed: skipped')}",
         f"distributed edge (phase h): {report.get('distributed_edge')}",
-        f"instructions per request, callgrind (phase i; repeatable, SHA-256 in software): {report.get('instructions_per_request')}",
+        f"instructions per request, callgrind, minimal and full pipeline (phase i; repeatable, SHA-256 in software): {report.get('instructions_per_request')}",
     ]
     return "\n".join(lines)
 
