@@ -6,7 +6,6 @@ use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::time::Instant;
 
-use axum::Json;
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
@@ -780,9 +779,28 @@ fn answer(reply: &ChatReply, headers: HeaderMap, format: ClientFormat, cost_usd:
             let mut extra = Map::new();
             extra.insert("cost_usd".to_string(), cost_usd);
             extra.insert("routing_strategy".to_string(), json!(strategy));
-            (headers, Json(openai::render_reply(reply, chrono::Utc::now().timestamp(), extra))).into_response()
+            json_response(headers, &openai::render_reply(reply, chrono::Utc::now().timestamp(), extra))
         }
-        ClientFormat::Anthropic => (headers, Json(anthropic::render_reply(reply))).into_response(),
+        ClientFormat::Anthropic => json_response(headers, &anthropic::render_reply(reply)),
+    }
+}
+
+/// A 200 JSON answer carrying `headers` as they are: the map is moved into the response instead of
+/// being inserted header by header (as `(headers, Json(..))` does), and the body is written once
+/// into a buffer sized for a typical reply.
+fn json_response(mut headers: HeaderMap, body: &impl serde::Serialize) -> Response {
+    let mut buffer = Vec::with_capacity(768);
+    match serde_json::to_writer(&mut buffer, body) {
+        Ok(()) => {
+            headers.insert(header::CONTENT_TYPE, const { HeaderValue::from_static("application/json") });
+            let mut response = Response::new(Body::from(buffer));
+            *response.headers_mut() = headers;
+            response
+        }
+        Err(error) => {
+            tracing::error!(%error, "a reply could not be serialized");
+            ApiError::internal().into_response()
+        }
     }
 }
 
