@@ -1227,7 +1227,10 @@ fn relay(
             }
         }
     });
-    (headers, Body::from_stream(body)).into_response()
+    // The header map moves into the response whole (see `json_response`).
+    let mut response = Response::new(Body::from_stream(body));
+    *response.headers_mut() = headers;
+    response
 }
 
 #[cfg(test)]
