@@ -322,7 +322,17 @@ class Bench:
         self.nginx_floor(mock, body)
         self.distributed_edge(mock, routed)
         self.instructions(mock, routed)
-        self.report["cpu_us_per_request"] = {name: phase.get("gateway_cpu_us_per_request") for name, phase in phases.items() if "gateway_cpu_us_per_request" in phase}
+        cpu = {name: phase.get("gateway_cpu_us_per_request") for name, phase in phases.items() if "gateway_cpu_us_per_request" in phase}
+        self.report["cpu_us_per_request"] = cpu
+        # CPU per request as a multiple of nginx's in the same run: machines of one kind differ by more
+        # than a pass gains, and the floor moves with them.
+        ratio = lambda name, floor: round(cpu[name] / cpu[floor], 2) if cpu.get(name) and cpu.get(floor) else None
+        self.report["cpu_vs_nginx"] = {
+            "up_at_2000": ratio("b_rate_2000_gateway", "nginx_rate_2000"),
+            "up_flat_out": ratio("c_max_64c_gateway", "nginx_max_64c"),
+            "full_pipeline_at_2000": ratio("e_full_gateway", "nginx_rate_2000"),
+            "edge_alone_at_2000": ratio("h_edge_rate_2000", "nginx_rate_2000"),
+        }
 
     def rate_and_max(self, prefix, pid, url, key, body):
         """`<prefix>_rate_2000` (32 connections at 2,000 req/s) and `<prefix>_max_64c` (64 connections
@@ -540,6 +550,7 @@ def table(report):
         f"guardian overhead (X-BR-Guardian-Overhead-Ms): {report.get('guardian_overhead_ms')}",
         f"CPU per request each stage adds at 2000 req/s (us; noisy): {report.get('stage_cpu_us_per_request')}",
         f"gateway CPU per request (us): {report['cpu_us_per_request']}",
+        f"CPU per request as a multiple of nginx's in this run: {report.get('cpu_vs_nginx')}",
         f"RSS: idle {report['idle_rss_mib']} MiB, peak {report['peak_rss_mib']} MiB",
         f"guardian stages in phase e: {', '.join(report['phases'].get('e_full_gateway', {}).get('stages', []))}",
         f"nginx floor: {report.get('nginx', 'not installed: skipped')}",
