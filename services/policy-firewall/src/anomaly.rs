@@ -4,6 +4,8 @@
 //! alerts once per episode: further anomalous values raise nothing until one falls back within the
 //! threshold (a sustained shift is one alert, not one per request).
 
+use std::borrow::Borrow;
+use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use brainstorm_proto::policy::{AnomalyAlert, Baseline, MetricStats};
@@ -24,6 +26,72 @@ pub struct SeriesKey {
     pub entity_type: String,
     pub entity_id: String,
     pub metric: String,
+}
+
+impl SeriesKey {
+    /// The key's parts, borrowed.
+    pub fn as_ref(&self) -> SeriesRef<'_> {
+        SeriesRef { entity_type: &self.entity_type, entity_id: &self.entity_id, metric: &self.metric }
+    }
+}
+
+/// A series key borrowed from its parts: known series are found without building a `SeriesKey`
+/// (an in-process feed observes several series per request).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SeriesRef<'a> {
+    pub entity_type: &'a str,
+    pub entity_id: &'a str,
+    pub metric: &'a str,
+}
+
+impl SeriesRef<'_> {
+    fn to_key(self) -> SeriesKey {
+        SeriesKey { entity_type: self.entity_type.to_string(), entity_id: self.entity_id.to_string(), metric: self.metric.to_string() }
+    }
+}
+
+/// What the detector's maps are searched by: the three parts, ordered as `SeriesKey` derives its
+/// order (field by field), so an owned key and a borrowed one compare alike.
+trait SeriesParts {
+    fn parts(&self) -> (&str, &str, &str);
+}
+
+impl SeriesParts for SeriesKey {
+    fn parts(&self) -> (&str, &str, &str) {
+        (&self.entity_type, &self.entity_id, &self.metric)
+    }
+}
+
+impl SeriesParts for SeriesRef<'_> {
+    fn parts(&self) -> (&str, &str, &str) {
+        (self.entity_type, self.entity_id, self.metric)
+    }
+}
+
+impl<'a> Borrow<dyn SeriesParts + 'a> for SeriesKey {
+    fn borrow(&self) -> &(dyn SeriesParts + 'a) {
+        self
+    }
+}
+
+impl PartialEq for dyn SeriesParts + '_ {
+    fn eq(&self, other: &Self) -> bool {
+        self.parts() == other.parts()
+    }
+}
+
+impl Eq for dyn SeriesParts + '_ {}
+
+impl PartialOrd for dyn SeriesParts + '_ {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for dyn SeriesParts + '_ {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.parts().cmp(&other.parts())
+    }
 }
 
 /// Running statistics of one series.
@@ -80,26 +148,33 @@ pub struct Detector {
 impl Detector {
     /// Tests a value against its series' baseline, then learns it. Non-finite values are ignored.
     pub fn observe(&mut self, key: SeriesKey, value: f64, timestamp: &str) -> Option<AnomalyAlert> {
+        self.observe_ref(key.as_ref(), value, timestamp)
+    }
+
+    /// `observe` with a borrowed key: a known series is found without copying its key, which is
+    /// built only for a new series or an alert.
+    pub fn observe_ref(&mut self, key: SeriesRef<'_>, value: f64, timestamp: &str) -> Option<AnomalyAlert> {
         if !value.is_finite() {
             return None;
         }
-        // The key is cloned only for a new series: a known one is looked up by reference.
-        if !self.series.contains_key(&key) {
-            self.series.insert(key.clone(), Welford::default());
+        let search: &dyn SeriesParts = &key;
+        if !self.series.contains_key(search) {
+            self.series.insert(key.to_key(), Welford::default());
         }
-        let series = self.series.get_mut(&key)?; // inserted above
+        let series = self.series.get_mut(search)?; // inserted above
         let std_dev = series.alert_std_dev();
         let sigma = (value - series.mean) / std_dev;
         let anomalous = series.count >= MIN_SAMPLES && sigma > SIGMA_THRESHOLD;
         if !anomalous {
-            self.episodes.remove(&key);
+            self.episodes.remove(search);
         }
         // An alert opens an episode; the episode's later anomalous values raise nothing.
-        let alert = if anomalous && self.episodes.insert(key.clone()) {
+        let alert = if anomalous && !self.episodes.contains(search) {
+            self.episodes.insert(key.to_key());
             Some(AnomalyAlert {
-                entity_type: key.entity_type,
-                entity_id: key.entity_id,
-                metric: key.metric,
+                entity_type: key.entity_type.to_string(),
+                entity_id: key.entity_id.to_string(),
+                metric: key.metric.to_string(),
                 current_value: value,
                 threshold: series.mean + SIGMA_THRESHOLD * std_dev,
                 mean: series.mean,
@@ -186,6 +261,38 @@ mod tests {
 
     fn key(metric: &str) -> SeriesKey {
         SeriesKey { entity_type: "agent".to_string(), entity_id: "planner".to_string(), metric: metric.to_string() }
+    }
+
+    #[test]
+    fn borrowed_and_owned_keys_find_the_same_series() {
+        let mut detector = Detector::default();
+        // Keys that order differently part by part, so a lookup that compared parts out of order
+        // (or hashed instead of ordering) would miss or mix them.
+        let keys = [("agent", "b", "cost_usd"), ("agent", "a", "tokens"), ("key", "a", "cost_usd"), ("agent", "a", "cost_usd")];
+        for round in 0..12 {
+            for (entity_type, entity_id, metric) in keys {
+                let value = 10.0 + f64::from(round % 2);
+                if round % 2 == 0 {
+                    detector.observe_ref(SeriesRef { entity_type, entity_id, metric }, value, "t");
+                } else {
+                    let owned = SeriesKey { entity_type: entity_type.into(), entity_id: entity_id.into(), metric: metric.into() };
+                    detector.observe(owned, value, "t");
+                }
+            }
+        }
+        assert_eq!(detector.series_count(), keys.len());
+        for (entity_type, entity_id, metric) in keys {
+            let owned = SeriesKey { entity_type: entity_type.into(), entity_id: entity_id.into(), metric: metric.into() };
+            assert_eq!(detector.stats(&owned).map(|stats| stats.count), Some(12), "{owned:?}");
+        }
+        // A spike through a borrowed key alerts once per episode, like an owned one.
+        let spike = SeriesRef { entity_type: "key", entity_id: "a", metric: "cost_usd" };
+        let alert = detector.observe_ref(spike, 1_000.0, "t2");
+        assert_eq!(
+            alert.map(|alert| (alert.entity_type, alert.entity_id, alert.metric)),
+            Some(("key".into(), "a".into(), "cost_usd".into()))
+        );
+        assert!(detector.observe_ref(spike, 2_000.0, "t3").is_none(), "the same episode");
     }
 
     fn learned(values: &[f64]) -> Detector {

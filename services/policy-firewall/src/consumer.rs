@@ -1,7 +1,8 @@
 //! Feeds the anomaly detector from `budget.settlements`, so no request pays for it: every settled
 //! request gives `cost_usd` and `tokens` observations for its tenant, key and agent, and per-minute
 //! windows give `request_rate` and `errors` when a minute closes (quiet minutes in between count as
-//! zero, up to an hour of them). Deliveries are taken in batches, one detector call per tenant.
+//! zero, up to an hour of them). Deliveries are taken in batches and each settlement goes straight to
+//! its tenant's detector, its series looked up by borrowed keys.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -11,19 +12,17 @@ use std::time::Duration;
 use brainstorm_common::bus::{BusError, EventBus, Subscription, next_batch, share_thread};
 use brainstorm_common::time::{format_timestamp, parse_timestamp};
 use brainstorm_proto::budget::{BudgetEvent, SETTLEMENTS_TOPIC, Settlement, budget_event};
-use brainstorm_proto::policy::{Observation, ObservationBatch, PolicyFirewallService};
+use brainstorm_proto::policy::Observation;
 use chrono::{DateTime, TimeZone, Utc};
 
-use crate::service::{MAX_OBSERVATIONS, PolicyFirewallServiceImpl};
+use crate::anomaly::SeriesRef;
+use crate::service::PolicyFirewallServiceImpl;
 
 /// The policy firewall's consumer group on `budget.settlements`.
 pub const CONSUMER_GROUP: &str = "policy-firewall";
 
 /// Quiet minutes reported as zero when a window closes after a gap.
 const MAX_QUIET_MINUTES: i64 = 60;
-/// The most observations one settlement gives: three entities, each two per-request values and,
-/// when its minute closes, two per closed and quiet minute.
-const MAX_PER_SETTLEMENT: usize = 3 * (2 + 2 * (1 + MAX_QUIET_MINUTES as usize));
 /// Settlements fed to the detector per batch, and how long a batch waits for more (as the ledger's
 /// consumer of the same topic does).
 const MAX_BATCH: usize = 1024;
@@ -68,12 +67,21 @@ impl AnomalyFeed {
     /// The observations one settlement gives (its tenant's), per-request ones first.
     pub fn observe(&mut self, settlement: &Settlement) -> Vec<Observation> {
         let mut observations = Vec::new();
-        self.observe_into(settlement, &mut observations);
+        self.observe_with(settlement, &mut |observation| {
+            observations.push(Observation {
+                entity_type: observation.key.entity_type.to_string(),
+                entity_id: observation.key.entity_id.to_string(),
+                metric: observation.key.metric.to_string(),
+                value: observation.value,
+                timestamp: observation.timestamp.to_string(),
+            });
+        });
         observations
     }
 
-    /// Appends the observations one settlement gives to `observations`.
-    fn observe_into<'a>(&mut self, settlement: &'a Settlement, observations: &mut Vec<Observation>) {
+    /// Hands each observation one settlement gives to `emit`, borrowed: keys from the settlement,
+    /// timestamps in normal form.
+    fn observe_with<'a>(&mut self, settlement: &'a Settlement, emit: &mut dyn FnMut(FeedObservation<'_>)) {
         let occurred = parse_timestamp(&settlement.occurred_at).unwrap_or_else(Utc::now);
         let timestamp = format_timestamp(occurred);
         let minute = occurred.timestamp().div_euclid(60);
@@ -82,18 +90,17 @@ impl AnomalyFeed {
         let tokens = (settlement.input_tokens + settlement.output_tokens) as f64;
         let present = |id: &'a Option<String>| id.as_deref().filter(|id| !id.is_empty());
         let entity_ids = [Some(settlement.tenant_id.as_str()), present(&settlement.key_id), present(&settlement.agent_id)];
-        let windows = self.windows.entry(settlement.tenant_id.clone()).or_default();
+        let windows = match self.windows.get_mut(&settlement.tenant_id) {
+            Some(windows) => windows,
+            None => self.windows.entry(settlement.tenant_id.clone()).or_default(),
+        };
         for ((entity_type, entity_id), open) in ENTITY_TYPES.into_iter().zip(entity_ids).zip(windows.iter_mut()) {
             let Some(entity_id) = entity_id else { continue };
-            let observation = |metric: &str, value: f64, timestamp: String| Observation {
-                entity_type: entity_type.to_string(),
-                entity_id: entity_id.to_string(),
-                metric: metric.to_string(),
-                value,
-                timestamp,
+            let mut observe = |metric: &str, value: f64, timestamp: &str| {
+                emit(FeedObservation { key: SeriesRef { entity_type, entity_id, metric }, value, timestamp });
             };
-            observations.push(observation("cost_usd", cost_usd, timestamp.clone()));
-            observations.push(observation("tokens", tokens, timestamp.clone()));
+            observe("cost_usd", cost_usd, &timestamp);
+            observe("tokens", tokens, &timestamp);
             let closed = match open.get_mut(entity_id) {
                 Some(window) => window.count(minute, failed),
                 None => {
@@ -103,15 +110,22 @@ impl AnomalyFeed {
             };
             let Some(closed) = closed else { continue };
             let closed_at = minute_timestamp(closed.minute);
-            observations.push(observation("request_rate", closed.requests as f64, closed_at.clone()));
-            observations.push(observation("errors", closed.errors as f64, closed_at));
+            observe("request_rate", closed.requests as f64, &closed_at);
+            observe("errors", closed.errors as f64, &closed_at);
             for quiet in (closed.minute + 1..minute).take(MAX_QUIET_MINUTES as usize) {
                 let quiet_at = minute_timestamp(quiet);
-                observations.push(observation("request_rate", 0.0, quiet_at.clone()));
-                observations.push(observation("errors", 0.0, quiet_at));
+                observe("request_rate", 0.0, &quiet_at);
+                observe("errors", 0.0, &quiet_at);
             }
         }
     }
+}
+
+/// One observation as the feed hands it over.
+struct FeedObservation<'a> {
+    key: SeriesRef<'a>,
+    value: f64,
+    timestamp: &'a str,
 }
 
 fn minute_timestamp(minute: i64) -> String {
@@ -157,12 +171,12 @@ impl AnomalyConsumer {
     }
 
     /// Waits for one delivery, gathers those arriving within `LINGER` (up to `MAX_BATCH`) and feeds
-    /// them to the detector, one call per tenant (in delivery order within a tenant). The detector
+    /// them to the detector in delivery order, one lock of the detectors per settlement. The detector
     /// lives in memory, so every delivery is acked (there is nothing to retry).
     pub async fn handle_batch(&mut self) -> Result<Handled, BusError> {
         let deliveries = next_batch(self.subscription.as_mut(), MAX_BATCH, LINGER).await?;
         let mut handled = Handled::default();
-        let mut batches: Vec<ObservationBatch> = Vec::new();
+        let AnomalyConsumer { service, feed, .. } = self;
         for (index, delivery) in deliveries.into_iter().enumerate() {
             share_thread(index).await;
             let event = delivery.message().decode::<BudgetEvent>();
@@ -179,39 +193,16 @@ impl AnomalyConsumer {
                 continue;
             }
             handled.settlements += 1;
-            let position = match batches.iter().position(|batch| batch.tenant_id == settlement.tenant_id) {
-                Some(position) => position,
-                None => {
-                    batches.push(ObservationBatch { tenant_id: settlement.tenant_id.clone(), observations: Vec::new() });
-                    batches.len() - 1
-                }
-            };
-            let batch = &mut batches[position];
-            self.feed.observe_into(settlement, &mut batch.observations);
-            // A settlement gives at most 3 entities x (2 + 2 x 61) observations; the service takes
-            // MAX_OBSERVATIONS per call, so a full batch goes now and the tenant starts another.
-            if batch.observations.len() > MAX_OBSERVATIONS - MAX_PER_SETTLEMENT {
-                let full = std::mem::take(&mut batch.observations);
-                handled.alerts += record(&self.service, ObservationBatch { tenant_id: batch.tenant_id.clone(), observations: full }).await;
-            }
-        }
-        for batch in batches {
-            if !batch.observations.is_empty() {
-                handled.alerts += record(&self.service, batch).await;
-            }
+            // Straight to the tenant's detector, keys borrowed: no owned observation per series.
+            handled.alerts += service.observe_in_process(&settlement.tenant_id, |detector| {
+                let mut alerts = Vec::new();
+                feed.observe_with(settlement, &mut |observation| {
+                    alerts.extend(detector.observe_ref(observation.key, observation.value, observation.timestamp));
+                });
+                alerts
+            });
         }
         Ok(handled)
-    }
-}
-
-/// Feeds one tenant's observations to the detector; returns how many alerts they raised.
-async fn record(service: &PolicyFirewallServiceImpl, batch: ObservationBatch) -> usize {
-    match service.record_observations(batch).await {
-        Ok(alerts) => alerts.alerts.len(),
-        Err(error) => {
-            tracing::warn!(%error, "could not feed the anomaly detector");
-            0
-        }
     }
 }
 

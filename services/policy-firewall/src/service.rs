@@ -122,6 +122,22 @@ impl PolicyFirewallServiceImpl {
         self.detectors.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Runs `observe` on the tenant's detector and logs the alerts it returns, as
+    /// `record_observations` does: the in-process feed's way in, which hands the detector borrowed
+    /// keys and timestamps already in normal form instead of a batch of owned observations.
+    pub fn observe_in_process(&self, tenant_id: &str, observe: impl FnOnce(&mut Detector) -> Vec<AnomalyAlert>) -> usize {
+        let alerts = {
+            let mut detectors = self.detectors();
+            let detector = match detectors.get_mut(tenant_id) {
+                Some(detector) => detector,
+                None => detectors.entry(tenant_id.to_string()).or_default(),
+            };
+            observe(detector)
+        };
+        log_alerts(tenant_id, &alerts);
+        alerts.len()
+    }
+
     /// Publishes a change for every edge; a lost event only delays the edges until their TTL, so a
     /// failure is logged rather than failing a change that already committed.
     async fn publish(&self, tenant_id: &str, kind: policy_event::Kind) {
@@ -861,16 +877,7 @@ impl PolicyFirewallService for PolicyFirewallServiceImpl {
             alerts.extend(detector.observe(key, observation.value, &timestamp.1));
             normalised = Some(timestamp);
         }
-        for alert in &alerts {
-            tracing::warn!(
-                tenant_id,
-                entity_type = alert.entity_type,
-                entity_id = alert.entity_id,
-                metric = alert.metric,
-                sigma = alert.sigma,
-                "anomaly detected"
-            );
-        }
+        log_alerts(tenant_id, &alerts);
         Ok(AnomalyAlertList { alerts, node: self.options.node.clone() })
     }
 
@@ -1000,6 +1007,20 @@ fn store_failure(error: sqlx::Error) -> ServiceError {
 fn corrupt(what: &str, error: &dyn std::fmt::Display) -> ServiceError {
     tracing::error!(%error, what, "unreadable policy data");
     ServiceError::internal(format!("unreadable {what}"))
+}
+
+/// One warning per anomaly alert.
+fn log_alerts(tenant_id: &str, alerts: &[AnomalyAlert]) {
+    for alert in alerts {
+        tracing::warn!(
+            tenant_id,
+            entity_type = alert.entity_type,
+            entity_id = alert.entity_id,
+            metric = alert.metric,
+            sigma = alert.sigma,
+            "anomaly detected"
+        );
+    }
 }
 
 fn required<'a>(field: &str, value: &'a str) -> ServiceResult<&'a str> {
