@@ -59,6 +59,17 @@ def call(url, body=None, key=None, method=None):
         return json.load(response)
 
 
+def added_latency(proxied, direct):
+    """Latency a proxy adds: its phase's p50, p90 and p99 minus the direct phase's, in ms."""
+    return {q: round(proxied[f"{q}_ms"] - direct[f"{q}_ms"], 3) for q in ("p50", "p90", "p99")}
+
+
+def full_pipeline_key(base, admin_key):
+    """A developer key with a budget and a rate limit, as phase e's full pipeline uses."""
+    body = {"name": "bench-full", "role": "developer", "budget_limit_usd": 4, "budget_period": "daily", "rate_limit_rpm": 10_000_000}
+    return call(f"{base}/v1/api-keys", body, admin_key)["api_key"]["key"]
+
+
 def cpu_seconds(pid):
     with open(f"/proc/{pid}/stat") as handle:
         fields = handle.read().rsplit(")", 1)[1].split()
@@ -252,7 +263,7 @@ class Bench:
         key = self.prepare_tenant(base, "bench", ("openai", "anthropic"))
         log("tenant graduated (no sandbox request caps)")
         minimal_key = key
-        full_key = call(f"{base}/v1/api-keys", {"name": "bench-full", "role": "developer", "budget_limit_usd": 4, "budget_period": "daily", "rate_limit_rpm": 10_000_000}, key)["api_key"]["key"]
+        full_key = full_pipeline_key(base, key)
         guardian = self.enable_guardian(base, key)
 
         gateway_url = f"{base}/v1/chat/completions"
@@ -306,10 +317,10 @@ class Bench:
         self.report["peak_rss_mib"] = round(memory_kib(gateway.pid)["VmHWM"] / 1024, 1)
 
         sequential = phases["a_sequential_gateway"], phases["a_sequential_direct"]
-        self.report["added_latency_ms"] = {q: round(sequential[0][f"{q}_ms"] - sequential[1][f"{q}_ms"], 3) for q in ("p50", "p90", "p99")}
+        self.report["added_latency_ms"] = added_latency(*sequential)
         for rate in (500, 2000):
             gateway_phase, direct_phase = phases[f"b_rate_{rate}_gateway"], phases[f"b_rate_{rate}_direct"]
-            self.report[f"added_latency_ms_at_{rate}"] = {q: round(gateway_phase[f"{q}_ms"] - direct_phase[f"{q}_ms"], 3) for q in ("p50", "p90", "p99")}
+            self.report[f"added_latency_ms_at_{rate}"] = added_latency(gateway_phase, direct_phase)
         stream_gateway, stream_direct = phases["d_stream_gateway"], phases["d_stream_direct"]
         self.report["stream_ttfb_overhead_ms"] = round(stream_gateway["ttfb_p50_ms"] - stream_direct["ttfb_p50_ms"], 3)
         paced_gateway, paced_direct = phases["d_paced_stream_gateway"], phases["d_paced_stream_direct"]
@@ -389,7 +400,7 @@ http {{
             self.rate_and_max("nginx", process.pid, url, PROVIDER_KEY, body)
             # A plain proxy's own added latency: the floor for the gateway's.
             nginx_phase, direct_phase = self.report["phases"]["nginx_rate_2000"], self.report["phases"]["b_rate_2000_direct"]
-            self.report["nginx_added_latency_ms_at_2000"] = {q: round(nginx_phase[f"{q}_ms"] - direct_phase[f"{q}_ms"], 3) for q in ("p50", "p90", "p99")}
+            self.report["nginx_added_latency_ms_at_2000"] = added_latency(nginx_phase, direct_phase)
             self.report["nginx"] = "nginx 1 worker on CPU 0 (its CPU per request is in the table)"
         finally:
             process.terminate()
@@ -442,7 +453,7 @@ http {{
         counts = {"minimal": count(key, routed)}
         # The full pipeline as phase e runs it: a key with a budget and a rate limit, guardrails on
         # the prompt, the tool firewall on a reply that calls a tool.
-        full_key = call(f"{base}/v1/api-keys", {"name": "bench-full", "role": "developer", "budget_limit_usd": 4, "budget_period": "daily", "rate_limit_rpm": 10_000_000}, key)["api_key"]["key"]
+        full_key = full_pipeline_key(base, key)
         guardian = self.enable_guardian(base, key)
         call(f"{base}/v1/guardrails/config", {"enabled": True, "mode": "block"}, key, method="PUT")
         counts["full"] = count(full_key, dict(routed, **guardian["body"]))

@@ -199,7 +199,7 @@ impl ApiError {
     /// Adds a response header (ignored if the value is not a valid header value).
     pub fn push_header(&mut self, name: HeaderName, value: &str) {
         if let Ok(value) = HeaderValue::from_str(value) {
-            self.headers.push((name, value));
+            self.push_header_value(name, value);
         }
     }
 

@@ -25,6 +25,11 @@ pub(crate) fn formatted(arguments: fmt::Arguments<'_>) -> Option<HeaderValue> {
     HeaderValue::from_bytes(&buffer.bytes[..buffer.len]).ok()
 }
 
+/// A value's `Display` text as a header value (`formatted` with `{}`).
+pub(crate) fn shown(value: impl fmt::Display) -> Option<HeaderValue> {
+    formatted(format_args!("{value}"))
+}
+
 /// A duration in milliseconds with three decimals (`12.345`), rounded to the microsecond.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Millis(pub Duration);

@@ -317,10 +317,8 @@ fn seal(
     let mut evidence: Vec<(HeaderName, Option<HeaderValue>)> = Vec::with_capacity(8);
     if !facts.guardian_status.is_empty() {
         evidence.push((const { HeaderName::from_static("x-br-guardian-status") }, header_value::fixed(facts.guardian_status)));
-        evidence.push((
-            const { HeaderName::from_static("x-br-guardian-overhead-ms") },
-            header_value::formatted(format_args!("{}", Millis(facts.guardian_overhead))),
-        ));
+        evidence
+            .push((const { HeaderName::from_static("x-br-guardian-overhead-ms") }, header_value::shown(Millis(facts.guardian_overhead))));
     }
     evidence.push((const { HeaderName::from_static("x-br-explain") }, HeaderValue::from_str(&request_id.0).ok()));
     evidence.push((
@@ -559,7 +557,7 @@ async fn complete_inner(
         };
         let provider_started = Instant::now();
         let mut headers = route_headers(&route, candidate, &failures, &chat);
-        set_value!(&mut headers, "x-br-routing-overhead-ms", header_value::formatted(format_args!("{}", Millis(routing_overhead))));
+        set_value!(&mut headers, "x-br-routing-overhead-ms", header_value::shown(Millis(routing_overhead)));
         let outcome = if chat.stream {
             state.upstream.stream(&target, &chat).await.map(Ok)
         } else {
@@ -568,7 +566,7 @@ async fn complete_inner(
         let provider_latency = provider_started.elapsed();
         facts.model_executed = candidate.id().to_string();
         facts.provider = candidate.provider.id.to_string();
-        set_value!(&mut headers, "x-br-provider-latency-ms", header_value::formatted(format_args!("{}", Millis(provider_latency))));
+        set_value!(&mut headers, "x-br-provider-latency-ms", header_value::shown(Millis(provider_latency)));
         match outcome {
             Ok(Ok(events)) => {
                 budget_headers(&mut headers, reservation.remaining());
@@ -597,7 +595,7 @@ async fn complete_inner(
                     Err(error) => tracing::error!(%error, "settling a completion failed; the reservation stays counted"),
                 }
                 guard_whole_reply(state, tenant_id, reply_guard.as_ref(), guardian_off, &mut reply, facts).await?;
-                set_value!(&mut headers, "x-br-total-latency-ms", header_value::formatted(format_args!("{}", Millis(started.elapsed()))));
+                set_value!(&mut headers, "x-br-total-latency-ms", header_value::shown(Millis(started.elapsed())));
                 return Ok(reply_response(reply, headers, candidate, &route, reply_id, format));
             }
             Err(error) => {
@@ -701,18 +699,18 @@ fn route_headers(route: &Route, candidate: &Candidate, failures: &[(String, Upst
     set!(&mut headers, "x-br-upstream-model", &candidate.model);
     set_value!(&mut headers, "x-br-selection-method", header_value::fixed(route.method.as_str()));
     set!(&mut headers, "x-br-route-reason", &route.reason);
-    set_value!(&mut headers, "x-br-models-considered", header_value::formatted(format_args!("{}", route.candidates.len())));
+    set_value!(&mut headers, "x-br-models-considered", header_value::shown(route.candidates.len()));
     set_value!(&mut headers, "x-model-router-endpoint", header_value::fixed(candidate.provider.id));
     if let Some(entry) = &candidate.entry {
-        set_value!(&mut headers, "x-br-quality-tier", header_value::formatted(format_args!("{}", entry.tier)));
+        set_value!(&mut headers, "x-br-quality-tier", header_value::shown(entry.tier));
         deprecation_headers(&mut headers, entry);
     }
     if let Some((tier, score)) = route.complexity {
-        set_value!(&mut headers, "x-br-complexity-level", header_value::formatted(format_args!("{tier}")));
-        set_value!(&mut headers, "x-br-complexity-score", header_value::formatted(format_args!("{score}")));
+        set_value!(&mut headers, "x-br-complexity-level", header_value::shown(tier));
+        set_value!(&mut headers, "x-br-complexity-score", header_value::shown(score));
     }
     if let (true, Some(estimate)) = (chat.model != "auto", candidate.estimated_cost) {
-        set_value!(&mut headers, "x-br-estimated-cost", header_value::formatted(format_args!("{}", estimate.fixed(6))));
+        set_value!(&mut headers, "x-br-estimated-cost", header_value::shown(estimate.fixed(6)));
         let usage = routing::estimate_usage(chat, candidate.entry.as_ref());
         set_value!(
             &mut headers,
@@ -764,9 +762,9 @@ fn reply_response(
     reply.model = candidate.id().to_string();
     let cost = price_of(candidate).map(|price| price.cost(reply.usage));
     if let Some(cost) = cost {
-        set_value!(&mut headers, "x-br-actual-cost", header_value::formatted(format_args!("{}", cost.fixed(6))));
+        set_value!(&mut headers, "x-br-actual-cost", header_value::shown(cost.fixed(6)));
         if let Some(ratio) = candidate.estimated_cost.and_then(|estimate| efficiency(cost, estimate)) {
-            set_value!(&mut headers, "x-br-efficiency", header_value::formatted(format_args!("{ratio}")));
+            set_value!(&mut headers, "x-br-efficiency", header_value::shown(ratio));
         }
     }
     answer(&reply, headers, format, cost.map_or(Value::Null, Usd::to_json), &route.strategy)
@@ -815,7 +813,7 @@ async fn sandbox_response(chat: &ChatRequest, id: String, format: ClientFormat, 
         set!(&mut headers, "x-br-estimated-cost", "0.000000");
     }
     set!(&mut headers, "x-br-actual-cost", "0.000000");
-    set_value!(&mut headers, "x-br-total-latency-ms", header_value::formatted(format_args!("{}", Millis(started.elapsed()))));
+    set_value!(&mut headers, "x-br-total-latency-ms", header_value::shown(Millis(started.elapsed())));
     if chat.stream {
         budget_headers(&mut headers, reservation.remaining());
         let events = futures::stream::iter(reply_events(&reply).into_iter().map(Ok)).boxed();

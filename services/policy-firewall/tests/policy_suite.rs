@@ -89,7 +89,7 @@ on_both_engines!(
     the_anomaly_detector_alerts_exports_imports_and_reports,
     guardians_on_two_edges_follow_the_bus_at_once,
     settlements_on_the_bus_feed_the_anomaly_detector,
-    one_batch_feeds_each_tenant_and_splits_what_one_call_cannot_take,
+    one_batch_feeds_each_tenant_however_many_observations_it_gives,
 );
 
 async fn the_tenant_switch_moves_between_states_keeps_fifty_activations_and_publishes_snapshots(database: Database) -> TestResult {
@@ -1010,7 +1010,7 @@ fn planner_settlement(tenant: &str, request_id: String, tokens: i64, cost_nanos:
     BudgetEvent { kind: Some(budget_event::Kind::Settlement(settlement)) }.encode_to_vec()
 }
 
-async fn one_batch_feeds_each_tenant_and_splits_what_one_call_cannot_take(database: Database) -> TestResult {
+async fn one_batch_feeds_each_tenant_however_many_observations_it_gives(database: Database) -> TestResult {
     use brainstorm_proto::budget::SETTLEMENTS_TOPIC;
     let harness = Harness::new(database)?;
     let bus: Arc<dyn EventBus> = Arc::new(harness.bus.clone());
@@ -1018,8 +1018,8 @@ async fn one_batch_feeds_each_tenant_and_splits_what_one_call_cannot_take(databa
     let (busy, quiet) = (new_tenant(), new_tenant());
     let start = Utc::now();
     // Two hours between the busy tenant's requests: each one closes the last minute and reports an
-    // hour of quiet ones for the tenant and its agent (246 observations), so six of them are more
-    // than one detector call takes (1,000).
+    // hour of quiet ones for the tenant and its agent (246 observations), six of them more than one
+    // `RecordObservations` call takes (1,000): the in-process feed has no such limit.
     let mut published = 0;
     for index in 0..6 {
         for (tenant, hours) in [(&busy, 2 * index), (&quiet, 0)] {
