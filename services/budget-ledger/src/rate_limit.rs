@@ -7,7 +7,7 @@
 //! every `T`: exactly `rpm` requests in any 60 s window at the steady state. `remaining` is
 //! `floor((60 s - (tat' - now)) / T)`.
 
-use std::collections::HashMap;
+use brainstorm_common::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 

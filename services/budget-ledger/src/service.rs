@@ -1,7 +1,9 @@
 //! The budget-ledger service: the `BudgetLedgerService` contract over the ledger's store, recording of
 //! budget events, and alert evaluation (off the request path).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use brainstorm_common::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
@@ -68,7 +70,7 @@ impl BudgetLedgerServiceImpl {
             store: BudgetStore::new(database),
             options: Arc::new(options),
             http: reqwest::Client::new(),
-            evaluations: Arc::new(Mutex::new(HashMap::new())),
+            evaluations: Arc::new(Mutex::new(HashMap::default())),
         }
     }
 

@@ -14,7 +14,9 @@
 pub mod kafka;
 
 use std::any::Any;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use crate::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -282,11 +284,17 @@ impl InProcessBus {
     }
 
     /// Queues `message` for every consumer group of its topic.
+    /// Queues `message` for every consumer group of its topic (the last group takes the message
+    /// itself, the others a copy).
     fn append(&self, message: BusMessage) {
-        let groups: Vec<Arc<GroupQueue>> =
-            self.topics().get(&message.topic).map(|groups| groups.values().cloned().collect()).unwrap_or_default();
-        for group in groups {
-            group.pending().push_back(message.clone());
+        let topics = self.topics();
+        let Some(groups) = topics.get(&message.topic) else { return };
+        let last = groups.len().saturating_sub(1);
+        let mut message = Some(message);
+        for (index, group) in groups.values().enumerate() {
+            let copy = if index == last { message.take() } else { message.clone() };
+            let Some(copy) = copy else { break };
+            group.pending().push_back(copy);
             group.notify.notify_one();
         }
     }

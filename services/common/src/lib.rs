@@ -2,6 +2,7 @@
 //! mail outbox, money and time helpers, and telemetry.
 
 pub mod bus;
+pub mod collections;
 pub mod config;
 pub mod error;
 pub mod money;

@@ -1,7 +1,9 @@
 //! Who is calling: API keys resolved through identity and cached in memory, so the hot path makes no
 //! call per request; revocations and tenant changes arriving on the bus evict cached entries at once.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
+
+use brainstorm_common::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -96,7 +98,7 @@ impl Authenticator {
             identity,
             platform_admin_digest: platform_admin_key.map(|key| digest(key.expose())),
             ttl,
-            cache: RwLock::new(HashMap::new()),
+            cache: RwLock::new(HashMap::default()),
         }
     }
 

@@ -2,7 +2,7 @@
 //! completion reserves against in-memory (or Redis) counters without a database round trip. Writes
 //! through this edge evict at once; entries expire after a TTL regardless.
 
-use std::collections::HashMap;
+use brainstorm_common::collections::HashMap;
 use std::sync::RwLock;
 use std::time::{Duration, Instant};
 
@@ -41,7 +41,7 @@ fn store<K: std::hash::Hash + Eq, T>(map: &RwLock<HashMap<K, Entry<T>>>, key: K,
 impl BudgetSettingsCache {
     /// A cache in front of budget-ledger.
     pub fn new(ledger: BudgetLedgerClient, ttl: Duration) -> Self {
-        BudgetSettingsCache { ledger, ttl, limits: RwLock::new(HashMap::new()), agents: RwLock::new(HashMap::new()) }
+        BudgetSettingsCache { ledger, ttl, limits: RwLock::new(HashMap::default()), agents: RwLock::new(HashMap::default()) }
     }
 
     /// The tenant's own limits.

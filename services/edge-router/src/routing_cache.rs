@@ -2,7 +2,9 @@
 //! catalog once and kept in memory: the hot path makes no call per request. Changes made through this
 //! edge evict at once; changes seen on the bus evict everywhere; entries expire after a TTL regardless.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use brainstorm_common::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -49,7 +51,7 @@ pub struct RoutingCache {
 impl RoutingCache {
     /// A cache in front of `catalog`.
     pub fn new(catalog: CatalogClient, ttl: Duration) -> Self {
-        RoutingCache { catalog, ttl, entries: RwLock::new(HashMap::new()) }
+        RoutingCache { catalog, ttl, entries: RwLock::new(HashMap::default()) }
     }
 
     /// The tenant's configuration, from memory when fresh.
@@ -59,7 +61,7 @@ impl RoutingCache {
         }
         let fetched = self.catalog.get_routing_config(TenantRef { tenant_id: tenant_id.to_string() }).await?;
         let mut providers = Vec::new();
-        let mut credentials = HashMap::new();
+        let mut credentials = HashMap::default();
         for credential in fetched.credentials {
             providers.push(credential.provider.clone());
             credentials.insert(credential.provider, credential.api_key);

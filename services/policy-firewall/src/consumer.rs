@@ -4,7 +4,7 @@
 //! zero, up to an hour of them). Deliveries are taken in batches and each settlement goes straight to
 //! its tenant's detector, its series looked up by borrowed keys.
 
-use std::collections::HashMap;
+use brainstorm_common::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;

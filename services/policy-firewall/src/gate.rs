@@ -11,7 +11,7 @@
 //! switches fail open until a read succeeds again. A failed read is retried after the TTL, not on
 //! every request.
 
-use std::collections::HashMap;
+use brainstorm_common::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -96,7 +96,12 @@ impl KillSwitchGate {
     /// A gate reading from `source` (the policy-firewall client, in the edge).
     pub fn new(source: Arc<dyn KillSwitchSource>, options: GateOptions) -> Self {
         KillSwitchGate {
-            inner: Arc::new(GateInner { source, options, entries: RwLock::new(HashMap::new()), refreshing: Mutex::new(HashMap::new()) }),
+            inner: Arc::new(GateInner {
+                source,
+                options,
+                entries: RwLock::new(HashMap::default()),
+                refreshing: Mutex::new(HashMap::default()),
+            }),
         }
     }
 

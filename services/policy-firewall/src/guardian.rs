@@ -6,7 +6,7 @@
 //! three things leave the process: a tenant's first read (and one read per TTL), external guardrail
 //! providers (when a tenant enabled some), and approvals (only when a policy requires one).
 
-use std::collections::HashMap;
+use brainstorm_common::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -105,7 +105,7 @@ impl Guardian {
             interceptions: InterceptionRecorder::spawn(client.clone()),
             client,
             config_ttl: options.config_ttl,
-            configs: RwLock::new(HashMap::new()),
+            configs: RwLock::new(HashMap::default()),
             evictions: AtomicU64::new(0),
         }
     }

@@ -1,7 +1,7 @@
 //! The policy-firewall service: the `PolicyFirewallService` contract over its store, the anomaly
 //! detectors it holds in memory, external guardrail calls, and `policy.events` after every change.
 
-use std::collections::HashMap;
+use brainstorm_common::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -101,7 +101,7 @@ impl PolicyFirewallServiceImpl {
             bus,
             options: Arc::new(options),
             http: reqwest::Client::new(),
-            detectors: Arc::new(Mutex::new(HashMap::new())),
+            detectors: Arc::new(Mutex::new(HashMap::default())),
         }
     }
 

@@ -2,7 +2,9 @@
 //! event by event as bytes arrive (nothing buffered beyond the current event; dropping the stream
 //! closes the upstream connection, which cancels the call).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use brainstorm_common::collections::HashMap;
 use std::error::Error as StdError;
 use std::future::Future;
 use std::pin::Pin;
