@@ -191,7 +191,10 @@ pub fn is_exempt_path(path: &str) -> bool {
     if has_disguising_segment(path) {
         return false;
     }
-    EXEMPT_PREFIXES.iter().any(|prefix| {
+    // Prefixes differ by their fifth byte (after `/v1/`), and most paths match none: a byte compare
+    // first spares the string compares (this runs twice per request).
+    let fifth = path.as_bytes().get(4);
+    EXEMPT_PREFIXES.iter().filter(|prefix| prefix.as_bytes().get(4) == fifth).any(|prefix| {
         if prefix.ends_with('/') {
             path.starts_with(prefix)
         } else {
