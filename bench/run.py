@@ -401,6 +401,14 @@ http {{
             # A plain proxy's own added latency: the floor for the gateway's.
             nginx_phase, direct_phase = self.report["phases"]["nginx_rate_2000"], self.report["phases"]["b_rate_2000_direct"]
             self.report["nginx_added_latency_ms_at_2000"] = added_latency(nginx_phase, direct_phase)
+            # Its sequential added latency and streaming time-to-first-byte overhead, measured by the
+            # same clients as phases (a) and (d): the floors for the gateway's. (A direct call has the
+            # client and the mock on one CPU; any proxy on CPU 0 adds two cross-CPU hand-offs each way.)
+            phases = self.report["phases"]
+            phases["nginx_sequential"] = self.oha(url, PROVIDER_KEY, body, requests=self.args.sequential, connections=1)
+            self.report["nginx_added_latency_ms_sequential"] = added_latency(phases["nginx_sequential"], phases["a_sequential_direct"])
+            phases["nginx_stream"] = self.stream_timings(f"http://127.0.0.1:{port}", "/v1/chat/completions", PROVIDER_KEY, dict(body, stream=True), self.args.streams)
+            self.report["nginx_stream_ttfb_overhead_ms"] = round(phases["nginx_stream"]["ttfb_p50_ms"] - phases["d_stream_direct"]["ttfb_p50_ms"], 3)
             self.report["nginx"] = "nginx 1 worker on CPU 0 (its CPU per request is in the table)"
         finally:
             process.terminate()
@@ -546,17 +554,18 @@ def table(report):
             continue
         cpu = phase.get("gateway_cpu_us_per_request")
         lines.append(f"{name:<26}{(phase['requests_per_second'] or 0):>10.0f}{phase['p50_ms']:>9.3f}{phase['p90_ms']:>9.3f}{phase['p99_ms']:>9.3f}{(cpu if cpu is not None else float('nan')):>12.1f}")
-    for name in ("d_stream_direct", "d_stream_gateway", "d_paced_stream_direct", "d_paced_stream_gateway"):
+    for name in ("d_stream_direct", "d_stream_gateway", "nginx_stream", "d_paced_stream_direct", "d_paced_stream_gateway"):
         phase = report["phases"].get(name, {})
         if phase:
             lines.append(f"{name:<26} TTFB p50 {phase['ttfb_p50_ms']:.3f} ms, p99 {phase['ttfb_p99_ms']:.3f} ms; last byte p50 {phase['ttlb_p50_ms']:.3f} ms")
     lines += [
         "",
         f"added latency, sequential: {report['added_latency_ms']}",
+        f"nginx's added latency, sequential (the floor): {report.get('nginx_added_latency_ms_sequential', 'nginx not measured')}",
         f"added latency at 500 req/s: {report.get('added_latency_ms_at_500')}",
         f"added latency at 2000 req/s: {report.get('added_latency_ms_at_2000')}",
         f"nginx's added latency at 2000 req/s (the floor): {report.get('nginx_added_latency_ms_at_2000', 'nginx not measured')}",
-        f"streaming TTFB overhead (p50): {report['stream_ttfb_overhead_ms']} ms",
+        f"streaming TTFB overhead (p50): {report['stream_ttfb_overhead_ms']} ms; nginx's (the floor): {report.get('nginx_stream_ttfb_overhead_ms', 'nginx not measured')} ms",
         f"paced streams ({PACED_CHUNK_MS} ms between chunks), overhead p50: {report.get('paced_stream_overhead_ms')}",
         f"guardian overhead (X-BR-Guardian-Overhead-Ms): {report.get('guardian_overhead_ms')}",
         f"CPU per request each stage adds at 2000 req/s (us; noisy): {report.get('stage_cpu_us_per_request')}",
