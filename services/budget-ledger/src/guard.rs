@@ -582,16 +582,18 @@ impl Reservation {
             return Ok(self.view.clone());
         };
         let usage = Usage { cost: actual.cost, tokens: actual.input_tokens.saturating_add(actual.output_tokens), requests: 1 };
-        let settled = inner.counters.settle(&inner.reservation, usage).await;
-        let latency_ms = actual.latency_ms.unwrap_or_else(|| u64::try_from(inner.reserved_at.elapsed().as_millis()).unwrap_or(u64::MAX));
-        let context = &inner.context;
+        let ReservationInner { counters, bus, reservation, context, request_id, reserved_at } = inner;
+        let settled = counters.settle(&reservation, usage).await;
+        let latency_ms = actual.latency_ms.unwrap_or_else(|| u64::try_from(reserved_at.elapsed().as_millis()).unwrap_or(u64::MAX));
+        // The reservation settles once: the settlement takes the context's text instead of copies.
+        let key = context.tenant_id.clone();
         let settlement = budget::Settlement {
-            request_id: inner.request_id.clone(),
-            tenant_id: context.tenant_id.clone(),
-            plan: context.plan.clone(),
-            key_id: context.key_id.clone(),
-            agent_id: context.agent.as_ref().map(|agent| agent.agent_id.clone()),
-            conversation_id: context.conversation_id.clone(),
+            request_id,
+            tenant_id: context.tenant_id,
+            plan: context.plan,
+            key_id: context.key_id,
+            agent_id: context.agent.map(|agent| agent.agent_id),
+            conversation_id: context.conversation_id,
             model: actual.model,
             provider: actual.provider,
             input_tokens: actual.input_tokens,
@@ -601,7 +603,7 @@ impl Reservation {
             latency_ms,
             occurred_at: format_timestamp(Utc::now()),
         };
-        publish(inner.bus.as_ref(), &context.tenant_id, budget_event::Kind::Settlement(settlement)).await;
+        publish(bus.as_ref(), &key, budget_event::Kind::Settlement(settlement)).await;
         let levels = settled?;
         Ok(RemainingView { levels, rate_limit_remaining: self.view.rate_limit_remaining })
     }
