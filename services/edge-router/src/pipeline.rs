@@ -274,7 +274,7 @@ fn seal(
         Err(error) => ("error", error.code.clone().unwrap_or_else(|| error.error_type.to_string())),
     };
     let trace = trace_context(request_headers);
-    let traceparent = format!("00-{}-{}-01", trace.trace_id, trace.span_id);
+    let traceparent = header_value::formatted(format_args!("00-{}-{}-01", trace.trace_id, trace.span_id));
     let agent_id = agent_of(request_headers, body);
     let record = AuditRecord {
         request_id: request_id.0.clone(),
@@ -325,7 +325,7 @@ fn seal(
         const { HeaderName::from_static("x-br-verdict-id") },
         header_value::formatted(format_args!("vrd_{}", request_id.0.trim_start_matches("req_"))),
     ));
-    evidence.push((const { HeaderName::from_static("traceparent") }, HeaderValue::from_str(&traceparent).ok()));
+    evidence.push((const { HeaderName::from_static("traceparent") }, traceparent));
     match facts.stream_evidence.take() {
         // A stream's record is completed (tokens, cost, how it ended) and submitted when the stream
         // ends; its commitment then travels as a trailing SSE comment.
