@@ -17,9 +17,11 @@ const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-br-request-id")
 /// Gives every request an id (kept in its extensions) and echoes it on every response.
 pub async fn assign_request_id(mut request: Request, next: Next) -> Response {
     let request_id = format!("req_{}", uuid::Uuid::now_v7().simple());
-    request.extensions_mut().insert(RequestId(request_id.clone()));
+    // The header value is made now, so the id itself moves into the request (no copy).
+    let value = HeaderValue::from_str(&request_id).ok();
+    request.extensions_mut().insert(RequestId(request_id));
     let mut response = next.run(request).await;
-    if let Ok(value) = HeaderValue::from_str(&request_id) {
+    if let Some(value) = value {
         response.headers_mut().insert(REQUEST_ID_HEADER, value);
     }
     response
