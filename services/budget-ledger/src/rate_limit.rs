@@ -7,11 +7,11 @@
 //! every `T`: exactly `rpm` requests in any 60 s window at the steady state. `remaining` is
 //! `floor((60 s - (tat' - now)) / T)`.
 
-use brainstorm_common::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
+use brainstorm_common::collections::HashMap;
 
 use crate::counters::CounterError;
 

@@ -2,11 +2,10 @@
 //! budget events, and alert evaluation (off the request path).
 
 use std::collections::BTreeMap;
-
-use brainstorm_common::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
+use brainstorm_common::collections::HashMap;
 use brainstorm_common::money::Usd;
 use brainstorm_common::store::Database;
 use brainstorm_common::time::{format_timestamp, parse_timestamp};

@@ -15,14 +15,14 @@ pub mod kafka;
 
 use std::any::Any;
 use std::collections::VecDeque;
-
-use crate::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use tokio::sync::Notify;
+
+use crate::collections::HashMap;
 
 /// Why the bus failed.
 #[derive(Debug, thiserror::Error)]
@@ -283,7 +283,6 @@ impl InProcessBus {
         self.topics.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Queues `message` for every consumer group of its topic.
     /// Queues `message` for every consumer group of its topic (the last group takes the message
     /// itself, the others a copy).
     fn append(&self, message: BusMessage) {

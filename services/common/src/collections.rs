@@ -4,6 +4,3 @@
 
 /// A `std::collections::HashMap` hashed by foldhash (seeded per process); build with `default()`.
 pub type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::quality::RandomState>;
-
-/// A `std::collections::HashSet` hashed by foldhash (seeded per process); build with `default()`.
-pub type HashSet<T> = std::collections::HashSet<T, foldhash::quality::RandomState>;

@@ -1,5 +1,5 @@
 //! Shared plumbing of every Brainstorm service: the error envelope, configuration, store, event bus,
-//! mail outbox, money and time helpers, and telemetry.
+//! mail outbox, money and time helpers, request-path hash maps, and telemetry.
 
 pub mod bus;
 pub mod collections;

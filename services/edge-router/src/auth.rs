@@ -2,8 +2,6 @@
 //! call per request; revocations and tenant changes arriving on the bus evict cached entries at once.
 
 use std::collections::BTreeSet;
-
-use brainstorm_common::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -12,6 +10,7 @@ use axum::http::HeaderMap;
 use axum::http::request::Parts;
 use brainstorm_common::ApiError;
 use brainstorm_common::bus::EventBus;
+use brainstorm_common::collections::HashMap;
 use brainstorm_common::config::Secret;
 use brainstorm_common::time::parse_timestamp;
 use brainstorm_proto::events::{IDENTITY_EVENTS_TOPIC, IdentityEvent, identity_event};

@@ -2,11 +2,11 @@
 //! completion reserves against in-memory (or Redis) counters without a database round trip. Writes
 //! through this edge evict at once; entries expire after a TTL regardless.
 
-use brainstorm_common::collections::HashMap;
 use std::sync::RwLock;
 use std::time::{Duration, Instant};
 
 use brainstorm_common::ApiError;
+use brainstorm_common::collections::HashMap;
 use brainstorm_proto::ErrorKind;
 use brainstorm_proto::budget::{AgentBudget, AgentRef, BudgetLedgerClient, TenantLimits, TenantRef};
 

@@ -3,13 +3,12 @@
 //! edge evict at once; changes seen on the bus evict everywhere; entries expire after a TTL regardless.
 
 use std::collections::BTreeMap;
-
-use brainstorm_common::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use brainstorm_common::ApiError;
 use brainstorm_common::bus::EventBus;
+use brainstorm_common::collections::HashMap;
 use brainstorm_common::money::Usd;
 use brainstorm_proto::catalog::{CatalogClient, Preset, TenantRef};
 use brainstorm_proto::events::{CATALOG_EVENTS_TOPIC, RoutingConfigChanged};

@@ -4,12 +4,12 @@
 //! zero, up to an hour of them). Deliveries are taken in batches and each settlement goes straight to
 //! its tenant's detector, its series looked up by borrowed keys.
 
-use brainstorm_common::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use brainstorm_common::bus::{BusError, EventBus, Subscription, next_batch, share_thread};
+use brainstorm_common::collections::HashMap;
 use brainstorm_common::time::{format_timestamp, parse_timestamp};
 use brainstorm_proto::budget::{BudgetEvent, SETTLEMENTS_TOPIC, Settlement, budget_event};
 use brainstorm_proto::policy::Observation;

@@ -11,11 +11,11 @@
 //! switches fail open until a read succeeds again. A failed read is retried after the TTL, not on
 //! every request.
 
-use brainstorm_common::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use brainstorm_common::collections::HashMap;
 use brainstorm_proto::ServiceResult;
 use brainstorm_proto::policy::{KillSwitchSnapshot, PolicyEvent, PolicyFirewallClient, TenantRef, policy_event};
 use tokio::time::Instant;

@@ -6,12 +6,12 @@
 //! three things leave the process: a tenant's first read (and one read per TTL), external guardrail
 //! providers (when a tenant enabled some), and approvals (only when a policy requires one).
 
-use brainstorm_common::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use brainstorm_common::bus::EventBus;
+use brainstorm_common::collections::HashMap;
 use brainstorm_proto::policy::{
     self as proto, ApprovalResolution, POLICY_EVENTS_TOPIC, PolicyEvent, PolicyFirewallClient, ResolveApprovalRequest, ScanTextRequest,
     TenantRef, policy_event,

@@ -1,12 +1,12 @@
 //! The policy-firewall service: the `PolicyFirewallService` contract over its store, the anomaly
 //! detectors it holds in memory, external guardrail calls, and `policy.events` after every change.
 
-use brainstorm_common::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use brainstorm_common::bus::EventBus;
+use brainstorm_common::collections::HashMap;
 use brainstorm_common::store::Database;
 use brainstorm_common::time::{format_timestamp, parse_timestamp};
 use brainstorm_proto::policy::*;

@@ -3,8 +3,6 @@
 //! closes the upstream connection, which cancels the call).
 
 use std::collections::VecDeque;
-
-use brainstorm_common::collections::HashMap;
 use std::error::Error as StdError;
 use std::future::Future;
 use std::pin::Pin;
@@ -12,6 +10,7 @@ use std::sync::{Arc, RwLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use brainstorm_common::collections::HashMap;
 use brainstorm_common::config::EgressProxy;
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
