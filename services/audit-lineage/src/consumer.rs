@@ -8,7 +8,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use brainstorm_common::bus::{BusError, Delivery, EventBus, Subscription, next_batch, share_thread};
+use brainstorm_common::bus::{BusError, DEFAULT_WRITE_LINGER, Delivery, EventBus, Subscription, next_batch, share_thread};
 use brainstorm_proto::audit::{AUDIT_RECORDS_TOPIC, AuditRecord};
 
 use crate::service::{AuditLineageServiceImpl, by_tenant, is_rejection, validate_record};
@@ -22,11 +22,6 @@ const RETRY_PAUSE: Duration = Duration::from_millis(500);
 
 /// Deliveries already waiting that `run` takes together: one transaction per tenant per batch.
 const MAX_BATCH: usize = 1024;
-
-/// How long a batch waits for more deliveries after its first (the chain and ledger lag by at most
-/// this; the edge never waits on them). Each batch's commit writes the pages it touched whatever
-/// its size, so a batch that gathers more costs less per record.
-const LINGER: Duration = Duration::from_millis(25);
 
 /// What became of one delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,13 +40,20 @@ pub enum Handled {
 pub struct AuditConsumer {
     subscription: Box<dyn Subscription>,
     service: AuditLineageServiceImpl,
+    linger: Duration,
 }
 
 impl AuditConsumer {
     /// Joins the `audit-lineage` group on `audit.records`.
     pub async fn subscribe(bus: &Arc<dyn EventBus>, service: AuditLineageServiceImpl) -> Result<Self, BusError> {
         let subscription = bus.subscribe(AUDIT_RECORDS_TOPIC, CONSUMER_GROUP).await?;
-        Ok(AuditConsumer { subscription, service })
+        Ok(AuditConsumer { subscription, service, linger: DEFAULT_WRITE_LINGER })
+    }
+
+    /// How long a batch waits for more deliveries after its first (the chain lags by at most this).
+    pub fn with_linger(mut self, linger: Duration) -> Self {
+        self.linger = linger;
+        self
     }
 
     /// Handles deliveries until `shutdown` completes or the bus fails.
@@ -78,10 +80,10 @@ impl AuditConsumer {
         Ok(handle(&self.service, delivery).await)
     }
 
-    /// Waits for one delivery, gathers those arriving within `LINGER` (up to `MAX_BATCH`), and chains
+    /// Waits for one delivery, gathers those arriving within the linger (up to `MAX_BATCH`), and chains
     /// each tenant's records in one transaction, in delivery order.
     pub async fn handle_batch(&mut self) -> Result<Vec<Handled>, BusError> {
-        let mut deliveries = next_batch(self.subscription.as_mut(), MAX_BATCH, LINGER).await?;
+        let mut deliveries = next_batch(self.subscription.as_mut(), MAX_BATCH, self.linger).await?;
         if deliveries.len() == 1
             && let Some(delivery) = deliveries.pop()
         {
@@ -165,12 +167,13 @@ async fn handle(service: &AuditLineageServiceImpl, delivery: Delivery) -> Handle
     }
 }
 
-/// Subscribes and runs the consumer on its own task until `shutdown`.
+/// Subscribes and runs the consumer, gathering each batch for `linger`, on its own task until `shutdown`.
 pub async fn spawn_audit_consumer(
     bus: &Arc<dyn EventBus>,
     service: AuditLineageServiceImpl,
+    linger: Duration,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<tokio::task::JoinHandle<()>, BusError> {
-    let consumer = AuditConsumer::subscribe(bus, service).await?;
+    let consumer = AuditConsumer::subscribe(bus, service).await?.with_linger(linger);
     Ok(tokio::spawn(consumer.run(shutdown)))
 }

@@ -72,12 +72,13 @@ pub async fn up(settings: Settings) -> anyhow::Result<()> {
     let catalog = CatalogClient::local(catalog_service(&settings, database.clone(), bus.clone(), upstream.clone(), master_key.clone()));
     let shutdown = Shutdown::on_signals();
     let audit_service = audit_service(database.clone(), &master_key)?;
-    spawn_audit_consumer(&bus, audit_service.clone(), shutdown.clone().requested()).await?;
+    spawn_audit_consumer(&bus, audit_service.clone(), settings.write_linger, shutdown.clone().requested()).await?;
     let audit = AuditLineageClient::local(audit_service);
     let (audit_publisher, _publishing) = AuditPublisher::spawn(bus.clone(), PublisherOptions::default());
-    let policy = PolicyFirewallClient::local(policy_service(database.clone(), bus.clone(), Some(master_key.clone()), &shutdown).await?);
+    let policy =
+        PolicyFirewallClient::local(policy_service(database.clone(), bus.clone(), Some(master_key.clone()), &settings, &shutdown).await?);
     let ledger = BudgetLedgerServiceImpl::new(database.clone(), BudgetLedgerOptions::default());
-    spawn_settlement_consumer(&bus, ledger.clone(), shutdown.clone().requested()).await?;
+    spawn_settlement_consumer(&bus, ledger.clone(), settings.write_linger, shutdown.clone().requested()).await?;
     let budget = BudgetLedgerClient::local(ledger);
     let guard = budget_guard(&settings, bus.clone(), &budget).await?;
     tracing::info!(listen = %settings.listen, data_dir = %settings.data_dir.display(), "brainstorm up: every service in one process");
@@ -90,7 +91,7 @@ pub async fn up(settings: Settings) -> anyhow::Result<()> {
         guard,
         audit,
         audit_publisher,
-        guardian: guardian(&policy),
+        guardian: guardian(&policy, &settings),
         policy,
     };
     serve_edge(&settings, dependencies, bus, shutdown).await?;
@@ -158,7 +159,7 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
     let budget = match (&database, hosted.contains(&ServiceName::BudgetLedger)) {
         (Some(database), true) => {
             let ledger = BudgetLedgerServiceImpl::new(database.clone(), BudgetLedgerOptions::default());
-            spawn_settlement_consumer(&bus, ledger.clone(), shutdown.clone().requested()).await?;
+            spawn_settlement_consumer(&bus, ledger.clone(), settings.write_linger, shutdown.clone().requested()).await?;
             Some(BudgetLedgerClient::local(ledger))
         }
         _ if hosts_edge => {
@@ -180,7 +181,7 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
             let master_key =
                 settings.master_key.as_ref().context("audit-lineage needs BR_MASTER_KEY (64 hex characters) to sign evidence artifacts")?;
             let service = audit_service(database.clone(), &MasterKey::from_hex(master_key.expose())?)?;
-            spawn_audit_consumer(&bus, service.clone(), shutdown.clone().requested()).await?;
+            spawn_audit_consumer(&bus, service.clone(), settings.write_linger, shutdown.clone().requested()).await?;
             Some(AuditLineageClient::local(service))
         }
         _ if hosts_edge => {
@@ -200,7 +201,7 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
     let policy = match (&database, hosted.contains(&ServiceName::PolicyFirewall)) {
         (Some(database), true) => {
             let master_key = settings.master_key.as_ref().map(|key| MasterKey::from_hex(key.expose())).transpose()?;
-            Some(PolicyFirewallClient::local(policy_service(database.clone(), bus.clone(), master_key, &shutdown).await?))
+            Some(PolicyFirewallClient::local(policy_service(database.clone(), bus.clone(), master_key, &settings, &shutdown).await?))
         }
         _ if hosts_edge => Some(PolicyFirewallClient::grpc(remote(&settings, ServiceName::PolicyFirewall)?)),
         _ => None,
@@ -260,7 +261,7 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
                 guard,
                 audit,
                 audit_publisher,
-                guardian: guardian(&policy),
+                guardian: guardian(&policy, &settings),
                 policy,
             };
             let broadcast = select_broadcast_bus(settings.kafka_brokers.as_deref(), &bus)?;
@@ -342,18 +343,20 @@ async fn policy_service(
     database: Database,
     bus: Arc<dyn EventBus>,
     master_key: Option<MasterKey>,
+    settings: &Settings,
     shutdown: &Shutdown,
 ) -> anyhow::Result<PolicyFirewallServiceImpl> {
     let options = PolicyFirewallOptions { master_key, ..PolicyFirewallOptions::default() };
     let service = PolicyFirewallServiceImpl::new(database, bus.clone(), options);
-    let consumer = AnomalyConsumer::subscribe(&bus, service.clone()).await?;
+    let consumer = AnomalyConsumer::subscribe(&bus, service.clone()).await?.with_linger(settings.write_linger);
     tokio::spawn(consumer.run(shutdown.clone().requested()));
     Ok(service)
 }
 
 /// The edge's in-memory guardian over the policy-firewall client.
-fn guardian(policy: &PolicyFirewallClient) -> Arc<Guardian> {
-    Arc::new(Guardian::new(policy.clone(), GuardianOptions::default()))
+fn guardian(policy: &PolicyFirewallClient, settings: &Settings) -> Arc<Guardian> {
+    let options = GuardianOptions { interception_linger: settings.write_linger, ..GuardianOptions::default() };
+    Arc::new(Guardian::new(policy.clone(), options))
 }
 
 /// The audit service, signing artifacts with a key derived from the master key.

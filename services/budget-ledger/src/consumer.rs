@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use brainstorm_common::bus::{BusError, Delivery, EventBus, Subscription, next_batch, share_thread};
+use brainstorm_common::bus::{BusError, DEFAULT_WRITE_LINGER, Delivery, EventBus, Subscription, next_batch, share_thread};
 use brainstorm_proto::ErrorKind;
 use brainstorm_proto::budget::{BudgetEvent, SETTLEMENTS_TOPIC, Settlement, budget_event};
 
@@ -19,11 +19,6 @@ const RETRY_PAUSE: Duration = Duration::from_millis(500);
 
 /// Deliveries already waiting that `run` records together, in one transaction.
 const MAX_BATCH: usize = 1024;
-
-/// How long a batch waits for more deliveries after its first (the chain and ledger lag by at most
-/// this; the edge never waits on them). Each batch's commit writes the pages it touched whatever
-/// its size, so a batch that gathers more costs less per record.
-const LINGER: Duration = Duration::from_millis(25);
 
 /// What became of one delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,13 +37,20 @@ pub enum Handled {
 pub struct SettlementConsumer {
     subscription: Box<dyn Subscription>,
     service: BudgetLedgerServiceImpl,
+    linger: Duration,
 }
 
 impl SettlementConsumer {
     /// Joins the ledger's consumer group on `budget.settlements`.
     pub async fn subscribe(bus: &Arc<dyn EventBus>, service: BudgetLedgerServiceImpl) -> Result<Self, BusError> {
         let subscription = bus.subscribe(SETTLEMENTS_TOPIC, CONSUMER_GROUP).await?;
-        Ok(SettlementConsumer { subscription, service })
+        Ok(SettlementConsumer { subscription, service, linger: DEFAULT_WRITE_LINGER })
+    }
+
+    /// How long a batch waits for more deliveries after its first (the ledger lags by at most this).
+    pub fn with_linger(mut self, linger: Duration) -> Self {
+        self.linger = linger;
+        self
     }
 
     /// Handles deliveries until `shutdown` completes or the bus closes.
@@ -75,10 +77,10 @@ impl SettlementConsumer {
         Ok(handle(&self.service, delivery).await)
     }
 
-    /// Waits for one delivery, gathers those arriving within `LINGER` (up to `MAX_BATCH`), and writes
+    /// Waits for one delivery, gathers those arriving within the linger (up to `MAX_BATCH`), and writes
     /// their settlements in one transaction; other events are handled one by one.
     pub async fn handle_batch(&mut self) -> Result<Vec<Handled>, BusError> {
-        let deliveries = next_batch(self.subscription.as_mut(), MAX_BATCH, LINGER).await?;
+        let deliveries = next_batch(self.subscription.as_mut(), MAX_BATCH, self.linger).await?;
         let mut handled = Vec::with_capacity(deliveries.len());
         let mut settlements = Vec::new();
         for (index, delivery) in deliveries.into_iter().enumerate() {
@@ -160,12 +162,13 @@ async fn handle(service: &BudgetLedgerServiceImpl, delivery: Delivery) -> Handle
     }
 }
 
-/// Subscribes and runs the consumer on its own task until `shutdown`.
+/// Subscribes and runs the consumer, gathering each batch for `linger`, on its own task until `shutdown`.
 pub async fn spawn_settlement_consumer(
     bus: &Arc<dyn EventBus>,
     service: BudgetLedgerServiceImpl,
+    linger: Duration,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<tokio::task::JoinHandle<()>, BusError> {
-    let consumer = SettlementConsumer::subscribe(bus, service).await?;
+    let consumer = SettlementConsumer::subscribe(bus, service).await?.with_linger(linger);
     Ok(tokio::spawn(consumer.run(shutdown)))
 }

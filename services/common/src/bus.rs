@@ -142,6 +142,12 @@ pub async fn share_thread(index: usize) {
     }
 }
 
+/// How long a background writer (the chain, the ledger, the anomaly feed, the interception log)
+/// gathers deliveries after the first before handling them, unless configured (`BR_WRITE_LINGER_MS`).
+/// Each batch's commit rewrites the pages it touched whatever its size, so this trades how soon a
+/// record is queryable for CPU per request (the edge never waits on it).
+pub const DEFAULT_WRITE_LINGER: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Waits for one delivery, then gathers more for up to `linger` (or until `max`): what a consumer
 /// writes in one transaction. Under load a batch fills at once; when traffic is light the linger
 /// bounds how long the first delivery waits. Deliveries arriving during the linger do not wake the

@@ -9,10 +9,14 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::time::Duration;
 
 use serde::Deserialize;
 
 use crate::telemetry::LogFormat;
+
+/// The longest `write_linger_ms` accepted.
+const MAX_WRITE_LINGER_MS: u64 = 10_000;
 
 /// A configuration problem, naming the setting at fault.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -163,6 +167,8 @@ pub struct ConfigLayer {
     pub dashboard_url: Option<String>,
     pub registration_mode: Option<String>,
     pub log_format: Option<String>,
+    /// Milliseconds the background writers gather a batch before writing it (see `Settings::write_linger`).
+    pub write_linger_ms: Option<u64>,
     /// A model catalog file replacing the bundled one (prices update without a rebuild).
     pub model_catalog: Option<PathBuf>,
     /// HTTP proxy for calls to providers (`HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY`; upper or lower case).
@@ -216,6 +222,13 @@ impl ConfigLayer {
             dashboard_url: text("BR_DASHBOARD_URL"),
             registration_mode: text("BR_REGISTRATION_MODE"),
             log_format: text("BR_LOG_FORMAT"),
+            write_linger_ms: text("BR_WRITE_LINGER_MS")
+                .map(|value| {
+                    value.parse().map_err(|_| {
+                        ConfigError::new("write_linger_ms (BR_WRITE_LINGER_MS)", format!("`{value}` is not a number of milliseconds"))
+                    })
+                })
+                .transpose()?,
             model_catalog: text("BR_MODEL_CATALOG").map(PathBuf::from),
             https_proxy: text("HTTPS_PROXY").or_else(|| text("https_proxy")).map(Secret),
             http_proxy: text("HTTP_PROXY").or_else(|| text("http_proxy")).map(Secret),
@@ -259,6 +272,7 @@ impl ConfigLayer {
             dashboard_url,
             registration_mode,
             log_format,
+            write_linger_ms,
             model_catalog,
             https_proxy,
             http_proxy,
@@ -302,6 +316,9 @@ pub struct Settings {
     pub dashboard_url: String,
     pub registration_mode: RegistrationMode,
     pub log_format: LogFormat,
+    /// How long the chain, ledger, anomaly and interception writers gather deliveries after the first
+    /// before writing them: how late a record may become queryable, against the CPU each commit costs.
+    pub write_linger: Duration,
     pub model_catalog: Option<PathBuf>,
     pub service_urls: BTreeMap<ServiceName, String>,
     pub provider_base_urls: BTreeMap<String, String>,
@@ -361,6 +378,16 @@ impl Settings {
             Some("json") => LogFormat::Json,
             Some(other) => return Err(ConfigError::new("log_format (BR_LOG_FORMAT)", format!("`{other}` is not one of text, json"))),
         };
+        let write_linger = match layer.write_linger_ms {
+            None => crate::bus::DEFAULT_WRITE_LINGER,
+            Some(millis) if millis <= MAX_WRITE_LINGER_MS => Duration::from_millis(millis),
+            Some(millis) => {
+                return Err(ConfigError::new(
+                    "write_linger_ms (BR_WRITE_LINGER_MS)",
+                    format!("{millis} is more than {MAX_WRITE_LINGER_MS} ms: records would stay unwritten for too long"),
+                ));
+            }
+        };
         for (setting, proxy) in [
             ("https_proxy (HTTPS_PROXY)", &layer.https_proxy),
             ("http_proxy (HTTP_PROXY)", &layer.http_proxy),
@@ -398,6 +425,7 @@ impl Settings {
             dashboard_url,
             registration_mode,
             log_format,
+            write_linger,
             model_catalog: layer.model_catalog,
             service_urls,
             provider_base_urls,
@@ -499,6 +527,16 @@ mod tests {
     }
 
     #[test]
+    fn the_write_linger_defaults_and_can_be_set_from_file_or_environment() -> Result<(), ConfigError> {
+        assert_eq!(Settings::resolve(ConfigLayer::default())?.write_linger, crate::bus::DEFAULT_WRITE_LINGER);
+        let file = ConfigLayer::from_toml("write_linger_ms = 250\n", Path::new("x.toml"))?;
+        assert_eq!(Settings::resolve(file.clone())?.write_linger, Duration::from_millis(250));
+        let environment = ConfigLayer::from_env(&env(&[("BR_WRITE_LINGER_MS", "0")]))?;
+        assert_eq!(Settings::resolve(environment.over(file))?.write_linger, Duration::ZERO);
+        Ok(())
+    }
+
+    #[test]
     fn service_and_provider_urls_come_from_the_environment() -> Result<(), ConfigError> {
         let layer = ConfigLayer::from_env(&env(&[
             ("BR_IDENTITY_URL", "http://127.0.0.1:50051/"),
@@ -514,8 +552,10 @@ mod tests {
 
     #[test]
     fn a_bad_value_names_its_setting() {
-        let cases: [(&str, &str, &str); 6] = [
+        let cases: [(&str, &str, &str); 8] = [
             ("BR_LISTEN", "nonsense", "listen"),
+            ("BR_WRITE_LINGER_MS", "soon", "write_linger_ms"),
+            ("BR_WRITE_LINGER_MS", "10001", "write_linger_ms"),
             ("BR_REQUIRE_AGENT_OWNER", "maybe", "BR_REQUIRE_AGENT_OWNER"),
             ("BR_DATABASE_URL", "mysql://x", "database_url"),
             ("BR_MASTER_KEY", "short", "master_key"),

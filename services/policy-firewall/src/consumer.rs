@@ -8,7 +8,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use brainstorm_common::bus::{BusError, EventBus, Subscription, next_batch, share_thread};
+use brainstorm_common::bus::{BusError, DEFAULT_WRITE_LINGER, EventBus, Subscription, next_batch, share_thread};
 use brainstorm_common::collections::HashMap;
 use brainstorm_common::time::{format_timestamp, parse_timestamp};
 use brainstorm_proto::budget::{BudgetEvent, SETTLEMENTS_TOPIC, Settlement, budget_event};
@@ -23,10 +23,8 @@ pub const CONSUMER_GROUP: &str = "policy-firewall";
 
 /// Quiet minutes reported as zero when a window closes after a gap.
 const MAX_QUIET_MINUTES: i64 = 60;
-/// Settlements fed to the detector per batch, and how long a batch waits for more (as the ledger's
-/// consumer of the same topic does).
+/// Settlements fed to the detector per batch.
 const MAX_BATCH: usize = 1024;
-const LINGER: Duration = Duration::from_millis(25);
 const NANOS_PER_USD: f64 = 1_000_000_000.0;
 
 /// Requests and errors of one entity in one minute.
@@ -147,13 +145,21 @@ pub struct AnomalyConsumer {
     subscription: Box<dyn Subscription>,
     service: PolicyFirewallServiceImpl,
     feed: AnomalyFeed,
+    linger: Duration,
 }
 
 impl AnomalyConsumer {
     /// Joins the policy firewall's group on `budget.settlements`.
     pub async fn subscribe(bus: &Arc<dyn EventBus>, service: PolicyFirewallServiceImpl) -> Result<Self, BusError> {
         let subscription = bus.subscribe(SETTLEMENTS_TOPIC, CONSUMER_GROUP).await?;
-        Ok(AnomalyConsumer { subscription, service, feed: AnomalyFeed::default() })
+        Ok(AnomalyConsumer { subscription, service, feed: AnomalyFeed::default(), linger: DEFAULT_WRITE_LINGER })
+    }
+
+    /// How long a batch waits for more deliveries after its first (as the ledger's consumer of the
+    /// same topic does; anomalies are seen at most this late).
+    pub fn with_linger(mut self, linger: Duration) -> Self {
+        self.linger = linger;
+        self
     }
 
     /// Handles deliveries until `shutdown` completes or the bus closes.
@@ -170,11 +176,11 @@ impl AnomalyConsumer {
         }
     }
 
-    /// Waits for one delivery, gathers those arriving within `LINGER` (up to `MAX_BATCH`) and feeds
+    /// Waits for one delivery, gathers those arriving within the linger (up to `MAX_BATCH`) and feeds
     /// them to the detector in delivery order, one lock of the detectors per settlement. The detector
     /// lives in memory, so every delivery is acked (there is nothing to retry).
     pub async fn handle_batch(&mut self) -> Result<Handled, BusError> {
-        let deliveries = next_batch(self.subscription.as_mut(), MAX_BATCH, LINGER).await?;
+        let deliveries = next_batch(self.subscription.as_mut(), MAX_BATCH, self.linger).await?;
         let mut handled = Handled::default();
         let AnomalyConsumer { service, feed, .. } = self;
         for (index, delivery) in deliveries.into_iter().enumerate() {

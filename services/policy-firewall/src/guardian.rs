@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use brainstorm_common::bus::EventBus;
+use brainstorm_common::bus::{DEFAULT_WRITE_LINGER, EventBus};
 use brainstorm_common::collections::HashMap;
 use brainstorm_proto::policy::{
     self as proto, ApprovalResolution, POLICY_EVENTS_TOPIC, PolicyEvent, PolicyFirewallClient, ResolveApprovalRequest, ScanTextRequest,
@@ -34,11 +34,13 @@ pub const DEFAULT_CONFIG_TTL: Duration = Duration::from_secs(30);
 pub struct GuardianOptions {
     pub kill_switch: GateOptions,
     pub config_ttl: Duration,
+    /// How long the interception log gathers a batch after its first interception.
+    pub interception_linger: Duration,
 }
 
 impl Default for GuardianOptions {
     fn default() -> Self {
-        GuardianOptions { kill_switch: GateOptions::default(), config_ttl: DEFAULT_CONFIG_TTL }
+        GuardianOptions { kill_switch: GateOptions::default(), config_ttl: DEFAULT_CONFIG_TTL, interception_linger: DEFAULT_WRITE_LINGER }
     }
 }
 
@@ -102,7 +104,7 @@ impl Guardian {
     pub fn new(client: PolicyFirewallClient, options: GuardianOptions) -> Self {
         Guardian {
             gate: KillSwitchGate::new(Arc::new(client.clone()), options.kill_switch),
-            interceptions: InterceptionRecorder::spawn(client.clone()),
+            interceptions: InterceptionRecorder::spawn(client.clone(), options.interception_linger),
             client,
             config_ttl: options.config_ttl,
             configs: RwLock::new(HashMap::default()),

@@ -2,7 +2,7 @@
 //! time (one write per batch instead of one per intercepted request).
 //!
 //! `record` never waits: it queues the interception in a bounded buffer. One task gathers what arrives
-//! within `LINGER` (up to `MAX_BATCH`) and sends it in one `record_interceptions` call. With the buffer
+//! within its linger (up to `MAX_BATCH`) and sends it in one `record_interceptions` call. With the buffer
 //! full (the service unreachable for long), new interceptions are dropped and counted: the request's
 //! audit record, chained separately, still says what the firewall did.
 
@@ -17,8 +17,6 @@ use tokio::sync::mpsc;
 const CAPACITY: usize = 10_000;
 /// The most a batch carries.
 const MAX_BATCH: usize = 256;
-/// How long a batch waits for more after its first interception.
-const LINGER: Duration = Duration::from_millis(10);
 
 /// A cheap handle on the recorder's buffer; its task ends when every handle is dropped.
 #[derive(Debug, Clone)]
@@ -28,10 +26,11 @@ pub struct InterceptionRecorder {
 }
 
 impl InterceptionRecorder {
-    /// Starts the recording task (on the current tokio runtime).
-    pub fn spawn(client: PolicyFirewallClient) -> Self {
+    /// Starts the recording task (on the current tokio runtime); a batch waits `linger` for more
+    /// after its first interception.
+    pub fn spawn(client: PolicyFirewallClient, linger: Duration) -> Self {
         let (sender, receiver) = mpsc::channel(CAPACITY);
-        tokio::spawn(store_batches(client, receiver));
+        tokio::spawn(store_batches(client, receiver, linger));
         InterceptionRecorder { sender, dropped: Arc::new(AtomicU64::new(0)) }
     }
 
@@ -44,10 +43,10 @@ impl InterceptionRecorder {
     }
 }
 
-async fn store_batches(client: PolicyFirewallClient, mut receiver: mpsc::Receiver<Interception>) {
+async fn store_batches(client: PolicyFirewallClient, mut receiver: mpsc::Receiver<Interception>, linger: Duration) {
     while let Some(first) = receiver.recv().await {
         let mut interceptions = vec![first];
-        let deadline = tokio::time::Instant::now() + LINGER;
+        let deadline = tokio::time::Instant::now() + linger;
         while interceptions.len() < MAX_BATCH {
             match tokio::time::timeout_at(deadline, receiver.recv()).await {
                 Ok(Some(interception)) => interceptions.push(interception),

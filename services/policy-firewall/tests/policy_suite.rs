@@ -876,6 +876,7 @@ async fn guardians_on_two_edges_follow_the_bus_at_once(database: Database) -> Te
     let options = GuardianOptions {
         kill_switch: brainstorm_policy_firewall::GateOptions { ttl: Duration::from_secs(600), ..Default::default() },
         config_ttl: Duration::from_secs(600),
+        ..GuardianOptions::default()
     };
     let edges = [Arc::new(Guardian::new(client.clone(), options)), Arc::new(Guardian::new(client.clone(), options))];
     for (index, edge) in edges.iter().enumerate() {
