@@ -259,6 +259,7 @@ def check_workloads(rendered: Render, services: set[str], chart_app_version: str
         resources = spec.get("resources", {})
         expect(bool(resources.get("requests")) and bool(resources.get("limits")), f"{where}: resources need requests and limits: {resources}")
         expect(env_value(spec, "BR_LOG_FORMAT") == "json", f"{where}: BR_LOG_FORMAT is not json")
+        expect(env_value(spec, "BR_WRITE_LINGER_MS") == "100", f"{where}: BR_WRITE_LINGER_MS is not the default 100")
         expect(env_value(spec, "BR_LISTEN") == f"0.0.0.0:{HTTP_PORT}", f"{where}: BR_LISTEN is {env_value(spec, 'BR_LISTEN')}")
         outbox = env_value(spec, "BR_MAIL_OUTBOX")
         mounts = {mount["mountPath"]: mount["name"] for mount in spec.get("volumeMounts", [])}

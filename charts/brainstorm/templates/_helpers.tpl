@@ -98,6 +98,10 @@ masterKey: BR_MASTER_KEY
 {{- define "brainstorm.commonEnv" -}}
 - name: BR_LOG_FORMAT
   value: {{ .Values.config.logFormat | quote }}
+{{- if hasKey .Values.config "writeLingerMs" }}
+- name: BR_WRITE_LINGER_MS
+  value: {{ .Values.config.writeLingerMs | quote }}
+{{- end }}
 {{- with .Values.config.otelExporterOtlpEndpoint }}
 - name: OTEL_EXPORTER_OTLP_ENDPOINT
   value: {{ . | quote }}
