@@ -2,6 +2,7 @@
 
 use brainstorm_e2e::{Gateway, Shape, run_to_end, temp_dir};
 use reqwest::Method;
+use serde_json::{Value, json};
 
 type TestResult = anyhow::Result<()>;
 
@@ -74,5 +75,43 @@ async fn sigterm_stops_cleanly_and_data_survives_a_restart() -> TestResult {
     restarted.kill()?;
     restarted.wait()?;
     assert_eq!(status, 200, "the key registered before the restart must still work");
+    Ok(())
+}
+
+#[tokio::test]
+async fn sigterm_chains_every_answered_request_before_exiting() -> TestResult {
+    // A linger far longer than the test takes: the records are still waiting to be written when the
+    // signal comes, so only finishing the writes at the stop puts them in the chain.
+    let mut gateway = Gateway::start_with(Shape::Embedded, &[("BR_WRITE_LINGER_MS", "10000")]).await?;
+    let (key, _) = gateway.register("Evidence").await?;
+    let mut commitments = Vec::new();
+    for _ in 0..3 {
+        let denied = gateway.call(Method::POST, "/v1/chat/completions", Some(&key), Some(json!({"model": "m", "messages": []}))).await?;
+        assert_eq!(denied.status, 400);
+        commitments.push(denied.header("x-br-audit-hash").unwrap_or_default().to_string());
+    }
+    assert!(gateway.terminate()?, "the process must exit 0 on SIGTERM:\n{}", gateway.logs());
+
+    let data_dir_text = gateway.work_dir.join("data").display().to_string();
+    let listen = format!("127.0.0.1:{}", brainstorm_e2e::free_port()?);
+    let mut restarted = std::process::Command::new(brainstorm_e2e::binary()?)
+        .args(["up", "--listen", &listen, "--data-dir", &data_dir_text])
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let client = reqwest::Client::new();
+    let mut report = Value::Null;
+    for _ in 0..200 {
+        let response = client.get(format!("http://{listen}/v1/governance/audit/chain/verify")).bearer_auth(&key).send().await;
+        if let Ok(response) = response {
+            report = response.json().await?;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    restarted.kill()?;
+    restarted.wait()?;
+    assert_eq!(report["valid"], true, "{report}");
+    assert_eq!(report["checked"], 3, "every answered request is chained before the process exits: {report}");
+    assert!(commitments.iter().all(|commitment| commitment.len() == 64));
     Ok(())
 }

@@ -8,7 +8,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use brainstorm_common::bus::{BusError, DEFAULT_WRITE_LINGER, Delivery, EventBus, Subscription, next_batch, share_thread};
+use brainstorm_common::bus::{
+    Batching, BusError, DEFAULT_WRITE_LINGER, Delivery, EventBus, Subscription, consume, next_batch, share_thread,
+};
 use brainstorm_proto::audit::{AUDIT_RECORDS_TOPIC, AuditRecord};
 
 use crate::service::{AuditLineageServiceImpl, by_tenant, is_rejection, validate_record};
@@ -56,21 +58,16 @@ impl AuditConsumer {
         self
     }
 
-    /// Handles deliveries until `shutdown` completes or the bus fails.
+    /// Handles deliveries until `shutdown` completes (then what is already waiting) or the bus fails.
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
-        tokio::pin!(shutdown);
-        loop {
-            tokio::select! {
-                () = &mut shutdown => break,
-                handled = self.handle_batch() => match handled {
-                    Ok(handled) if handled.contains(&Handled::Retried) => tokio::time::sleep(RETRY_PAUSE).await,
-                    Ok(_) => {}
-                    Err(error) => {
-                        tracing::error!(%error, "audit record consumer stopped: the bus failed");
-                        break;
-                    }
-                },
-            }
+        let batching = Batching { max: MAX_BATCH, linger: self.linger, retry_pause: RETRY_PAUSE };
+        let service = self.service.clone();
+        let handled = consume(self.subscription.as_mut(), batching, shutdown, move |deliveries| {
+            let service = service.clone();
+            async move { handle_deliveries(&service, deliveries).await.contains(&Handled::Retried) }
+        });
+        if let Err(error) = handled.await {
+            tracing::error!(%error, "audit record consumer stopped: the bus failed");
         }
     }
 
@@ -83,57 +80,62 @@ impl AuditConsumer {
     /// Waits for one delivery, gathers those arriving within the linger (up to `MAX_BATCH`), and chains
     /// each tenant's records in one transaction, in delivery order.
     pub async fn handle_batch(&mut self) -> Result<Vec<Handled>, BusError> {
-        let mut deliveries = next_batch(self.subscription.as_mut(), MAX_BATCH, self.linger).await?;
-        if deliveries.len() == 1
-            && let Some(delivery) = deliveries.pop()
-        {
-            return Ok(vec![handle(&self.service, delivery).await]);
-        }
-        let mut handled = Vec::with_capacity(deliveries.len());
-        let mut valid = Vec::with_capacity(deliveries.len());
-        for (index, delivery) in deliveries.into_iter().enumerate() {
-            share_thread(index).await;
-            let record = match delivery.message().decode::<AuditRecord>() {
-                Ok(record) => record,
-                Err(error) => {
-                    tracing::error!(%error, key = %delivery.message().key, "dropping an undecodable audit record");
-                    delivery.ack();
-                    handled.push(Handled::Rejected);
-                    continue;
-                }
-            };
-            if let Err(error) = validate_record(&record) {
-                tracing::error!(%error, request_id = %record.request_id, tenant_id = %record.tenant_id, "dropping an invalid audit record");
+        let deliveries = next_batch(self.subscription.as_mut(), MAX_BATCH, self.linger).await?;
+        Ok(handle_deliveries(&self.service, deliveries).await)
+    }
+}
+
+/// Chains each tenant's records of `deliveries` in one transaction, in delivery order.
+async fn handle_deliveries(service: &AuditLineageServiceImpl, mut deliveries: Vec<Delivery>) -> Vec<Handled> {
+    if deliveries.len() == 1
+        && let Some(delivery) = deliveries.pop()
+    {
+        return vec![handle(service, delivery).await];
+    }
+    let mut handled = Vec::with_capacity(deliveries.len());
+    let mut valid = Vec::with_capacity(deliveries.len());
+    for (index, delivery) in deliveries.into_iter().enumerate() {
+        share_thread(index).await;
+        let record = match delivery.message().decode::<AuditRecord>() {
+            Ok(record) => record,
+            Err(error) => {
+                tracing::error!(%error, key = %delivery.message().key, "dropping an undecodable audit record");
                 delivery.ack();
                 handled.push(Handled::Rejected);
                 continue;
             }
-            valid.push((record, delivery));
+        };
+        if let Err(error) = validate_record(&record) {
+            tracing::error!(%error, request_id = %record.request_id, tenant_id = %record.tenant_id, "dropping an invalid audit record");
+            delivery.ack();
+            handled.push(Handled::Rejected);
+            continue;
         }
-        for (tenant_id, batch) in by_tenant(valid, |(record, _)| &record.tenant_id) {
-            let (records, deliveries): (Vec<Arc<AuditRecord>>, Vec<Delivery>) = batch.into_iter().unzip();
-            match self.service.append_batch(&tenant_id, &records).await {
-                Ok(appended) => {
-                    for (delivery, appended) in deliveries.into_iter().zip(appended) {
-                        delivery.ack();
-                        handled.push(match appended {
-                            Appended::Chained { .. } => Handled::Chained,
-                            Appended::Duplicate { .. } => Handled::Duplicate,
-                        });
-                    }
+        valid.push((record, delivery));
+    }
+    for (tenant_id, batch) in by_tenant(valid, |(record, _)| &record.tenant_id) {
+        let (records, deliveries): (Vec<Arc<AuditRecord>>, Vec<Delivery>) = batch.into_iter().unzip();
+        match service.append_batch(&tenant_id, &records).await {
+            Ok(appended) => {
+                for (delivery, appended) in deliveries.into_iter().zip(appended) {
+                    delivery.ack();
+                    handled.push(match appended {
+                        Appended::Chained { .. } => Handled::Chained,
+                        Appended::Duplicate { .. } => Handled::Duplicate,
+                    });
                 }
-                Err(error) => {
-                    tracing::warn!(%error, tenant_id, records = records.len(), "could not chain a batch of audit records; they will be delivered again");
-                    // Dropped newest first, so the redelivered records come back in their order.
-                    for delivery in deliveries.into_iter().rev() {
-                        drop(delivery);
-                        handled.push(Handled::Retried);
-                    }
+            }
+            Err(error) => {
+                tracing::warn!(%error, tenant_id, records = records.len(), "could not chain a batch of audit records; they will be delivered again");
+                // Dropped newest first, so the redelivered records come back in their order.
+                for delivery in deliveries.into_iter().rev() {
+                    drop(delivery);
+                    handled.push(Handled::Retried);
                 }
             }
         }
-        Ok(handled)
     }
+    handled
 }
 
 async fn handle(service: &AuditLineageServiceImpl, delivery: Delivery) -> Handled {

@@ -170,6 +170,14 @@ impl AuditPublisher {
         }
     }
 
+    /// Waits until every record submitted so far is on the bus (at shutdown, once no request submits
+    /// any more; the caller bounds the wait).
+    pub async fn flushed(&self) {
+        while self.counters.buffered.load(Ordering::Relaxed) > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+    }
+
     /// The counters now.
     pub fn stats(&self) -> PublisherStats {
         PublisherStats {

@@ -5,6 +5,7 @@
 //! `BR_<SERVICE>_URL`.
 
 use std::collections::BTreeSet;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,6 +33,7 @@ use brainstorm_proto::policy::PolicyFirewallClient;
 use brainstorm_providers::catalog::ModelCatalog;
 use brainstorm_providers::upstream::UpstreamClient;
 use brainstorm_providers::vault::MasterKey;
+use tokio::sync::watch;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::shutdown::Shutdown;
@@ -49,6 +51,10 @@ const HOSTABLE: [ServiceName; 6] = [
 /// How long the edge trusts a resolved API key or a tenant's routing configuration before asking
 /// again (changes made through this edge, and those seen on the bus, apply at once).
 const CACHE_TTL: Duration = Duration::from_secs(30);
+/// At a graceful stop, how long the audit publisher may take to hand its buffer to the bus, and the
+/// chain and ledger writers to write what waits there.
+const FINISH_PUBLISHING: Duration = Duration::from_secs(5);
+const FINISH_WRITING: Duration = Duration::from_secs(15);
 
 /// The file holding embedded mode's generated master key.
 const MASTER_KEY_FILE: &str = "master.key";
@@ -72,13 +78,15 @@ pub async fn up(settings: Settings) -> anyhow::Result<()> {
     let catalog = CatalogClient::local(catalog_service(&settings, database.clone(), bus.clone(), upstream.clone(), master_key.clone()));
     let shutdown = Shutdown::on_signals();
     let audit_service = audit_service(database.clone(), &master_key)?;
-    spawn_audit_consumer(&bus, audit_service.clone(), settings.write_linger, shutdown.clone().requested()).await?;
+    // The chain and the ledger stop after the edge (see `finish_writes`), not at the signal.
+    let (stop_writers, writers_stop) = watch::channel(false);
+    let chain = spawn_audit_consumer(&bus, audit_service.clone(), settings.write_linger, stopped(&writers_stop)).await?;
     let audit = AuditLineageClient::local(audit_service);
     let (audit_publisher, _publishing) = AuditPublisher::spawn(bus.clone(), PublisherOptions::default());
     let policy =
         PolicyFirewallClient::local(policy_service(database.clone(), bus.clone(), Some(master_key.clone()), &settings, &shutdown).await?);
     let ledger = BudgetLedgerServiceImpl::new(database.clone(), BudgetLedgerOptions::default());
-    spawn_settlement_consumer(&bus, ledger.clone(), settings.write_linger, shutdown.clone().requested()).await?;
+    let ledger_writer = spawn_settlement_consumer(&bus, ledger.clone(), settings.write_linger, stopped(&writers_stop)).await?;
     let budget = BudgetLedgerClient::local(ledger);
     let guard = budget_guard(&settings, bus.clone(), &budget).await?;
     tracing::info!(listen = %settings.listen, data_dir = %settings.data_dir.display(), "brainstorm up: every service in one process");
@@ -90,11 +98,12 @@ pub async fn up(settings: Settings) -> anyhow::Result<()> {
         budget,
         guard,
         audit,
-        audit_publisher,
+        audit_publisher: audit_publisher.clone(),
         guardian: guardian(&policy, &settings),
         policy,
     };
     serve_edge(&settings, dependencies, bus, shutdown).await?;
+    finish_writes(&audit_publisher, &stop_writers, [chain, ledger_writer]).await;
     database.close().await;
     Ok(())
 }
@@ -351,6 +360,36 @@ async fn policy_service(
     let consumer = AnomalyConsumer::subscribe(&bus, service.clone()).await?.with_linger(settings.write_linger);
     tokio::spawn(consumer.run(shutdown.clone().requested()));
     Ok(service)
+}
+
+/// Resolves once `receiver`'s value turns true (or its sender is gone).
+fn stopped(receiver: &watch::Receiver<bool>) -> impl Future<Output = ()> + Send + 'static {
+    let mut receiver = receiver.clone();
+    async move {
+        let _sender_gone = receiver.wait_for(|stop| *stop).await;
+    }
+}
+
+/// After the edge stopped taking requests: their audit records go from the publisher's buffer to the
+/// bus, then the chain and ledger consumers write what waits there and end, so a graceful stop loses
+/// no evidence (each wait bounded, so a stuck store cannot hold the process forever).
+async fn finish_writes(publisher: &AuditPublisher, stop: &watch::Sender<bool>, writers: [tokio::task::JoinHandle<()>; 2]) {
+    // Tasks the last requests woke (a settlement on its way to the bus) run first.
+    tokio::task::yield_now().await;
+    if tokio::time::timeout(FINISH_PUBLISHING, publisher.flushed()).await.is_err() {
+        tracing::warn!(buffered = publisher.stats().buffered, "audit records still unpublished at exit");
+    }
+    let _no_writers_left = stop.send(true);
+    let finished = async {
+        for writer in writers {
+            if let Err(error) = writer.await {
+                tracing::warn!(%error, "a chain or ledger writer failed while finishing");
+            }
+        }
+    };
+    if tokio::time::timeout(FINISH_WRITING, finished).await.is_err() {
+        tracing::warn!("the chain and ledger writers did not finish before exit; records left on the bus are lost");
+    }
 }
 
 /// The edge's in-memory guardian over the policy-firewall client.

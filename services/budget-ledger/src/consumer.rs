@@ -5,7 +5,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use brainstorm_common::bus::{BusError, DEFAULT_WRITE_LINGER, Delivery, EventBus, Subscription, next_batch, share_thread};
+use brainstorm_common::bus::{
+    Batching, BusError, DEFAULT_WRITE_LINGER, Delivery, EventBus, Subscription, consume, next_batch, share_thread,
+};
 use brainstorm_proto::ErrorKind;
 use brainstorm_proto::budget::{BudgetEvent, SETTLEMENTS_TOPIC, Settlement, budget_event};
 
@@ -53,21 +55,16 @@ impl SettlementConsumer {
         self
     }
 
-    /// Handles deliveries until `shutdown` completes or the bus closes.
+    /// Handles deliveries until `shutdown` completes (then what is already waiting) or the bus closes.
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
-        tokio::pin!(shutdown);
-        loop {
-            tokio::select! {
-                () = &mut shutdown => break,
-                handled = self.handle_batch() => match handled {
-                    Ok(handled) if handled.contains(&Handled::Retried) => tokio::time::sleep(RETRY_PAUSE).await,
-                    Ok(_) => {}
-                    Err(error) => {
-                        tracing::error!(%error, "budget settlement consumer stopped: the bus failed");
-                        break;
-                    }
-                },
-            }
+        let batching = Batching { max: MAX_BATCH, linger: self.linger, retry_pause: RETRY_PAUSE };
+        let service = self.service.clone();
+        let handled = consume(self.subscription.as_mut(), batching, shutdown, move |deliveries| {
+            let service = service.clone();
+            async move { handle_deliveries(&service, deliveries).await.contains(&Handled::Retried) }
+        });
+        if let Err(error) = handled.await {
+            tracing::error!(%error, "budget settlement consumer stopped: the bus failed");
         }
     }
 
@@ -81,47 +78,52 @@ impl SettlementConsumer {
     /// their settlements in one transaction; other events are handled one by one.
     pub async fn handle_batch(&mut self) -> Result<Vec<Handled>, BusError> {
         let deliveries = next_batch(self.subscription.as_mut(), MAX_BATCH, self.linger).await?;
-        let mut handled = Vec::with_capacity(deliveries.len());
-        let mut settlements = Vec::new();
-        for (index, delivery) in deliveries.into_iter().enumerate() {
-            share_thread(index).await;
-            match delivery.message().decode::<BudgetEvent>() {
-                Ok(event) if settlement_of(&event).is_some() => settlements.push((event, delivery)),
-                _ => handled.push(handle(&self.service, delivery).await),
-            }
-        }
-        if settlements.len() <= 1 {
-            for (_, delivery) in settlements {
-                handled.push(handle(&self.service, delivery).await);
-            }
-            return Ok(handled);
-        }
-        let batch: Vec<&Settlement> = settlements.iter().filter_map(|(event, _)| settlement_of(event)).collect();
-        match self.service.record_settlements(&batch).await {
-            Ok(written) => {
-                // Alerts once per tenant per batch (and coalesced with an evaluation already running).
-                self.service.schedule_alerts_after(batch.iter().copied().zip(written.iter().copied()));
-                for ((_, delivery), written) in settlements.into_iter().zip(written) {
-                    delivery.ack();
-                    handled.push(if written { Handled::Recorded } else { Handled::Duplicate });
-                }
-            }
-            // One bad settlement must not hold the others back: decide them one by one.
-            Err(error) if error.kind == ErrorKind::InvalidArgument => {
-                for (_, delivery) in settlements {
-                    handled.push(handle(&self.service, delivery).await);
-                }
-            }
-            Err(error) => {
-                tracing::warn!(%error, settlements = settlements.len(), "could not record a batch of settlements; they will be delivered again");
-                for (_, delivery) in settlements.into_iter().rev() {
-                    drop(delivery);
-                    handled.push(Handled::Retried);
-                }
-            }
-        }
-        Ok(handled)
+        Ok(handle_deliveries(&self.service, deliveries).await)
     }
+}
+
+/// Writes the settlements of `deliveries` in one transaction; other events one by one.
+async fn handle_deliveries(service: &BudgetLedgerServiceImpl, deliveries: Vec<Delivery>) -> Vec<Handled> {
+    let mut handled = Vec::with_capacity(deliveries.len());
+    let mut settlements = Vec::new();
+    for (index, delivery) in deliveries.into_iter().enumerate() {
+        share_thread(index).await;
+        match delivery.message().decode::<BudgetEvent>() {
+            Ok(event) if settlement_of(&event).is_some() => settlements.push((event, delivery)),
+            _ => handled.push(handle(service, delivery).await),
+        }
+    }
+    if settlements.len() <= 1 {
+        for (_, delivery) in settlements {
+            handled.push(handle(service, delivery).await);
+        }
+        return handled;
+    }
+    let batch: Vec<&Settlement> = settlements.iter().filter_map(|(event, _)| settlement_of(event)).collect();
+    match service.record_settlements(&batch).await {
+        Ok(written) => {
+            // Alerts once per tenant per batch (and coalesced with an evaluation already running).
+            service.schedule_alerts_after(batch.iter().copied().zip(written.iter().copied()));
+            for ((_, delivery), written) in settlements.into_iter().zip(written) {
+                delivery.ack();
+                handled.push(if written { Handled::Recorded } else { Handled::Duplicate });
+            }
+        }
+        // One bad settlement must not hold the others back: decide them one by one.
+        Err(error) if error.kind == ErrorKind::InvalidArgument => {
+            for (_, delivery) in settlements {
+                handled.push(handle(service, delivery).await);
+            }
+        }
+        Err(error) => {
+            tracing::warn!(%error, settlements = settlements.len(), "could not record a batch of settlements; they will be delivered again");
+            for (_, delivery) in settlements.into_iter().rev() {
+                drop(delivery);
+                handled.push(Handled::Retried);
+            }
+        }
+    }
+    handled
 }
 
 /// The settlement an event carries, if it is one.

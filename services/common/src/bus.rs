@@ -16,6 +16,7 @@ pub mod kafka;
 use std::any::Any;
 use std::collections::VecDeque;
 use std::fmt;
+use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
@@ -155,24 +156,94 @@ pub const DEFAULT_WRITE_LINGER: std::time::Duration = std::time::Duration::from_
 /// buses' `next` are cancel-safe (a delivery is taken only when it is returned), so looking without
 /// waiting loses nothing.
 pub async fn next_batch(subscription: &mut dyn Subscription, max: usize, linger: std::time::Duration) -> Result<Vec<Delivery>, BusError> {
-    use futures::FutureExt;
-    let mut deliveries = vec![subscription.next().await?];
+    let first = subscription.next().await?;
+    gather(subscription, first, max, linger).await
+}
+
+/// `first` and what arrives within `linger` of it (up to `max`).
+async fn gather(
+    subscription: &mut dyn Subscription,
+    first: Delivery,
+    max: usize,
+    linger: std::time::Duration,
+) -> Result<Vec<Delivery>, BusError> {
     let deadline = tokio::time::Instant::now() + linger;
-    let take_waiting = |subscription: &mut dyn Subscription, deliveries: &mut Vec<Delivery>| -> Result<(), BusError> {
-        while deliveries.len() < max {
-            match subscription.next().now_or_never() {
-                Some(delivery) => deliveries.push(delivery?),
-                None => break,
-            }
-        }
-        Ok(())
-    };
-    take_waiting(subscription, &mut deliveries)?;
+    let mut deliveries = vec![first];
+    take_waiting(subscription, &mut deliveries, max)?;
     if deliveries.len() < max {
         tokio::time::sleep_until(deadline).await;
-        take_waiting(subscription, &mut deliveries)?;
+        take_waiting(subscription, &mut deliveries, max)?;
     }
     Ok(deliveries)
+}
+
+/// Adds the deliveries already waiting to `deliveries`, without waiting (up to `max` in all).
+fn take_waiting(subscription: &mut dyn Subscription, deliveries: &mut Vec<Delivery>, max: usize) -> Result<(), BusError> {
+    use futures::FutureExt;
+    while deliveries.len() < max {
+        match subscription.next().now_or_never() {
+            Some(delivery) => deliveries.push(delivery?),
+            None => break,
+        }
+    }
+    Ok(())
+}
+
+/// How a consumer batches its deliveries.
+#[derive(Debug, Clone, Copy)]
+pub struct Batching {
+    /// The most deliveries a batch takes.
+    pub max: usize,
+    /// How long a batch waits for more after its first delivery.
+    pub linger: std::time::Duration,
+    /// The pause after a batch whose writes failed (its deliveries come back).
+    pub retry_pause: std::time::Duration,
+}
+
+/// Runs a consumer until `shutdown`: batches as `next_batch` does and hands each batch to `handle`,
+/// which says whether a write failed (the deliveries come back after `retry_pause`). `shutdown` ends
+/// the wait for a batch's first delivery or its linger, never its writes; then what is already waiting
+/// is handled without lingering, so a process that stops its producers first leaves nothing behind.
+/// Errs when the bus fails.
+pub async fn consume<Handling: Future<Output = bool>>(
+    subscription: &mut dyn Subscription,
+    batching: Batching,
+    shutdown: impl Future<Output = ()>,
+    mut handle: impl FnMut(Vec<Delivery>) -> Handling,
+) -> Result<(), BusError> {
+    tokio::pin!(shutdown);
+    let mut stopping = false;
+    while !stopping {
+        let first = tokio::select! {
+            () = &mut shutdown => break,
+            first = subscription.next() => first?,
+        };
+        let deadline = tokio::time::Instant::now() + batching.linger;
+        let mut deliveries = vec![first];
+        take_waiting(subscription, &mut deliveries, batching.max)?;
+        if deliveries.len() < batching.max {
+            // A stop ends the linger: what waits is written at once.
+            tokio::select! {
+                () = tokio::time::sleep_until(deadline) => {}
+                () = &mut shutdown => stopping = true,
+            }
+            take_waiting(subscription, &mut deliveries, batching.max)?;
+        }
+        if handle(deliveries).await {
+            tokio::time::sleep(batching.retry_pause).await;
+        }
+    }
+    loop {
+        let mut deliveries = Vec::new();
+        take_waiting(subscription, &mut deliveries, batching.max)?;
+        if deliveries.is_empty() {
+            return Ok(());
+        }
+        if handle(deliveries).await {
+            tracing::warn!("stopping with deliveries whose writes failed: they stay on the bus");
+            return Ok(());
+        }
+    }
 }
 
 /// A delivered message: call `ack` once it is handled, or it will be delivered again.
@@ -456,6 +527,40 @@ mod tests {
         assert_eq!(started.elapsed(), Duration::from_millis(25));
         let late = next_batch(consumer.as_mut(), 10, Duration::from_millis(25)).await?;
         assert_eq!(late.len(), 1);
+        Ok(())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stop_cuts_the_linger_short_and_what_waits_is_handled_before_consume_returns() -> Result<(), BusError> {
+        let bus = Arc::new(InProcessBus::new());
+        let mut subscription = bus.subscribe("events", "group").await?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (seen, mut batches) = tokio::sync::mpsc::unbounded_channel::<Vec<Bytes>>();
+        let batching = Batching { max: 2, linger: Duration::from_secs(3600), retry_pause: Duration::ZERO };
+        let consumer = tokio::spawn(async move {
+            let handle = move |deliveries: Vec<Delivery>| {
+                let payloads = deliveries.iter().map(|delivery| delivery.message().payload()).collect();
+                deliveries.into_iter().for_each(Delivery::ack);
+                let _receiver_gone = seen.send(payloads);
+                async { false }
+            };
+            consume(subscription.as_mut(), batching, async move { drop(stopped.await) }, handle).await
+        });
+        bus.publish("events", "k", Bytes::from("a")).await?;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        // The first batch lingers (an hour); more arrive, beyond one batch's cap; then the stop.
+        for payload in ["b", "c", "d"] {
+            bus.publish("events", "k", Bytes::from(payload)).await?;
+        }
+        let started = tokio::time::Instant::now();
+        let _consumer_gone = stop.send(());
+        consumer.await.map_err(|error| BusError::Backend(error.to_string()))??;
+        assert!(started.elapsed() < Duration::from_secs(1), "the stop ended the linger");
+        let mut handled = Vec::new();
+        while let Ok(batch) = batches.try_recv() {
+            handled.push(batch);
+        }
+        assert_eq!(handled, [vec![Bytes::from("a"), Bytes::from("b")], vec![Bytes::from("c"), Bytes::from("d")]]);
         Ok(())
     }
 
