@@ -157,24 +157,32 @@ pub const DEFAULT_WRITE_LINGER: std::time::Duration = std::time::Duration::from_
 /// waiting loses nothing.
 pub async fn next_batch(subscription: &mut dyn Subscription, max: usize, linger: std::time::Duration) -> Result<Vec<Delivery>, BusError> {
     let first = subscription.next().await?;
-    gather(subscription, first, max, linger).await
+    let never = std::future::pending();
+    tokio::pin!(never);
+    Ok(gather(subscription, first, max, linger, never).await?.0)
 }
 
-/// `first` and what arrives within `linger` of it (up to `max`).
+/// `first` and what arrives within `linger` of it (up to `max`); true when `stop` completed first
+/// (it ends the linger: what waits is taken at once). `stop` is not polled once it has completed.
 async fn gather(
     subscription: &mut dyn Subscription,
     first: Delivery,
     max: usize,
     linger: std::time::Duration,
-) -> Result<Vec<Delivery>, BusError> {
+    stop: std::pin::Pin<&mut impl Future<Output = ()>>,
+) -> Result<(Vec<Delivery>, bool), BusError> {
     let deadline = tokio::time::Instant::now() + linger;
     let mut deliveries = vec![first];
+    let mut stopped = false;
     take_waiting(subscription, &mut deliveries, max)?;
     if deliveries.len() < max {
-        tokio::time::sleep_until(deadline).await;
+        tokio::select! {
+            () = tokio::time::sleep_until(deadline) => {}
+            () = stop => stopped = true,
+        }
         take_waiting(subscription, &mut deliveries, max)?;
     }
-    Ok(deliveries)
+    Ok((deliveries, stopped))
 }
 
 /// Adds the deliveries already waiting to `deliveries`, without waiting (up to `max` in all).
@@ -218,17 +226,8 @@ pub async fn consume<Handling: Future<Output = bool>>(
             () = &mut shutdown => break,
             first = subscription.next() => first?,
         };
-        let deadline = tokio::time::Instant::now() + batching.linger;
-        let mut deliveries = vec![first];
-        take_waiting(subscription, &mut deliveries, batching.max)?;
-        if deliveries.len() < batching.max {
-            // A stop ends the linger: what waits is written at once.
-            tokio::select! {
-                () = tokio::time::sleep_until(deadline) => {}
-                () = &mut shutdown => stopping = true,
-            }
-            take_waiting(subscription, &mut deliveries, batching.max)?;
-        }
+        let (deliveries, stopped) = gather(subscription, first, batching.max, batching.linger, shutdown.as_mut()).await?;
+        stopping = stopped;
         if handle(deliveries).await {
             tokio::time::sleep(batching.retry_pause).await;
         }
