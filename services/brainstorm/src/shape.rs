@@ -89,6 +89,7 @@ pub async fn up(settings: Settings) -> anyhow::Result<()> {
     let ledger_writer = spawn_settlement_consumer(&bus, ledger.clone(), settings.write_linger, stopped(&writers_stop)).await?;
     let budget = BudgetLedgerClient::local(ledger);
     let guard = budget_guard(&settings, bus.clone(), &budget).await?;
+    let guardian = guardian(&policy, &settings);
     tracing::info!(listen = %settings.listen, data_dir = %settings.data_dir.display(), "brainstorm up: every service in one process");
     let dependencies = EdgeDependencies {
         identity,
@@ -99,11 +100,11 @@ pub async fn up(settings: Settings) -> anyhow::Result<()> {
         guard,
         audit,
         audit_publisher: audit_publisher.clone(),
-        guardian: guardian(&policy, &settings),
+        guardian: guardian.clone(),
         policy,
     };
     serve_edge(&settings, dependencies, bus, shutdown).await?;
-    finish_writes(&audit_publisher, &stop_writers, [chain, ledger_writer]).await;
+    finish_writes(&audit_publisher, &guardian, &stop_writers, [chain, ledger_writer]).await;
     database.close().await;
     Ok(())
 }
@@ -371,13 +372,22 @@ fn stopped(receiver: &watch::Receiver<bool>) -> impl Future<Output = ()> + Send 
 }
 
 /// After the edge stopped taking requests: their audit records go from the publisher's buffer to the
-/// bus, then the chain and ledger consumers write what waits there and end, so a graceful stop loses
-/// no evidence (each wait bounded, so a stuck store cannot hold the process forever).
-async fn finish_writes(publisher: &AuditPublisher, stop: &watch::Sender<bool>, writers: [tokio::task::JoinHandle<()>; 2]) {
+/// bus and their firewall interceptions to the store, then the chain and ledger consumers write what
+/// waits on the bus and end, so a graceful stop loses no evidence (each wait bounded, so a stuck store
+/// cannot hold the process forever).
+async fn finish_writes(
+    publisher: &AuditPublisher,
+    guardian: &Guardian,
+    stop: &watch::Sender<bool>,
+    writers: [tokio::task::JoinHandle<()>; 2],
+) {
     // Tasks the last requests woke (a settlement on its way to the bus) run first.
     tokio::task::yield_now().await;
     if tokio::time::timeout(FINISH_PUBLISHING, publisher.flushed()).await.is_err() {
         tracing::warn!(buffered = publisher.stats().buffered, "audit records still unpublished at exit");
+    }
+    if tokio::time::timeout(FINISH_PUBLISHING, guardian.interceptions_flushed()).await.is_err() {
+        tracing::warn!("firewall interceptions still unstored at exit");
     }
     let _no_writers_left = stop.send(true);
     let finished = async {

@@ -212,6 +212,11 @@ impl Guardian {
         self.interceptions.record(interception);
     }
 
+    /// Waits until the interceptions recorded so far are stored (at shutdown; see `InterceptionRecorder::flushed`).
+    pub async fn interceptions_flushed(&self) {
+        self.interceptions.flushed().await;
+    }
+
     /// Resolves a held call: consumes an approved allowance (`allowed`), or queues (deduplicated) a
     /// pending approval; answer `approvals::approval_required_error(&resolution.approval)` then.
     pub async fn resolve_approval(

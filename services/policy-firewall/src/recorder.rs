@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use brainstorm_proto::policy::{Interception, InterceptionBatch, PolicyFirewallClient};
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 
 /// Interceptions waiting to be stored, at most.
 const CAPACITY: usize = 10_000;
@@ -23,6 +23,10 @@ const MAX_BATCH: usize = 256;
 pub struct InterceptionRecorder {
     sender: mpsc::Sender<Interception>,
     dropped: Arc<AtomicU64>,
+    /// Interceptions queued and not yet sent to the store.
+    waiting: Arc<AtomicU64>,
+    /// Ends the linger of the batch being gathered (`flushed`).
+    flush: Arc<Notify>,
 }
 
 impl InterceptionRecorder {
@@ -30,32 +34,59 @@ impl InterceptionRecorder {
     /// after its first interception.
     pub fn spawn(client: PolicyFirewallClient, linger: Duration) -> Self {
         let (sender, receiver) = mpsc::channel(CAPACITY);
-        tokio::spawn(store_batches(client, receiver, linger));
-        InterceptionRecorder { sender, dropped: Arc::new(AtomicU64::new(0)) }
+        let (waiting, flush) = (Arc::new(AtomicU64::new(0)), Arc::new(Notify::new()));
+        tokio::spawn(store_batches(client, receiver, linger, waiting.clone(), flush.clone()));
+        InterceptionRecorder { sender, dropped: Arc::new(AtomicU64::new(0)), waiting, flush }
     }
 
     /// Queues an interception without waiting.
     pub fn record(&self, interception: Interception) {
-        if self.sender.try_send(interception).is_err() {
+        if self.sender.try_send(interception).is_ok() {
+            self.waiting.fetch_add(1, Ordering::Relaxed);
+        } else {
             let dropped = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
             tracing::warn!(dropped, "interception buffer full: dropping a firewall interception");
         }
     }
+
+    /// Sends what is queued at once (the batch being gathered stops lingering) and waits until it is
+    /// stored or refused: at shutdown, once no request records any more (the caller bounds the wait).
+    pub async fn flushed(&self) {
+        while self.waiting.load(Ordering::Relaxed) > 0 {
+            self.flush.notify_one();
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
 }
 
-async fn store_batches(client: PolicyFirewallClient, mut receiver: mpsc::Receiver<Interception>, linger: Duration) {
+async fn store_batches(
+    client: PolicyFirewallClient,
+    mut receiver: mpsc::Receiver<Interception>,
+    linger: Duration,
+    waiting: Arc<AtomicU64>,
+    flush: Arc<Notify>,
+) {
     while let Some(first) = receiver.recv().await {
         let mut interceptions = vec![first];
         let deadline = tokio::time::Instant::now() + linger;
         while interceptions.len() < MAX_BATCH {
-            match tokio::time::timeout_at(deadline, receiver.recv()).await {
-                Ok(Some(interception)) => interceptions.push(interception),
-                Ok(None) | Err(_) => break,
+            tokio::select! {
+                received = tokio::time::timeout_at(deadline, receiver.recv()) => match received {
+                    Ok(Some(interception)) => interceptions.push(interception),
+                    Ok(None) | Err(_) => break,
+                },
+                () = flush.notified() => {
+                    while interceptions.len() < MAX_BATCH && let Ok(interception) = receiver.try_recv() {
+                        interceptions.push(interception);
+                    }
+                    break;
+                }
             }
         }
         let count = interceptions.len();
         if let Err(error) = client.record_interceptions(InterceptionBatch { interceptions }).await {
             tracing::warn!(%error, count, "could not record a batch of firewall interceptions");
         }
+        waiting.fetch_sub(count as u64, Ordering::Relaxed);
     }
 }

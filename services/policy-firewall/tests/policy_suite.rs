@@ -90,6 +90,7 @@ on_both_engines!(
     guardians_on_two_edges_follow_the_bus_at_once,
     settlements_on_the_bus_feed_the_anomaly_detector,
     one_batch_feeds_each_tenant_however_many_observations_it_gives,
+    the_interception_log_flushes_without_waiting_out_its_linger,
 );
 
 async fn the_tenant_switch_moves_between_states_keeps_fifty_activations_and_publishes_snapshots(database: Database) -> TestResult {
@@ -1083,5 +1084,28 @@ async fn settlements_on_the_bus_feed_the_anomaly_detector(database: Database) ->
         })
         .await?;
     assert_eq!((stats.count, stats.mean), (13, 200.0), "every settlement is one tokens observation");
+    Ok(())
+}
+
+async fn the_interception_log_flushes_without_waiting_out_its_linger(database: Database) -> TestResult {
+    let harness = Harness::new(database)?;
+    let client = harness.client();
+    let tenant = new_tenant();
+    // An hour's linger: only the flush (what a stopping gateway does) stores these now.
+    let options = GuardianOptions { interception_linger: Duration::from_secs(3600), ..GuardianOptions::default() };
+    let guardian = Guardian::new(client.clone(), options);
+    for request_id in ["req_1", "req_2"] {
+        guardian.record_interception(Interception {
+            tenant_id: tenant.clone(),
+            severity: "high".to_string(),
+            action: "block".to_string(),
+            resource: "tool:shell_run".to_string(),
+            request_id: Some(request_id.to_string()),
+            ..Interception::default()
+        });
+    }
+    tokio::time::timeout(Duration::from_secs(5), guardian.interceptions_flushed()).await?;
+    let page = client.list_interceptions(ListInterceptionsRequest { tenant_id: tenant.clone(), limit: 10, offset: 0 }).await?;
+    assert_eq!(page.total, 2, "both interceptions are stored once the flush returns");
     Ok(())
 }
