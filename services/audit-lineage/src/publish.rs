@@ -149,11 +149,15 @@ impl AuditPublisher {
         // Encoded once here; the chain writer stores this very payload.
         record.canonical_payload = canonical_payload(&record);
         let commitment = payload_commitment(&record.canonical_payload);
-        match self.sender.try_send(record) {
-            Ok(()) => {
-                self.counters.buffered.fetch_add(1, Ordering::Relaxed);
-                Ok(Submitted::Queued { commitment })
-            }
+        // Counted before it is sent: on a multi-threaded runtime the drain may publish it (and count
+        // it out) before this thread would count it in.
+        self.counters.buffered.fetch_add(1, Ordering::Relaxed);
+        let sent = self.sender.try_send(record);
+        if sent.is_err() {
+            self.counters.buffered.fetch_sub(1, Ordering::Relaxed);
+        }
+        match sent {
+            Ok(()) => Ok(Submitted::Queued { commitment }),
             Err(mpsc::error::TrySendError::Full(record)) => match self.options.overflow {
                 OverflowPolicy::FailClosed => {
                     self.counters.refused.fetch_add(1, Ordering::Relaxed);

@@ -41,9 +41,10 @@ impl InterceptionRecorder {
 
     /// Queues an interception without waiting.
     pub fn record(&self, interception: Interception) {
-        if self.sender.try_send(interception).is_ok() {
-            self.waiting.fetch_add(1, Ordering::Relaxed);
-        } else {
+        // Counted before it is sent: the task may store it before this thread counts it otherwise.
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        if self.sender.try_send(interception).is_err() {
+            self.waiting.fetch_sub(1, Ordering::Relaxed);
             let dropped = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
             tracing::warn!(dropped, "interception buffer full: dropping a firewall interception");
         }
