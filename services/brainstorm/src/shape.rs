@@ -5,7 +5,6 @@
 //! `BR_<SERVICE>_URL`.
 
 use std::collections::BTreeSet;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -79,14 +78,14 @@ pub async fn up(settings: Settings) -> anyhow::Result<()> {
     let shutdown = Shutdown::on_signals();
     let audit_service = audit_service(database.clone(), &master_key)?;
     // The chain and the ledger stop after the edge (see `finish_writes`), not at the signal.
-    let (stop_writers, writers_stop) = watch::channel(false);
-    let chain = spawn_audit_consumer(&bus, audit_service.clone(), settings.write_linger, stopped(&writers_stop)).await?;
+    let (stop_writers, writers_stop) = Shutdown::requested_by_hand();
+    let chain = spawn_audit_consumer(&bus, audit_service.clone(), settings.write_linger, writers_stop.clone().requested()).await?;
     let audit = AuditLineageClient::local(audit_service);
     let (audit_publisher, _publishing) = AuditPublisher::spawn(bus.clone(), PublisherOptions::default());
     let policy =
         PolicyFirewallClient::local(policy_service(database.clone(), bus.clone(), Some(master_key.clone()), &settings, &shutdown).await?);
     let ledger = BudgetLedgerServiceImpl::new(database.clone(), BudgetLedgerOptions::default());
-    let ledger_writer = spawn_settlement_consumer(&bus, ledger.clone(), settings.write_linger, stopped(&writers_stop)).await?;
+    let ledger_writer = spawn_settlement_consumer(&bus, ledger.clone(), settings.write_linger, writers_stop.requested()).await?;
     let budget = BudgetLedgerClient::local(ledger);
     let guard = budget_guard(&settings, bus.clone(), &budget).await?;
     let guardian = guardian(&policy, &settings);
@@ -361,14 +360,6 @@ async fn policy_service(
     let consumer = AnomalyConsumer::subscribe(&bus, service.clone()).await?.with_linger(settings.write_linger);
     tokio::spawn(consumer.run(shutdown.clone().requested()));
     Ok(service)
-}
-
-/// Resolves once `receiver`'s value turns true (or its sender is gone).
-fn stopped(receiver: &watch::Receiver<bool>) -> impl Future<Output = ()> + Send + 'static {
-    let mut receiver = receiver.clone();
-    async move {
-        let _sender_gone = receiver.wait_for(|stop| *stop).await;
-    }
 }
 
 /// After the edge stopped taking requests: their audit records go from the publisher's buffer to the

@@ -20,6 +20,13 @@ impl Shutdown {
         Shutdown { receiver }
     }
 
+    /// A stop requested by sending `true` on the returned sender, for what must end after something
+    /// else has (the chain and ledger writers after the edge).
+    pub fn requested_by_hand() -> (watch::Sender<bool>, Self) {
+        let (sender, receiver) = watch::channel(false);
+        (sender, Shutdown { receiver })
+    }
+
     /// Resolves once shutdown was requested.
     pub async fn requested(mut self) {
         let _closed = self.receiver.wait_for(|stop| *stop).await;

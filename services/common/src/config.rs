@@ -223,11 +223,7 @@ impl ConfigLayer {
             registration_mode: text("BR_REGISTRATION_MODE"),
             log_format: text("BR_LOG_FORMAT"),
             write_linger_ms: text("BR_WRITE_LINGER_MS")
-                .map(|value| {
-                    value.parse().map_err(|_| {
-                        ConfigError::new("write_linger_ms (BR_WRITE_LINGER_MS)", format!("`{value}` is not a number of milliseconds"))
-                    })
-                })
+                .map(|value| parse_millis("write_linger_ms (BR_WRITE_LINGER_MS)", &value))
                 .transpose()?,
             model_catalog: text("BR_MODEL_CATALOG").map(PathBuf::from),
             https_proxy: text("HTTPS_PROXY").or_else(|| text("https_proxy")).map(Secret),
@@ -456,6 +452,10 @@ fn parse_bool(setting: &str, value: &str) -> Result<bool, ConfigError> {
         "false" | "0" | "no" | "off" => Ok(false),
         _ => Err(ConfigError::new(setting, format!("`{value}` is not a boolean (true or false)"))),
     }
+}
+
+fn parse_millis(setting: &str, value: &str) -> Result<u64, ConfigError> {
+    value.parse().map_err(|_| ConfigError::new(setting, format!("`{value}` is not a number of milliseconds")))
 }
 
 fn parse_address(setting: &str, value: &str) -> Result<SocketAddr, ConfigError> {
