@@ -509,7 +509,16 @@ impl FirewallOutcome {
 #[derive(Debug, Clone)]
 pub struct CompiledFirewall {
     config: FirewallConfig,
-    masks: Vec<(String, Regex)>,
+    masks: Vec<CompiledMask>,
+}
+
+/// A mask pattern ready to run: its name, its regex and the text it writes in place of a match.
+#[derive(Debug, Clone)]
+struct CompiledMask {
+    name: String,
+    regex: Regex,
+    /// `[REDACTED:<name>]`, made once rather than per masked string.
+    replacement: String,
 }
 
 impl CompiledFirewall {
@@ -519,7 +528,13 @@ impl CompiledFirewall {
         let masks = config
             .mask_patterns
             .iter()
-            .map(|mask| compile_mask(&mask.pattern).map(|regex| (mask.name.clone(), regex)))
+            .map(|mask| {
+                compile_mask(&mask.pattern).map(|regex| CompiledMask {
+                    name: mask.name.clone(),
+                    regex,
+                    replacement: format!("[REDACTED:{}]", mask.name),
+                })
+            })
             .collect::<Result<Vec<_>, String>>()?;
         Ok(CompiledFirewall { config, masks })
     }
@@ -703,15 +718,17 @@ impl CompiledFirewall {
         let mut mask_names: Vec<String> = Vec::new();
         rewrite_strings(&mut arguments, &mut |text| {
             let mut redacted = redact_secrets(text, &mut secret_kinds);
-            for (mask_name, regex) in &self.masks {
-                if regex.is_match(&redacted) {
-                    if !mask_names.contains(mask_name) {
-                        mask_names.push(mask_name.clone());
-                    }
-                    // NoExpand: a `$` in a mask name is text, not a capture-group reference.
-                    let replacement = format!("[REDACTED:{mask_name}]");
-                    redacted = regex.replace_all(&redacted, regex::NoExpand(&replacement)).into_owned();
+            for mask in &self.masks {
+                // NoExpand: a `$` in a mask name is text, not a capture-group reference. One pass:
+                // the text comes back borrowed when nothing matched.
+                let masked = match mask.regex.replace_all(&redacted, regex::NoExpand(&mask.replacement)) {
+                    std::borrow::Cow::Borrowed(_) => continue,
+                    std::borrow::Cow::Owned(masked) => masked,
+                };
+                if !mask_names.contains(&mask.name) {
+                    mask_names.push(mask.name.clone());
                 }
+                redacted = masked;
             }
             redacted
         });
@@ -741,15 +758,15 @@ impl CallInspection {
 }
 
 /// Every string in a JSON value (keys excluded).
-fn string_values(value: &Value) -> Vec<String> {
+fn string_values(value: &Value) -> Vec<&str> {
     let mut strings = Vec::new();
     collect_strings(value, &mut strings);
     strings
 }
 
-fn collect_strings(value: &Value, strings: &mut Vec<String>) {
+fn collect_strings<'a>(value: &'a Value, strings: &mut Vec<&'a str>) {
     match value {
-        Value::String(text) => strings.push(text.clone()),
+        Value::String(text) => strings.push(text),
         Value::Array(items) => items.iter().for_each(|item| collect_strings(item, strings)),
         Value::Object(object) => object.values().for_each(|item| collect_strings(item, strings)),
         Value::Null | Value::Bool(_) | Value::Number(_) => {}
