@@ -153,6 +153,14 @@ class Bench:
                 return
         log(f"process {pid} still busy after {timeout:.0f} s: the phase's figures include only that much of its tail")
 
+    def warmed(self, pid, url, key, body, *, connections, rate=None):
+        """One measured load phase of process `pid` (see `measured`) after `--warmup` seconds of the
+        same load, unmeasured: the phase's figures are the steady state, not the first requests of a
+        new request shape or configuration on cold caches."""
+        if self.args.warmup > 0:
+            self.oha(url, key, body, duration=self.args.warmup, connections=connections, rate=rate)
+        return self.measured(pid, lambda: self.oha(url, key, body, duration=self.args.seconds, connections=connections, rate=rate))
+
     def measured(self, pid, run):
         """`run`'s result with the CPU per successful request of process `pid`, counted from an idle
         process until it is idle again (the work each request leaves behind is its own)."""
@@ -274,10 +282,12 @@ class Bench:
         phases["a_sequential_gateway"] = self.measured(gateway.pid, lambda: self.oha(gateway_url, minimal_key, routed, requests=args.sequential, connections=1))
         for rate in (500, 2000):
             log(f"phase b: fixed rate {rate} req/s")
+            if args.warmup > 0:
+                self.oha(direct_url, PROVIDER_KEY, body, duration=args.warmup, connections=32, rate=rate)
             phases[f"b_rate_{rate}_direct"] = self.oha(direct_url, PROVIDER_KEY, body, duration=args.seconds, connections=32, rate=rate)
-            phases[f"b_rate_{rate}_gateway"] = self.measured(gateway.pid, lambda: self.oha(gateway_url, minimal_key, routed, duration=args.seconds, connections=32, rate=rate))
+            phases[f"b_rate_{rate}_gateway"] = self.warmed(gateway.pid, gateway_url, minimal_key, routed, connections=32, rate=rate)
         log("phase c: maximum throughput at 64 connections")
-        phases["c_max_64c_gateway"] = self.measured(gateway.pid, lambda: self.oha(gateway_url, minimal_key, routed, duration=args.seconds, connections=64))
+        phases["c_max_64c_gateway"] = self.warmed(gateway.pid, gateway_url, minimal_key, routed, connections=64)
         log("phase d: streaming, time to first and last byte")
         stream_body = dict(routed, stream=True)
         phases["d_stream_direct"] = self.stream_timings(mock, "/v1/chat/completions", PROVIDER_KEY, dict(body, stream=True), args.streams)
@@ -294,7 +304,7 @@ class Bench:
         phases["d_paced_stream_gateway"] = self.stream_timings(base, "/v1/chat/completions", minimal_key, paced_body, paced_count)
         log("phase e: the guardian stages added one at a time to the minimal pipeline")
         full_body = dict(routed, **guardian["body"])
-        at_2000 = lambda key, request: self.measured(gateway.pid, lambda: self.oha(gateway_url, key, request, duration=args.seconds, connections=32, rate=2000))
+        at_2000 = lambda key, request: self.warmed(gateway.pid, gateway_url, key, request, connections=32, rate=2000)
         phases["e_minimal_gateway"] = at_2000(minimal_key, routed)
         self.settle(gateway.pid)
         minimal_overhead = self.guardian_overhead(base, minimal_key, routed, 200)
@@ -304,7 +314,7 @@ class Bench:
         phases["e_full_gateway"] = at_2000(full_key, full_body)
         phases["e_full_gateway"]["stages"] = guardian["stages"]
         # The targets' "more than 10,000 req/s on one core" is for the full pipeline: flat out with it.
-        phases["e_full_max_64c_gateway"] = self.measured(gateway.pid, lambda: self.oha(gateway_url, full_key, full_body, duration=args.seconds, connections=64))
+        phases["e_full_max_64c_gateway"] = self.warmed(gateway.pid, gateway_url, full_key, full_body, connections=64)
         stage_cost = {}
         previous = phases["e_minimal_gateway"].get("gateway_cpu_us_per_request")
         for stage, name in (("key budget and rate limit", "e_budget_gateway"), ("guardrails on the prompt", "e_guardrails_gateway"), ("tool firewall on the reply", "e_full_gateway")):
@@ -354,8 +364,8 @@ class Bench:
         """`<prefix>_rate_2000` (32 connections at 2,000 req/s) and `<prefix>_max_64c` (64 connections
         flat out), with the CPU per request of process `pid`."""
         phases = self.report["phases"]
-        phases[f"{prefix}_rate_2000"] = self.measured(pid, lambda: self.oha(url, key, body, duration=self.args.seconds, connections=32, rate=2000))
-        phases[f"{prefix}_max_64c"] = self.measured(pid, lambda: self.oha(url, key, body, duration=self.args.seconds, connections=64))
+        phases[f"{prefix}_rate_2000"] = self.warmed(pid, url, key, body, connections=32, rate=2000)
+        phases[f"{prefix}_max_64c"] = self.warmed(pid, url, key, body, connections=64)
 
     def nginx_floor(self, mock, body):
         """nginx as a plain reverse proxy to the mock (one worker on CPU 0, upstream keepalive): the
@@ -616,7 +626,8 @@ def main():
     parser.add_argument("--gateway", required=True)
     parser.add_argument("--mock", required=True)
     parser.add_argument("--oha", required=True)
-    parser.add_argument("--seconds", type=int, default=5)
+    parser.add_argument("--seconds", type=int, default=8, help="length of each measured load phase")
+    parser.add_argument("--warmup", type=int, default=2, help="seconds of the same load before each measured load phase, unmeasured")
     parser.add_argument("--sequential", type=int, default=2000)
     parser.add_argument("--streams", type=int, default=200)
     parser.add_argument("--callgrind-requests", type=int, default=3000)
