@@ -79,6 +79,36 @@ async fn sigterm_stops_cleanly_and_data_survives_a_restart() -> TestResult {
 }
 
 #[tokio::test]
+async fn a_distributed_edge_relays_every_answered_request_before_exiting() -> TestResult {
+    // Without Kafka the edge relays audit records to the chain writer over gRPC. The writer is away
+    // while the requests are answered and when the edge is told to stop, so the records are still on
+    // the edge's bus then: only relaying them before the exit puts them in the chain.
+    let mut gateway = Gateway::start(Shape::Distributed).await?;
+    let (key, _) = gateway.register("Relayed").await?;
+    gateway.kill("audit")?;
+    let mut commitments = Vec::new();
+    for _ in 0..3 {
+        let denied = gateway.call(Method::POST, "/v1/chat/completions", Some(&key), Some(json!({"model": "m", "messages": []}))).await?;
+        assert_eq!(denied.status, 400);
+        commitments.push(denied.header("x-br-audit-hash").unwrap_or_default().to_string());
+    }
+    gateway.signal_stop("edge-router")?;
+    // The edge has stopped answering but waits for its relay; the chain writer comes back (an edge
+    // that exited at the signal fails this restart, which finds it gone).
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    gateway.restart("audit").await?;
+    let clean = gateway.wait_exit("edge-router", std::time::Duration::from_secs(30))?;
+    assert!(clean, "the edge must exit 0 on SIGTERM:\n{}", gateway.logs());
+
+    let database = sqlx::PgPool::connect(&gateway.database_url).await?;
+    let chained: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM audit_chain WHERE commitment = ANY($1)").bind(&commitments).fetch_one(&database).await?;
+    database.close().await;
+    assert_eq!(chained, 3, "every answered request is chained before the edge exits:\n{}", gateway.log_of("edge-router"));
+    Ok(())
+}
+
+#[tokio::test]
 async fn sigterm_chains_every_answered_request_before_exiting() -> TestResult {
     // A linger far longer than the test takes: the records are still waiting to be written when the
     // signal comes, so only finishing the writes at the stop puts them in the chain.

@@ -294,28 +294,41 @@ impl Gateway {
 
     /// Sends SIGTERM to every process and waits for each to exit; returns whether all exited cleanly.
     pub fn terminate(&mut self) -> anyhow::Result<bool> {
+        let labels: Vec<String> = self.processes.iter().map(|(label, _)| label.clone()).collect();
+        for label in &labels {
+            self.signal_stop(label)?;
+        }
         let mut clean = true;
-        for (_, child) in &mut self.processes {
-            let status = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status()?;
-            if !status.success() {
-                bail!("kill -TERM failed");
-            }
+        for label in &labels {
+            clean &= self.wait_exit(label, Duration::from_secs(15))?;
         }
-        for (label, child) in &mut self.processes {
-            let deadline = Instant::now() + Duration::from_secs(15);
-            loop {
-                if let Some(status) = child.try_wait()? {
-                    clean &= status.success();
-                    break;
-                }
-                if Instant::now() > deadline {
-                    bail!("{label} did not stop within 15 s of SIGTERM");
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-        self.processes.clear();
         Ok(clean)
+    }
+
+    /// Sends SIGTERM to one process without waiting for it to exit (see `wait_exit`).
+    pub fn signal_stop(&self, label: &str) -> anyhow::Result<()> {
+        let (_, child) = self.processes.iter().find(|(name, _)| name == label).with_context(|| format!("no process `{label}`"))?;
+        if !Command::new("kill").arg("-TERM").arg(child.id().to_string()).status()?.success() {
+            bail!("kill -TERM {label} failed");
+        }
+        Ok(())
+    }
+
+    /// Waits up to `within` for process `label` to exit (after `signal_stop`); returns whether it
+    /// exited cleanly.
+    pub fn wait_exit(&mut self, label: &str, within: Duration) -> anyhow::Result<bool> {
+        let index = self.processes.iter().position(|(name, _)| name == label).with_context(|| format!("no process `{label}`"))?;
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.processes[index].1.try_wait()? {
+                self.processes.remove(index);
+                return Ok(status.success());
+            }
+            if Instant::now() > deadline {
+                bail!("{label} did not stop within {within:?} of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// A request to the edge, with `key` as bearer when given.

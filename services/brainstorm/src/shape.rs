@@ -17,7 +17,7 @@ use brainstorm_audit_lineage::{
 };
 use brainstorm_budget_ledger::{BudgetGuard, BudgetLedgerOptions, BudgetLedgerServiceImpl, spawn_settlement_consumer};
 use brainstorm_catalog::{CatalogOptions, CatalogServiceImpl};
-use brainstorm_common::bus::{EventBus, InProcessBus, next_batch, select_broadcast_bus, select_bus};
+use brainstorm_common::bus::{Batching, EventBus, InProcessBus, consume, select_broadcast_bus, select_bus};
 use brainstorm_common::config::{ServiceName, Settings};
 use brainstorm_common::outbox::MailOutbox;
 use brainstorm_common::store::Database;
@@ -103,7 +103,8 @@ pub async fn up(settings: Settings) -> anyhow::Result<()> {
         policy,
     };
     serve_edge(&settings, dependencies, bus, shutdown).await?;
-    finish_writes(&audit_publisher, &guardian, &stop_writers, [chain, ledger_writer]).await;
+    flush_evidence(&audit_publisher, &guardian).await;
+    finish_writes(&stop_writers, vec![chain, ledger_writer]).await;
     database.close().await;
     Ok(())
 }
@@ -165,10 +166,13 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
     };
 
     let shutdown = Shutdown::on_signals();
+    // The chain and ledger writers and the edge's relays stop after the servers (see `finish_writes`).
+    let (stop_writers, writers_stop) = Shutdown::requested_by_hand();
+    let mut writers = Vec::new();
     let budget = match (&database, hosted.contains(&ServiceName::BudgetLedger)) {
         (Some(database), true) => {
             let ledger = BudgetLedgerServiceImpl::new(database.clone(), BudgetLedgerOptions::default());
-            spawn_settlement_consumer(&bus, ledger.clone(), settings.write_linger, shutdown.clone().requested()).await?;
+            writers.push(spawn_settlement_consumer(&bus, ledger.clone(), settings.write_linger, writers_stop.clone().requested()).await?);
             Some(BudgetLedgerClient::local(ledger))
         }
         _ if hosts_edge => {
@@ -177,9 +181,14 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
             // ledger in batches through its RecordEvents call (idempotent per request id).
             if !on_kafka {
                 let ledger = remote.clone();
-                tokio::spawn(forward_in_batches(bus.clone(), budget::SETTLEMENTS_TOPIC, "settlement-forwarder", move |events| {
-                    relay_budget_events(ledger.clone(), events)
-                }));
+                let stop = writers_stop.clone().requested();
+                writers.push(tokio::spawn(forward_in_batches(
+                    bus.clone(),
+                    budget::SETTLEMENTS_TOPIC,
+                    "settlement-forwarder",
+                    stop,
+                    move |events| relay_budget_events(ledger.clone(), events),
+                )));
             }
             Some(remote)
         }
@@ -190,7 +199,7 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
             let master_key =
                 settings.master_key.as_ref().context("audit-lineage needs BR_MASTER_KEY (64 hex characters) to sign evidence artifacts")?;
             let service = audit_service(database.clone(), &MasterKey::from_hex(master_key.expose())?)?;
-            spawn_audit_consumer(&bus, service.clone(), settings.write_linger, shutdown.clone().requested()).await?;
+            writers.push(spawn_audit_consumer(&bus, service.clone(), settings.write_linger, writers_stop.clone().requested()).await?);
             Some(AuditLineageClient::local(service))
         }
         _ if hosts_edge => {
@@ -199,9 +208,14 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
             // in batches through its idempotent RecordAuditBatch call.
             if !on_kafka {
                 let chain = remote.clone();
-                tokio::spawn(forward_in_batches(bus.clone(), audit::AUDIT_RECORDS_TOPIC, "audit-forwarder", move |records| {
-                    relay_audit_records(chain.clone(), records)
-                }));
+                let stop = writers_stop.clone().requested();
+                writers.push(tokio::spawn(forward_in_batches(
+                    bus.clone(),
+                    audit::AUDIT_RECORDS_TOPIC,
+                    "audit-forwarder",
+                    stop,
+                    move |records| relay_audit_records(chain.clone(), records),
+                )));
             }
             Some(remote)
         }
@@ -261,6 +275,7 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
         (true, Some(identity), Some(catalog), Some(budget), Some(audit), Some(policy)) => {
             let guard = budget_guard(&settings, bus.clone(), &budget).await?;
             let (audit_publisher, _publishing) = AuditPublisher::spawn(bus.clone(), PublisherOptions::default());
+            let guardian = guardian(&policy, &settings);
             let dependencies = EdgeDependencies {
                 identity,
                 catalog,
@@ -269,13 +284,17 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
                 budget,
                 guard,
                 audit,
-                audit_publisher,
-                guardian: guardian(&policy, &settings),
+                audit_publisher: audit_publisher.clone(),
+                guardian: guardian.clone(),
                 policy,
             };
             let broadcast = select_broadcast_bus(settings.kafka_brokers.as_deref(), &bus)?;
             let (settings, stop) = (settings.clone(), shutdown.clone());
-            tasks.spawn(async move { serve_edge(&settings, dependencies, broadcast, stop).await });
+            tasks.spawn(async move {
+                let served = serve_edge(&settings, dependencies, broadcast, stop).await;
+                flush_evidence(&audit_publisher, &guardian).await;
+                served
+            });
         }
         _ => {
             let listen = settings.listen;
@@ -292,6 +311,7 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
             tasks.abort_all();
         }
     }
+    finish_writes(&stop_writers, writers).await;
     if let Some(database) = database {
         database.close().await;
     }
@@ -363,15 +383,9 @@ async fn policy_service(
 }
 
 /// After the edge stopped taking requests: their audit records go from the publisher's buffer to the
-/// bus and their firewall interceptions to the store, then the chain and ledger consumers write what
-/// waits on the bus and end, so a graceful stop loses no evidence (each wait bounded, so a stuck store
-/// cannot hold the process forever).
-async fn finish_writes(
-    publisher: &AuditPublisher,
-    guardian: &Guardian,
-    stop: &watch::Sender<bool>,
-    writers: [tokio::task::JoinHandle<()>; 2],
-) {
+/// bus and their firewall interceptions to the store (each wait bounded, so a stuck store cannot hold
+/// the process forever). `finish_writes` then empties the bus.
+async fn flush_evidence(publisher: &AuditPublisher, guardian: &Guardian) {
     // Tasks the last requests woke (a settlement on its way to the bus) run first.
     tokio::task::yield_now().await;
     if tokio::time::timeout(FINISH_PUBLISHING, publisher.flushed()).await.is_err() {
@@ -380,6 +394,13 @@ async fn finish_writes(
     if tokio::time::timeout(FINISH_PUBLISHING, guardian.interceptions_flushed()).await.is_err() {
         tracing::warn!("firewall interceptions still unstored at exit");
     }
+}
+
+/// After the servers stopped and the evidence was flushed to the bus: the chain and ledger consumers
+/// write what waits on it, and an edge's relays send it to their services, then they end, so a
+/// graceful stop loses no evidence (bounded: a store or service that stays away cannot hold the
+/// process forever).
+async fn finish_writes(stop: &watch::Sender<bool>, writers: Vec<tokio::task::JoinHandle<()>>) {
     let _no_writers_left = stop.send(true);
     let finished = async {
         for writer in writers {
@@ -389,7 +410,7 @@ async fn finish_writes(
         }
     };
     if tokio::time::timeout(FINISH_WRITING, finished).await.is_err() {
-        tracing::warn!("the chain and ledger writers did not finish before exit; records left on the bus are lost");
+        tracing::warn!("the chain and ledger writers or relays did not finish before exit; records left on the bus are lost");
     }
 }
 
@@ -410,10 +431,15 @@ const RELAY_BATCH: usize = 256;
 
 /// Relays the messages of `topic` from this process's bus to a remote service in batches: whatever
 /// waits when the previous call returns, up to `RELAY_BATCH` (no linger, so a lone message goes at
-/// once), in bus order. Undecodable messages are skipped; `relay` retries until the service takes the
-/// batch, so each delivery is acked after its batch went.
-async fn forward_in_batches<M, Relayed>(bus: Arc<dyn EventBus>, topic: &'static str, group: &'static str, relay: impl Fn(Vec<M>) -> Relayed)
-where
+/// once), in bus order, until `stop`; then what waits goes too. Undecodable messages are skipped;
+/// `relay` retries until the service takes the batch, so each delivery is acked after its batch went.
+async fn forward_in_batches<M, Relayed>(
+    bus: Arc<dyn EventBus>,
+    topic: &'static str,
+    group: &'static str,
+    stop: impl std::future::Future<Output = ()>,
+    relay: impl Fn(Vec<M>) -> Relayed,
+) where
     M: prost::Message + Default + Clone + 'static,
     Relayed: std::future::Future<Output = ()>,
 {
@@ -424,7 +450,9 @@ where
             return;
         }
     };
-    while let Ok(deliveries) = next_batch(subscription.as_mut(), RELAY_BATCH, Duration::ZERO).await {
+    let batching = Batching { max: RELAY_BATCH, linger: Duration::ZERO, retry_pause: Duration::ZERO };
+    let relay = &relay;
+    let forwarded = consume(subscription.as_mut(), batching, stop, |deliveries| async move {
         let mut messages = Vec::with_capacity(deliveries.len());
         for delivery in &deliveries {
             match delivery.message().decode::<M>() {
@@ -436,6 +464,12 @@ where
         for delivery in deliveries {
             delivery.ack();
         }
+        // `relay` returns once the service took the batch: nothing comes back to retry.
+        false
+    })
+    .await;
+    if let Err(error) = forwarded {
+        tracing::error!(%error, topic, "forwarding to the remote service stopped");
     }
 }
 
