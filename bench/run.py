@@ -144,14 +144,17 @@ class Bench:
     def settle(self, pid, window=0.2, timeout=20.0):
         """Waits until process `pid` is idle (at most one clock tick of CPU in a `window`): the chain
         and the ledger have caught up with the requests before, so a phase neither inherits the
-        previous phase's backlog nor leaves its own uncounted."""
-        deadline = time.time() + timeout
+        previous phase's backlog nor leaves its own uncounted. Returns the seconds it waited (at least
+        one window)."""
+        started = time.time()
+        deadline = started + timeout
         while time.time() < deadline:
             before = cpu_seconds(pid)
             time.sleep(window)
             if cpu_seconds(pid) - before <= 1.0 / CLOCK_TICKS:
-                return
+                return time.time() - started
         log(f"process {pid} still busy after {timeout:.0f} s: the phase's figures include only that much of its tail")
+        return time.time() - started
 
     def warmed(self, pid, url, key, body, *, connections, rate=None):
         """One measured load phase of process `pid` (see `measured`) after `--warmup` seconds of the
@@ -167,7 +170,9 @@ class Bench:
         self.settle(pid)
         before = cpu_seconds(pid)
         result = run()
-        self.settle(pid)
+        # How long the process stayed busy once the load ended: the chain and ledger writing what the
+        # phase left waiting on the bus (a writer that falls behind shows here, and in the peak RSS).
+        result["catch_up_s"] = round(self.settle(pid), 1)
         spent = cpu_seconds(pid) - before
         result["gateway_cpu_us_per_request"] = round(spent / result["ok"] * 1e6, 1) if result.get("ok") else None
         return result
@@ -608,6 +613,8 @@ def table(report):
         f"gateway CPU per request (us): {report['cpu_us_per_request']}",
         f"CPU per request as a multiple of nginx's in this run: {report.get('cpu_vs_nginx')}",
         f"RSS: idle {report['idle_rss_mib']} MiB, peak {report['peak_rss_mib']} MiB",
+        f"seconds busy after each measured phase's load ended (writers catching up; 0.2 is idle at once): "
+        f"{ {name: phase['catch_up_s'] for name, phase in report['phases'].items() if 'catch_up_s' in phase} }",
         f"guardian stages in phase e: {', '.join(report['phases'].get('e_full_gateway', {}).get('stages', []))}",
         f"nginx floor: {report.get('nginx', 'not installed: skipped')}",
         f"distributed edge (phase h): {report.get('distributed_edge')}",

@@ -4,6 +4,7 @@
 mod cli;
 mod shape;
 mod shutdown;
+mod writer_thread;
 
 use std::process::ExitCode;
 

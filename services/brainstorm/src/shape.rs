@@ -13,9 +13,9 @@ use axum::Router;
 use axum::routing::get;
 use axum::serve::ListenerExt;
 use brainstorm_audit_lineage::{
-    ArtifactSigner, AuditLineageOptions, AuditLineageServiceImpl, AuditPublisher, PublisherOptions, spawn_audit_consumer,
+    ArtifactSigner, AuditConsumer, AuditLineageOptions, AuditLineageServiceImpl, AuditPublisher, PublisherOptions, spawn_audit_consumer,
 };
-use brainstorm_budget_ledger::{BudgetGuard, BudgetLedgerOptions, BudgetLedgerServiceImpl, spawn_settlement_consumer};
+use brainstorm_budget_ledger::{BudgetGuard, BudgetLedgerOptions, BudgetLedgerServiceImpl, SettlementConsumer, spawn_settlement_consumer};
 use brainstorm_catalog::{CatalogOptions, CatalogServiceImpl};
 use brainstorm_common::bus::{Batching, EventBus, InProcessBus, consume, select_broadcast_bus, select_bus};
 use brainstorm_common::config::{ServiceName, Settings};
@@ -36,6 +36,7 @@ use tokio::sync::watch;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::shutdown::Shutdown;
+use crate::writer_thread::WriterThread;
 
 /// Services this build can host.
 const HOSTABLE: [ServiceName; 6] = [
@@ -77,15 +78,19 @@ pub async fn up(settings: Settings) -> anyhow::Result<()> {
     let catalog = CatalogClient::local(catalog_service(&settings, database.clone(), bus.clone(), upstream.clone(), master_key.clone()));
     let shutdown = Shutdown::on_signals();
     let audit_service = audit_service(database.clone(), &master_key)?;
-    // The chain and the ledger stop after the edge (see `finish_writes`), not at the signal.
+    // The chain and the ledger stop after the edge (see `finish_writes`), not at the signal, and run
+    // on a thread of their own (see `WriterThread`).
     let (stop_writers, writers_stop) = Shutdown::requested_by_hand();
-    let chain = spawn_audit_consumer(&bus, audit_service.clone(), settings.write_linger, writers_stop.clone().requested()).await?;
+    let writer_thread = WriterThread::start()?;
+    let chain = AuditConsumer::subscribe(&bus, audit_service.clone()).await?.with_linger(settings.write_linger);
+    let chain = writer_thread.spawn(chain.run(writers_stop.clone().requested()));
     let audit = AuditLineageClient::local(audit_service);
     let (audit_publisher, _publishing) = AuditPublisher::spawn(bus.clone(), PublisherOptions::default());
     let policy =
         PolicyFirewallClient::local(policy_service(database.clone(), bus.clone(), Some(master_key.clone()), &settings, &shutdown).await?);
     let ledger = BudgetLedgerServiceImpl::new(database.clone(), BudgetLedgerOptions::default());
-    let ledger_writer = spawn_settlement_consumer(&bus, ledger.clone(), settings.write_linger, writers_stop.requested()).await?;
+    let ledger_writer = SettlementConsumer::subscribe(&bus, ledger.clone()).await?.with_linger(settings.write_linger);
+    let ledger_writer = writer_thread.spawn(ledger_writer.run(writers_stop.requested()));
     let budget = BudgetLedgerClient::local(ledger);
     let guard = budget_guard(&settings, bus.clone(), &budget).await?;
     let guardian = guardian(&policy, &settings);
@@ -105,6 +110,7 @@ pub async fn up(settings: Settings) -> anyhow::Result<()> {
     serve_edge(&settings, dependencies, bus, shutdown).await?;
     flush_evidence(&audit_publisher, &guardian).await;
     finish_writes(&stop_writers, vec![chain, ledger_writer]).await;
+    drop(writer_thread);
     database.close().await;
     Ok(())
 }
