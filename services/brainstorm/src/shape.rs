@@ -187,14 +187,8 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
             // ledger in batches through its RecordEvents call (idempotent per request id).
             if !on_kafka {
                 let ledger = remote.clone();
-                let stop = writers_stop.clone().requested();
-                writers.push(tokio::spawn(forward_in_batches(
-                    bus.clone(),
-                    budget::SETTLEMENTS_TOPIC,
-                    "settlement-forwarder",
-                    stop,
-                    move |events| relay_budget_events(ledger.clone(), events),
-                )));
+                let relay = move |events| relay_budget_events(ledger.clone(), events);
+                writers.push(spawn_relay(&bus, budget::SETTLEMENTS_TOPIC, "settlement-forwarder", &writers_stop, relay));
             }
             Some(remote)
         }
@@ -214,14 +208,8 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
             // in batches through its idempotent RecordAuditBatch call.
             if !on_kafka {
                 let chain = remote.clone();
-                let stop = writers_stop.clone().requested();
-                writers.push(tokio::spawn(forward_in_batches(
-                    bus.clone(),
-                    audit::AUDIT_RECORDS_TOPIC,
-                    "audit-forwarder",
-                    stop,
-                    move |records| relay_audit_records(chain.clone(), records),
-                )));
+                let relay = move |records| relay_audit_records(chain.clone(), records);
+                writers.push(spawn_relay(&bus, audit::AUDIT_RECORDS_TOPIC, "audit-forwarder", &writers_stop, relay));
             }
             Some(remote)
         }
@@ -434,6 +422,21 @@ fn audit_service(database: Database, master_key: &MasterKey) -> anyhow::Result<A
 
 /// Most messages relayed in one call.
 const RELAY_BATCH: usize = 256;
+
+/// Relays `topic` to a remote service on a task of its own (see `forward_in_batches`) until `stop`.
+fn spawn_relay<M, Relayed>(
+    bus: &Arc<dyn EventBus>,
+    topic: &'static str,
+    group: &'static str,
+    stop: &Shutdown,
+    relay: impl Fn(Vec<M>) -> Relayed + Send + Sync + 'static,
+) -> tokio::task::JoinHandle<()>
+where
+    M: prost::Message + Default + Clone + 'static,
+    Relayed: std::future::Future<Output = ()> + Send + 'static,
+{
+    tokio::spawn(forward_in_batches(bus.clone(), topic, group, stop.clone().requested(), relay))
+}
 
 /// Relays the messages of `topic` from this process's bus to a remote service in batches: whatever
 /// waits when the previous call returns, up to `RELAY_BATCH` (no linger, so a lone message goes at
