@@ -169,13 +169,15 @@ async fn handle(service: &AuditLineageServiceImpl, delivery: Delivery) -> Handle
     }
 }
 
-/// Subscribes and runs the consumer, gathering each batch for `linger`, on its own task until `shutdown`.
+/// Subscribes and runs the consumer, gathering each batch for `linger`, on its own task of `runtime`
+/// until `shutdown`.
 pub async fn spawn_audit_consumer(
+    runtime: &tokio::runtime::Handle,
     bus: &Arc<dyn EventBus>,
     service: AuditLineageServiceImpl,
     linger: Duration,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<tokio::task::JoinHandle<()>, BusError> {
     let consumer = AuditConsumer::subscribe(bus, service).await?.with_linger(linger);
-    Ok(tokio::spawn(consumer.run(shutdown)))
+    Ok(runtime.spawn(consumer.run(shutdown)))
 }

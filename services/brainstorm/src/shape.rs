@@ -13,9 +13,9 @@ use axum::Router;
 use axum::routing::get;
 use axum::serve::ListenerExt;
 use brainstorm_audit_lineage::{
-    ArtifactSigner, AuditConsumer, AuditLineageOptions, AuditLineageServiceImpl, AuditPublisher, PublisherOptions, spawn_audit_consumer,
+    ArtifactSigner, AuditLineageOptions, AuditLineageServiceImpl, AuditPublisher, PublisherOptions, spawn_audit_consumer,
 };
-use brainstorm_budget_ledger::{BudgetGuard, BudgetLedgerOptions, BudgetLedgerServiceImpl, SettlementConsumer, spawn_settlement_consumer};
+use brainstorm_budget_ledger::{BudgetGuard, BudgetLedgerOptions, BudgetLedgerServiceImpl, spawn_settlement_consumer};
 use brainstorm_catalog::{CatalogOptions, CatalogServiceImpl};
 use brainstorm_common::bus::{Batching, EventBus, InProcessBus, consume, select_broadcast_bus, select_bus};
 use brainstorm_common::config::{ServiceName, Settings};
@@ -82,15 +82,16 @@ pub async fn up(settings: Settings) -> anyhow::Result<()> {
     // on a thread of their own (see `WriterThread`).
     let (stop_writers, writers_stop) = Shutdown::requested_by_hand();
     let writer_thread = WriterThread::start()?;
-    let chain = AuditConsumer::subscribe(&bus, audit_service.clone()).await?.with_linger(settings.write_linger);
-    let chain = writer_thread.spawn(chain.run(writers_stop.clone().requested()));
+    let writers_runtime = writer_thread.runtime();
+    let chain =
+        spawn_audit_consumer(writers_runtime, &bus, audit_service.clone(), settings.write_linger, writers_stop.clone().requested()).await?;
     let audit = AuditLineageClient::local(audit_service);
     let (audit_publisher, _publishing) = AuditPublisher::spawn(bus.clone(), PublisherOptions::default());
     let policy =
         PolicyFirewallClient::local(policy_service(database.clone(), bus.clone(), Some(master_key.clone()), &settings, &shutdown).await?);
     let ledger = BudgetLedgerServiceImpl::new(database.clone(), BudgetLedgerOptions::default());
-    let ledger_writer = SettlementConsumer::subscribe(&bus, ledger.clone()).await?.with_linger(settings.write_linger);
-    let ledger_writer = writer_thread.spawn(ledger_writer.run(writers_stop.requested()));
+    let ledger_writer =
+        spawn_settlement_consumer(writers_runtime, &bus, ledger.clone(), settings.write_linger, writers_stop.requested()).await?;
     let budget = BudgetLedgerClient::local(ledger);
     let guard = budget_guard(&settings, bus.clone(), &budget).await?;
     let guardian = guardian(&policy, &settings);
@@ -175,10 +176,13 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
     // The chain and ledger writers and the edge's relays stop after the servers (see `finish_writes`).
     let (stop_writers, writers_stop) = Shutdown::requested_by_hand();
     let mut writers = Vec::new();
+    let current = tokio::runtime::Handle::current();
     let budget = match (&database, hosted.contains(&ServiceName::BudgetLedger)) {
         (Some(database), true) => {
             let ledger = BudgetLedgerServiceImpl::new(database.clone(), BudgetLedgerOptions::default());
-            writers.push(spawn_settlement_consumer(&bus, ledger.clone(), settings.write_linger, writers_stop.clone().requested()).await?);
+            writers.push(
+                spawn_settlement_consumer(&current, &bus, ledger.clone(), settings.write_linger, writers_stop.clone().requested()).await?,
+            );
             Some(BudgetLedgerClient::local(ledger))
         }
         _ if hosts_edge => {
@@ -199,7 +203,9 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
             let master_key =
                 settings.master_key.as_ref().context("audit-lineage needs BR_MASTER_KEY (64 hex characters) to sign evidence artifacts")?;
             let service = audit_service(database.clone(), &MasterKey::from_hex(master_key.expose())?)?;
-            writers.push(spawn_audit_consumer(&bus, service.clone(), settings.write_linger, writers_stop.clone().requested()).await?);
+            writers.push(
+                spawn_audit_consumer(&current, &bus, service.clone(), settings.write_linger, writers_stop.clone().requested()).await?,
+            );
             Some(AuditLineageClient::local(service))
         }
         _ if hosts_edge => {

@@ -3,11 +3,8 @@
 //! each of a consumer's statements waited behind every runnable request task for its next turn, so
 //! under full load the consumers fell seconds behind and the bus held what waited in memory.
 
-use std::future::Future;
-
 use anyhow::Context;
 use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 
 /// A thread running a single-threaded runtime until it is dropped.
 pub struct WriterThread {
@@ -32,13 +29,9 @@ impl WriterThread {
         Ok(WriterThread { runtime: handle, _stop: stop })
     }
 
-    /// Runs `task` on the writers' thread.
-    pub fn spawn<F>(&self, task: F) -> JoinHandle<F::Output>
-    where
-        F: Future + Send + 'static,
-        F::Output: Send + 'static,
-    {
-        self.runtime.spawn(task)
+    /// The thread's runtime, to spawn the writers on.
+    pub fn runtime(&self) -> &tokio::runtime::Handle {
+        &self.runtime
     }
 }
 
@@ -49,7 +42,7 @@ mod tests {
     #[tokio::test]
     async fn a_task_runs_on_the_writers_thread() -> anyhow::Result<()> {
         let writers = WriterThread::start()?;
-        let name = writers.spawn(async { std::thread::current().name().map(str::to_string) }).await?;
+        let name = writers.runtime().spawn(async { std::thread::current().name().map(str::to_string) }).await?;
         assert_eq!(name.as_deref(), Some("brainstorm-writer"));
         Ok(())
     }

@@ -164,13 +164,15 @@ async fn handle(service: &BudgetLedgerServiceImpl, delivery: Delivery) -> Handle
     }
 }
 
-/// Subscribes and runs the consumer, gathering each batch for `linger`, on its own task until `shutdown`.
+/// Subscribes and runs the consumer, gathering each batch for `linger`, on its own task of `runtime`
+/// until `shutdown`.
 pub async fn spawn_settlement_consumer(
+    runtime: &tokio::runtime::Handle,
     bus: &Arc<dyn EventBus>,
     service: BudgetLedgerServiceImpl,
     linger: Duration,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<tokio::task::JoinHandle<()>, BusError> {
     let consumer = SettlementConsumer::subscribe(bus, service).await?.with_linger(linger);
-    Ok(tokio::spawn(consumer.run(shutdown)))
+    Ok(runtime.spawn(consumer.run(shutdown)))
 }
