@@ -177,8 +177,9 @@ impl AuditStore {
         let placeholders = self.database.placeholders();
         for chunk in statement_chunks(&rows) {
             let sql = format!(
-                "INSERT INTO audit_chain (tenant_id, sequence, request_id, occurred_at, trace_id, chain_schema_version, payload, \
+                "{} INTO audit_chain (tenant_id, sequence, request_id, occurred_at, trace_id, chain_schema_version, payload, \
                  commitment, prev_hash, hash, recorded_at) VALUES {} ON CONFLICT (tenant_id, request_id) DO NOTHING",
+                placeholders.batch_insert(),
                 placeholders.values(chunk.len(), 11, 1)
             );
             let mut insert = sqlx::query(&sql);
@@ -209,7 +210,8 @@ impl AuditStore {
             rows.iter().filter_map(|(entry, sequence, ..)| entry.capture.map(|capture| (entry.request_id, *sequence, capture))).collect();
         for chunk in statement_chunks(&captures) {
             let sql = format!(
-                "INSERT INTO audit_captures (tenant_id, request_id, sequence, digest, prompt, completion) VALUES {}",
+                "{} INTO audit_captures (tenant_id, request_id, sequence, digest, prompt, completion) VALUES {}",
+                placeholders.batch_insert(),
                 placeholders.values(chunk.len(), 6, 1)
             );
             let mut insert = sqlx::query(&sql);

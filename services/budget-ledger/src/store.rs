@@ -118,9 +118,10 @@ impl BudgetStore {
         let mut inserted: HashSet<String> = HashSet::new();
         for (chunk, chunk_periods) in statement_chunks(settlements).zip(statement_chunks(periods)) {
             let sql = format!(
-                "INSERT INTO budget_settlements (request_id, tenant_id, plan, key_id, agent_id, conversation_id, model, provider, \
+                "{} INTO budget_settlements (request_id, tenant_id, plan, key_id, agent_id, conversation_id, model, provider, \
                  input_tokens, output_tokens, cost_nanos, outcome, latency_ms, day_key, month_key, occurred_at, recorded_at) \
                  VALUES {} ON CONFLICT (request_id) DO NOTHING{}",
+                placeholders.batch_insert(),
                 placeholders.values(chunk.len(), 17, 1),
                 match returning {
                     Returning::Nothing => "",
@@ -177,9 +178,10 @@ impl BudgetStore {
         let days: Vec<_> = days.into_iter().collect();
         for chunk in statement_chunks(&days) {
             let sql = format!(
-                "INSERT INTO budget_daily_spend (tenant_id, day_key, month_key, cost_nanos, requests) VALUES {} \
+                "{} INTO budget_daily_spend (tenant_id, day_key, month_key, cost_nanos, requests) VALUES {} \
                  ON CONFLICT (tenant_id, day_key) DO UPDATE SET cost_nanos = budget_daily_spend.cost_nanos + excluded.cost_nanos, \
                  requests = budget_daily_spend.requests + excluded.requests",
+                placeholders.batch_insert(),
                 placeholders.values(chunk.len(), 5, 1)
             );
             let mut upsert = sqlx::query(&sql);

@@ -225,10 +225,11 @@ pub fn statement_chunks<T>(items: &[T]) -> impl Iterator<Item = &[T]> {
     })
 }
 
-/// The bound-parameter placeholders of statements built at run time (multi-row inserts, `IN` lists).
-/// PostgreSQL numbers them (`$1`); SQLite gets anonymous `?`s, bound in order: SQLite looks a
-/// numbered name up by walking the statement's list of names, so binding thousands of `$n` costs
-/// quadratic time. A statement uses one style throughout, and takes its parameters in text order.
+/// The engine's dialect for statements built at run time (multi-row inserts, `IN` lists): their
+/// bound-parameter placeholders and the verb of a batch insert. PostgreSQL numbers placeholders
+/// (`$1`); SQLite gets anonymous `?`s, bound in order: SQLite looks a numbered name up by walking the
+/// statement's list of names, so binding thousands of `$n` costs quadratic time. A statement uses
+/// one style throughout, and takes its parameters in text order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Placeholders {
     engine: Engine,
@@ -240,6 +241,19 @@ impl Placeholders {
         match self.engine {
             Engine::Postgres => format!("${n}"),
             Engine::Sqlite => "?".to_string(),
+        }
+    }
+
+    /// `INSERT OR FAIL` on SQLite, `INSERT` on PostgreSQL: the verb of a multi-row insert in a
+    /// transaction that the caller rolls back on any error. A SQLite statement that writes several
+    /// rows and may stop at a constraint (ABORT, the default) first copies every page it changes
+    /// into a statement journal, to undo itself alone; FAIL stops the statement where it is, and
+    /// the rollback undoes the rest, so no page is copied (about 8 KB per request in the consumers'
+    /// batches). An upsert's `ON CONFLICT` clause still decides for its own constraint.
+    pub fn batch_insert(self) -> &'static str {
+        match self.engine {
+            Engine::Postgres => "INSERT",
+            Engine::Sqlite => "INSERT OR FAIL",
         }
     }
 
@@ -394,6 +408,43 @@ mod tests {
         let read: i64 = sqlx::query_scalar("SELECT value FROM probe").fetch_one(database.pool()).await?;
         assert_eq!(read, 7);
         Ok(())
+    }
+
+    /// A batch insert skips what its `ON CONFLICT` clause names, stops at any other constraint, and
+    /// a rolled-back transaction keeps none of its rows, on both engines.
+    async fn batch_insert_keeps_upserts_and_rolls_back_whole(database: Database) -> Result<(), StoreError> {
+        let placeholders = database.placeholders();
+        sqlx::query("CREATE TABLE probe (id BIGINT PRIMARY KEY, name TEXT NOT NULL UNIQUE)").execute(database.writer()).await?;
+        sqlx::query("INSERT INTO probe (id, name) VALUES (1, 'one')").execute(database.writer()).await?;
+        let insert = |rows: usize| {
+            format!(
+                "{} INTO probe (id, name) VALUES {} ON CONFLICT (name) DO NOTHING",
+                placeholders.batch_insert(),
+                placeholders.values(rows, 2, 1)
+            )
+        };
+        // The clause's own constraint: the repeat is skipped, the rest written.
+        let sql = insert(2);
+        let written = sqlx::query(&sql).bind(2_i64).bind("two").bind(3_i64).bind("one").execute(database.writer()).await?;
+        assert_eq!(written.rows_affected(), 1);
+        // Another constraint (the primary key) in the statement's third row: it fails, and the
+        // transaction's rollback undoes its first rows and what came before it.
+        let mut transaction = database.writer().begin().await?;
+        sqlx::query("INSERT INTO probe (id, name) VALUES (10, 'ten')").execute(&mut *transaction).await?;
+        let sql = insert(3);
+        let failed =
+            sqlx::query(&sql).bind(4_i64).bind("four").bind(5_i64).bind("five").bind(1_i64).bind("uno").execute(&mut *transaction).await;
+        assert!(failed.as_ref().is_err_and(is_unique_violation), "{failed:?}");
+        drop(transaction);
+        let names: Vec<String> = sqlx::query_scalar("SELECT name FROM probe ORDER BY id").fetch_all(database.pool()).await?;
+        assert_eq!(names, ["one", "two"]);
+        Ok(())
+    }
+
+    mod batch_insert {
+        type TestResult = Result<(), super::StoreError>;
+        use super::batch_insert_keeps_upserts_and_rolls_back_whole;
+        crate::on_both_engines!(batch_insert_keeps_upserts_and_rolls_back_whole);
     }
 
     #[tokio::test]

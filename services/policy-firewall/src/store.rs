@@ -380,8 +380,9 @@ impl PolicyStore {
         let mut transaction = self.database.writer().begin().await?;
         for chunk in statement_chunks(interceptions) {
             let sql = format!(
-                "INSERT INTO policy_interceptions (id, tenant_id, severity, actor_id, actor_type, resource, action, verdicts_json, \
+                "{} INTO policy_interceptions (id, tenant_id, severity, actor_id, actor_type, resource, action, verdicts_json, \
                  request_id, created_at) VALUES {} ON CONFLICT (id) DO NOTHING",
+                placeholders.batch_insert(),
                 placeholders.values(chunk.len(), 10, 1)
             );
             let mut insert = sqlx::query(&sql);
