@@ -442,7 +442,7 @@ impl BudgetGuard {
                 tracing::warn!(kind = %total.kind, "skipping a ledger total of unknown kind");
                 continue;
             };
-            let scope = Scope { kind, owner: total.owner.as_str().into(), period_key: total.period_key.as_str().into() };
+            let scope = Scope { kind, owner: total.owner.clone(), period_key: total.period_key.clone() };
             if self.counters.seed(&scope, total.value).await? {
                 seeded += 1;
             }

@@ -2,7 +2,7 @@
 
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
-use axum::http::HeaderName;
+use axum::http::{HeaderName, HeaderValue};
 use axum::middleware::Next;
 use axum::response::Response;
 use brainstorm_common::ApiError;
@@ -18,7 +18,7 @@ const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-br-request-id")
 pub async fn assign_request_id(mut request: Request, next: Next) -> Response {
     let request_id = format!("req_{}", uuid::Uuid::now_v7().simple());
     // The header value is made now, so the id itself moves into the request (no copy).
-    let value = crate::header_value::text(&request_id);
+    let value = HeaderValue::from_str(&request_id).ok();
     request.extensions_mut().insert(RequestId(request_id));
     let mut response = next.run(request).await;
     if let Some(value) = value {

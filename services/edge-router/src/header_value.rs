@@ -1,57 +1,28 @@
 //! Header values for the answer's thirty-odd headers, made without an intermediate `String` where
-//! the text is static or formatted, and cut from a shared chunk instead of one allocation each: a
-//! value's own allocation, touched first on a cold cache at moderate rates, was one of the largest
-//! items left per request.
+//! the text is static or formatted: each `HeaderValue::from_str(&x.to_string())` was two
+//! allocations and a copy, on every request.
 
-use std::cell::RefCell;
 use std::fmt::{self, Write};
 use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::http::HeaderValue;
-use bytes::BytesMut;
 
 /// The longest formatted value: numbers, dollars, ids and short notes fit; longer text is refused
 /// like an invalid value (the header is left out).
 const CAPACITY: usize = 128;
-
-/// The size of the chunks values are cut from: one chunk serves several requests' headers, and is
-/// freed when the last value cut from it is dropped.
-const CHUNK: usize = 4096;
-
-thread_local! {
-    /// This thread's chunk: the value written last is split off it, so the values share its one
-    /// allocation (a cache of bytes, like an allocator's; it holds no state the gateway reads).
-    static SPARE: RefCell<BytesMut> = RefCell::new(BytesMut::new());
-}
 
 /// A static text as a header value, without copying it; None when it is not a valid header value.
 pub(crate) fn fixed(text: &'static str) -> Option<HeaderValue> {
     HeaderValue::from_maybe_shared(Bytes::from_static(text.as_bytes())).ok()
 }
 
-/// A text as a header value, copied into this thread's chunk; None when it is not a valid header
-/// value.
-pub(crate) fn text(text: &str) -> Option<HeaderValue> {
-    if text.len() > CHUNK {
-        return HeaderValue::from_str(text).ok();
-    }
-    let bytes = SPARE.with_borrow_mut(|spare| {
-        if spare.capacity() < text.len() {
-            *spare = BytesMut::with_capacity(CHUNK);
-        }
-        spare.extend_from_slice(text.as_bytes());
-        spare.split().freeze()
-    });
-    HeaderValue::from_maybe_shared(bytes).ok()
-}
-
-/// A header value written by `arguments` into a stack buffer, then copied into this thread's chunk;
-/// None when it is longer than the buffer or not a valid header value.
+/// A header value written by `arguments` into a stack buffer and copied once; None when it is
+/// longer than the buffer or not a valid header value.
 pub(crate) fn formatted(arguments: fmt::Arguments<'_>) -> Option<HeaderValue> {
     let mut buffer = Buffer { bytes: [0; CAPACITY], len: 0 };
     buffer.write_fmt(arguments).ok()?;
-    std::str::from_utf8(&buffer.bytes[..buffer.len]).ok().and_then(text)
+    HeaderValue::from_bytes(&buffer.bytes[..buffer.len]).ok()
 }
 
 /// A value's `Display` text as a header value (`formatted` with `{}`).
@@ -101,18 +72,6 @@ mod tests {
         assert_eq!(formatted(format_args!("a\nb")), None);
         assert_eq!(fixed("bad\r\nvalue"), None);
         assert_eq!(fixed("on"), Some(HeaderValue::from_static("on")));
-    }
-
-    #[test]
-    fn values_cut_from_one_chunk_keep_their_own_text() {
-        let values: Vec<Option<HeaderValue>> = (0..2_000).map(|index| text(&format!("value-{index}"))).collect();
-        for (index, value) in values.iter().enumerate() {
-            assert_eq!(value.as_ref().map(HeaderValue::as_bytes), Some(format!("value-{index}").as_bytes()));
-        }
-        assert_eq!(text("bad\nvalue"), None);
-        assert_eq!(text(""), Some(HeaderValue::from_static("")));
-        let long = "y".repeat(CHUNK + 1);
-        assert_eq!(text(&long).map(|value| value.len()), Some(CHUNK + 1));
     }
 
     #[test]

@@ -320,7 +320,7 @@ fn seal(
         evidence
             .push((const { HeaderName::from_static("x-br-guardian-overhead-ms") }, header_value::shown(Millis(facts.guardian_overhead))));
     }
-    evidence.push((const { HeaderName::from_static("x-br-explain") }, header_value::text(&request_id.0)));
+    evidence.push((const { HeaderName::from_static("x-br-explain") }, HeaderValue::from_str(&request_id.0).ok()));
     evidence.push((
         const { HeaderName::from_static("x-br-verdict-id") },
         header_value::formatted(format_args!("vrd_{}", request_id.0.trim_start_matches("req_"))),
@@ -345,7 +345,7 @@ fn seal(
                 const { HeaderName::from_static("x-br-evidence-receipt") },
                 header_value::formatted(format_args!("sha256:{commitment}")),
             ));
-            evidence.push((const { HeaderName::from_static("x-br-audit-hash") }, header_value::text(&commitment)));
+            evidence.push((const { HeaderName::from_static("x-br-audit-hash") }, HeaderValue::from_str(&commitment).ok()));
             evidence.push((const { HeaderName::from_static("x-br-evidence-coverage") }, header_value::fixed(coverage)));
         }
     }
@@ -357,7 +357,7 @@ fn seal(
                 }
             }
             for (name, value) in guardian_headers {
-                if let Some(value) = header_value::text(&value) {
+                if let Ok(value) = HeaderValue::from_str(&value) {
                     response.headers_mut().insert(name, value);
                 }
             }
@@ -669,7 +669,7 @@ fn reply_id(request_id: &RequestId, format: ClientFormat) -> String {
 
 /// Sets header `name` to `value` when `value` is a valid header value.
 fn put(headers: &mut HeaderMap, name: HeaderName, value: &str) {
-    if let Some(value) = header_value::text(value) {
+    if let Ok(value) = HeaderValue::from_str(value) {
         headers.insert(name, value);
     }
 }
