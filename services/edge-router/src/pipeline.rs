@@ -437,8 +437,15 @@ async fn complete_inner(
     if !guardian_off {
         let tenant_guardian = state.guardian.config(tenant_id).await?;
         if tenant_guardian.guardrails.config().enabled {
-            let prompt: Vec<String> = chat.system.iter().cloned().chain(chat.messages.iter().map(|message| message.text())).collect();
-            if let Some(scan) = state.guardian.scan_input(tenant_id, &prompt.join("\n")).await? {
+            // The system prompt and every message's text, newline-separated, copied once.
+            let texts: Vec<std::borrow::Cow<'_, str>> = chat
+                .system
+                .iter()
+                .map(|system| system.as_str().into())
+                .chain(chat.messages.iter().map(|message| message.text_borrowed()))
+                .collect();
+            let prompt = texts.join("\n");
+            if let Some(scan) = state.guardian.scan_input(tenant_id, &prompt).await? {
                 facts.guardian_headers.extend(scan.headers());
                 if let Some(error) = scan.api_error() {
                     facts.guardian_status = "blocked";
