@@ -25,7 +25,9 @@ pub async fn chat_completions(
     headers: HeaderMap,
     body: Result<JsonBody<Value>, ApiError>,
 ) -> Result<Response, ApiError> {
-    pipeline::serve(&state, attempt, &request_id, &headers, body.map(|JsonBody(body)| body), ClientFormat::OpenAi).await
+    // Boxed: the pipeline's future is several KiB, and each layer around the handler moves its
+    // future; boxed, they move a pointer.
+    Box::pin(pipeline::serve(&state, attempt, &request_id, &headers, body.map(|JsonBody(body)| body), ClientFormat::OpenAi)).await
 }
 
 /// `POST /v1/messages` (router.write).
@@ -36,7 +38,8 @@ pub async fn messages(
     headers: HeaderMap,
     body: Result<JsonBody<Value>, ApiError>,
 ) -> Result<Response, ApiError> {
-    pipeline::serve(&state, attempt, &request_id, &headers, body.map(|JsonBody(body)| body), ClientFormat::Anthropic).await
+    // Boxed, as above.
+    Box::pin(pipeline::serve(&state, attempt, &request_id, &headers, body.map(|JsonBody(body)| body), ClientFormat::Anthropic)).await
 }
 
 fn model_entry(id: &str, owned_by: &str) -> Value {
