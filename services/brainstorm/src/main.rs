@@ -12,10 +12,11 @@ use clap::Parser;
 
 use crate::cli::{AuditCommand, Cli, Command};
 
-/// mimalloc: the hot path allocates many short-lived buffers across worker threads, where it is
-/// measurably cheaper than the system allocator (`make bench`).
+/// jemalloc: a few hundred short-lived blocks per request, and jemalloc hands back the block freed
+/// last (still in cache); against mimalloc, the same CPU per request within the noise, half the
+/// last-level cache misses and about 40% less peak memory (docs/architecture.md, thirteenth pass).
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
