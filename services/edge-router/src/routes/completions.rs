@@ -25,7 +25,7 @@ pub async fn chat_completions(
     headers: HeaderMap,
     body: Result<JsonBody<Value>, ApiError>,
 ) -> Result<Response, ApiError> {
-    // Boxed: the pipeline's future is several KiB, and each layer around the handler moves its
+    // Boxed: the pipeline's future is large, and each layer around the handler moves its
     // future; boxed, they move a pointer.
     Box::pin(pipeline::serve(&state, attempt, &request_id, &headers, body.map(|JsonBody(body)| body), ClientFormat::OpenAi)).await
 }
