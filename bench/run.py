@@ -364,6 +364,7 @@ class Bench:
         }
 
         self.report["targets"] = targets(self.report)
+        self.report["near_mock_limit"] = near_mock_limit(self.report)
 
     def rate_and_max(self, prefix, pid, url, key, body):
         """`<prefix>_rate_2000` (32 connections at 2,000 req/s) and `<prefix>_max_64c` (64 connections
@@ -597,6 +598,16 @@ def targets(report):
     return result
 
 
+def near_mock_limit(report):
+    """Flat-out phases that reached 80% or more of the mock's own throughput (phase 0), as that share:
+    their figure may be the mock's and the load generator's limit on the load CPUs, not the proxy's."""
+    mock = report["phases"].get("mock_alone_64c", {}).get("requests_per_second")
+    if not mock:
+        return {}
+    shares = {name: phase.get("requests_per_second", 0) / mock for name, phase in report["phases"].items() if name.endswith("_max_64c")}
+    return {name: round(share, 2) for name, share in shares.items() if share >= 0.8}
+
+
 def table(report):
     lines = [f"Brainstorm benchmark ({report['cpu_count']} CPUs; {report['pinning']}; commit {report['commit']})", ""]
     lines.append(f"{'phase':<26}{'req/s':>10}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'CPU us/req':>12}")
@@ -629,6 +640,7 @@ def table(report):
         f"nginx floor: {report.get('nginx', 'not installed: skipped')}",
         f"distributed edge (phase h): {report.get('distributed_edge')}",
         f"instructions per request, callgrind, minimal and full pipeline (phase i; repeatable, SHA-256 in software): {report.get('instructions_per_request')}",
+        f"flat-out phases within 20% of the mock's own throughput (may be bound by the load CPUs, not the proxy): {report.get('near_mock_limit') or 'none'}",
         "",
         "targets (reported, not asserted; nginx's figures above are this machine's floor):",
     ]
