@@ -604,7 +604,7 @@ def near_mock_limit(report):
     mock = report["phases"].get("mock_alone_64c", {}).get("requests_per_second")
     if not mock:
         return {}
-    shares = {name: phase.get("requests_per_second", 0) / mock for name, phase in report["phases"].items() if name.endswith("_max_64c")}
+    shares = {name: (phase.get("requests_per_second") or 0) / mock for name, phase in report["phases"].items() if name.endswith("_max_64c")}
     return {name: round(share, 2) for name, share in shares.items() if share >= 0.8}
 
 
