@@ -202,7 +202,13 @@ class Bench:
             last.append((time.perf_counter() - started) * 1000)
         connection.close()
         quantile = lambda values, q: sorted(values)[min(len(values) - 1, int(q * len(values)))]
-        return {"ttfb_p50_ms": statistics.median(first), "ttfb_p99_ms": quantile(first, 0.99), "ttlb_p50_ms": statistics.median(last), "ttlb_p99_ms": quantile(last, 0.99)}
+        return {
+            "ttfb_p50_ms": statistics.median(first),
+            "ttfb_p99_ms": quantile(first, 0.99),
+            "ttlb_p50_ms": statistics.median(last),
+            "ttlb_p99_ms": quantile(last, 0.99),
+            "ok": count,
+        }
 
     def guardian_overhead(self, base, key, body, count):
         """The gateway's own `X-BR-Guardian-Overhead-Ms` over `count` sequential requests: p50 and p99."""
@@ -296,17 +302,16 @@ class Bench:
         log("phase d: streaming, time to first and last byte")
         stream_body = dict(routed, stream=True)
         phases["d_stream_direct"] = self.stream_timings(mock, "/v1/chat/completions", PROVIDER_KEY, dict(body, stream=True), args.streams)
-        self.settle(gateway.pid)
-        phases["d_stream_gateway"] = self.stream_timings(base, "/v1/chat/completions", minimal_key, stream_body, args.streams)
+        phases["d_stream_gateway"] = self.measured(gateway.pid, lambda: self.stream_timings(base, "/v1/chat/completions", minimal_key, stream_body, args.streams))
         log(f"phase d: paced streams ({PACED_CHUNK_MS} ms between chunks, Anthropic wire format upstream, OpenAI format to the client)")
         paced_direct_body = {"model": "claude-haiku-4-5", "max_tokens": 16, "stream": True, "messages": body["messages"]}
         paced_body = dict(paced_direct_body, model="anthropic/claude-haiku-4-5")
-        paced_count = max(1, args.streams // 2)
+        # Each paced stream lasts about 80 ms: a tenth of the whole streams, at most 100 (8 s a phase).
+        paced_count = max(1, min(100, args.streams // 10))
         phases["d_paced_stream_direct"] = self.stream_timings(
             paced, "/v1/messages", None, paced_direct_body, paced_count, {"x-api-key": PROVIDER_KEY, "anthropic-version": "2023-06-01"}
         )
-        self.settle(gateway.pid)
-        phases["d_paced_stream_gateway"] = self.stream_timings(base, "/v1/chat/completions", minimal_key, paced_body, paced_count)
+        phases["d_paced_stream_gateway"] = self.measured(gateway.pid, lambda: self.stream_timings(base, "/v1/chat/completions", minimal_key, paced_body, paced_count))
         log("phase e: the guardian stages added one at a time to the minimal pipeline")
         full_body = dict(routed, **guardian["body"])
         at_2000 = lambda key, request: self.warmed(gateway.pid, gateway_url, key, request, connections=32, rate=2000)
@@ -347,7 +352,7 @@ class Bench:
         }
         gateway.terminate()
         gateway.wait(timeout=10)
-        self.nginx_floor(mock, body)
+        self.nginx_floor(mock, body, paced, paced_direct_body, paced_count)
         self.distributed_edge(mock, routed)
         self.instructions(mock, routed)
         cpu = {name: phase.get("gateway_cpu_us_per_request") for name, phase in phases.items() if "gateway_cpu_us_per_request" in phase}
@@ -361,6 +366,8 @@ class Bench:
             "full_pipeline_at_2000": ratio("e_full_gateway", "nginx_rate_2000"),
             "full_pipeline_flat_out": ratio("e_full_max_64c_gateway", "nginx_max_64c"),
             "edge_alone_at_2000": ratio("h_edge_rate_2000", "nginx_rate_2000"),
+            "whole_streams": ratio("d_stream_gateway", "nginx_stream"),
+            "paced_streams": ratio("d_paced_stream_gateway", "nginx_paced_stream"),
         }
 
         self.report["targets"] = targets(self.report)
@@ -373,14 +380,15 @@ class Bench:
         phases[f"{prefix}_rate_2000"] = self.warmed(pid, url, key, body, connections=32, rate=2000)
         phases[f"{prefix}_max_64c"] = self.warmed(pid, url, key, body, connections=64)
 
-    def nginx_floor(self, mock, body):
+    def nginx_floor(self, mock, body, paced, paced_body, paced_count):
         """nginx as a plain reverse proxy to the mock (one worker on CPU 0, upstream keepalive): the
-        floor a proxy costs on this machine, measured like the gateway. Skipped without nginx."""
+        floor a proxy costs on this machine, measured like the gateway; a second server proxies the
+        paced mock, for the CPU a relayed stream costs per chunk. Skipped without nginx."""
         nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
         if nginx is None:
             self.report["nginx"] = "not installed: skipped"
             return
-        port = free_port()
+        port, paced_port = free_port(), free_port()
         prefix = os.path.join(self.work, "nginx")
         os.makedirs(os.path.join(prefix, "logs"), exist_ok=True)
         config = os.path.join(prefix, "nginx.conf")
@@ -401,6 +409,16 @@ http {{
         listen 127.0.0.1:{port};
         location / {{
             proxy_pass http://mock;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+        }}
+    }}
+    upstream paced {{ server {paced.replace("http://", "")}; keepalive 16; }}
+    server {{
+        listen 127.0.0.1:{paced_port};
+        location / {{
+            proxy_pass http://paced;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
             proxy_buffering off;
@@ -428,8 +446,17 @@ http {{
             phases = self.report["phases"]
             phases["nginx_sequential"] = self.oha(url, PROVIDER_KEY, body, requests=self.args.sequential, connections=1)
             self.report["nginx_added_latency_ms_sequential"] = added_latency(phases["nginx_sequential"], phases["a_sequential_direct"])
-            phases["nginx_stream"] = self.stream_timings(f"http://127.0.0.1:{port}", "/v1/chat/completions", PROVIDER_KEY, dict(body, stream=True), self.args.streams)
+            phases["nginx_stream"] = self.measured(
+                process.pid,
+                lambda: self.stream_timings(f"http://127.0.0.1:{port}", "/v1/chat/completions", PROVIDER_KEY, dict(body, stream=True), self.args.streams),
+            )
             self.report["nginx_stream_ttfb_overhead_ms"] = round(phases["nginx_stream"]["ttfb_p50_ms"] - phases["d_stream_direct"]["ttfb_p50_ms"], 3)
+            phases["nginx_paced_stream"] = self.measured(
+                process.pid,
+                lambda: self.stream_timings(
+                    f"http://127.0.0.1:{paced_port}", "/v1/messages", None, paced_body, paced_count, {"x-api-key": PROVIDER_KEY, "anthropic-version": "2023-06-01"}
+                ),
+            )
             self.report["nginx"] = "nginx 1 worker on CPU 0 (its CPU per request is in the table)"
         finally:
             process.terminate()
@@ -616,10 +643,12 @@ def table(report):
             continue
         cpu = phase.get("gateway_cpu_us_per_request")
         lines.append(f"{name:<26}{(phase['requests_per_second'] or 0):>10.0f}{phase['p50_ms']:>9.3f}{phase['p90_ms']:>9.3f}{phase['p99_ms']:>9.3f}{(cpu if cpu is not None else float('nan')):>12.1f}")
-    for name in ("d_stream_direct", "d_stream_gateway", "nginx_stream", "d_paced_stream_direct", "d_paced_stream_gateway"):
+    for name in ("d_stream_direct", "d_stream_gateway", "nginx_stream", "d_paced_stream_direct", "d_paced_stream_gateway", "nginx_paced_stream"):
         phase = report["phases"].get(name, {})
         if phase:
-            lines.append(f"{name:<26} TTFB p50 {phase['ttfb_p50_ms']:.3f} ms, p99 {phase['ttfb_p99_ms']:.3f} ms; last byte p50 {phase['ttlb_p50_ms']:.3f} ms")
+            cpu = phase.get("gateway_cpu_us_per_request")
+            cpu_text = f"; CPU {cpu:.1f} us/req" if cpu is not None else ""
+            lines.append(f"{name:<26} TTFB p50 {phase['ttfb_p50_ms']:.3f} ms, p99 {phase['ttfb_p99_ms']:.3f} ms; last byte p50 {phase['ttlb_p50_ms']:.3f} ms{cpu_text}")
     lines += [
         "",
         f"added latency, sequential: {report['added_latency_ms']}",
@@ -658,7 +687,7 @@ def main():
     parser.add_argument("--seconds", type=int, default=8, help="length of each measured load phase")
     parser.add_argument("--warmup", type=int, default=2, help="seconds of the same load before each measured load phase, unmeasured")
     parser.add_argument("--sequential", type=int, default=2000)
-    parser.add_argument("--streams", type=int, default=200)
+    parser.add_argument("--streams", type=int, default=1000, help="sequential streamed requests per streaming phase (paced ones: a tenth, at most 100)")
     parser.add_argument("--callgrind-requests", type=int, default=3000)
     parser.add_argument("--no-callgrind", action="store_true", help="skip phase i (instructions per request under callgrind)")
     parser.add_argument("--output", default=os.path.join(ROOT, "target", "bench", "latest.json"))
