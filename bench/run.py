@@ -24,6 +24,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PROVIDER_KEY = "sk-bench-0123456789abcdefghijklmnopqrstuv"
+# How a direct call to the paced mock (Anthropic wire format) authenticates.
+ANTHROPIC_HEADERS = {"x-api-key": PROVIDER_KEY, "anthropic-version": "2023-06-01"}
 # The paced mock's gap between stream chunks (phase d's paced streams).
 PACED_CHUNK_MS = 5
 
@@ -309,7 +311,7 @@ class Bench:
         # Each paced stream lasts about 80 ms: a tenth of the whole streams, at most 100 (8 s a phase).
         paced_count = max(1, min(100, args.streams // 10))
         phases["d_paced_stream_direct"] = self.stream_timings(
-            paced, "/v1/messages", None, paced_direct_body, paced_count, {"x-api-key": PROVIDER_KEY, "anthropic-version": "2023-06-01"}
+            paced, "/v1/messages", None, paced_direct_body, paced_count, ANTHROPIC_HEADERS
         )
         phases["d_paced_stream_gateway"] = self.measured(gateway.pid, lambda: self.stream_timings(base, "/v1/chat/completions", minimal_key, paced_body, paced_count))
         log("phase e: the guardian stages added one at a time to the minimal pipeline")
@@ -454,7 +456,7 @@ http {{
             phases["nginx_paced_stream"] = self.measured(
                 process.pid,
                 lambda: self.stream_timings(
-                    f"http://127.0.0.1:{paced_port}", "/v1/messages", None, paced_body, paced_count, {"x-api-key": PROVIDER_KEY, "anthropic-version": "2023-06-01"}
+                    f"http://127.0.0.1:{paced_port}", "/v1/messages", None, paced_body, paced_count, ANTHROPIC_HEADERS
                 ),
             )
             self.report["nginx"] = "nginx 1 worker on CPU 0 (its CPU per request is in the table)"
