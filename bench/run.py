@@ -78,6 +78,43 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
+def thread_ticks(pid):
+    """Clock ticks of user and kernel time per thread name of process `pid` (threads of one name
+    summed: the request thread, SQLite's connection threads, the writers' thread)."""
+    ticks = {}
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return ticks
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat") as handle:
+                text = handle.read()
+        except OSError:
+            continue
+        name = text[text.index("(") + 1 : text.rindex(")")]
+        fields = text.rsplit(")", 1)[1].split()
+        user, system = ticks.get(name, (0, 0))
+        ticks[name] = (user + int(fields[11]), system + int(fields[12]))
+    return ticks
+
+
+def cpu_split(before, after, requests):
+    """Per request, in us: user and kernel time of the whole process and of each thread name, from
+    two `thread_ticks` readings (a thread that exited in between is left out of the split)."""
+    per_request = lambda ticks: round(ticks / CLOCK_TICKS / requests * 1e6, 1)
+    threads = {}
+    for name, (user, system) in after.items():
+        user_before, system_before = before.get(name, (0, 0))
+        if user - user_before or system - system_before:
+            threads[name] = {"user": per_request(user - user_before), "kernel": per_request(system - system_before)}
+    return {
+        "user": round(sum(thread["user"] for thread in threads.values()), 1),
+        "kernel": round(sum(thread["kernel"] for thread in threads.values()), 1),
+        "threads": threads,
+    }
+
+
 def memory_kib(pid):
     values = {}
     with open(f"/proc/{pid}/status") as handle:
@@ -170,13 +207,15 @@ class Bench:
         """`run`'s result with the CPU per successful request of process `pid`, counted from an idle
         process until it is idle again (the work each request leaves behind is its own)."""
         self.settle(pid)
-        before = cpu_seconds(pid)
+        before, threads_before = cpu_seconds(pid), thread_ticks(pid)
         result = run()
         # How long the process stayed busy once the load ended: the chain and ledger writing what the
         # phase left waiting on the bus (a writer that falls behind shows here, and in the peak RSS).
         result["catch_up_s"] = round(self.settle(pid), 1)
         spent = cpu_seconds(pid) - before
         result["gateway_cpu_us_per_request"] = round(spent / result["ok"] * 1e6, 1) if result.get("ok") else None
+        if result.get("ok"):
+            result["cpu_split_us_per_request"] = cpu_split(threads_before, thread_ticks(pid), result["ok"])
         return result
 
     def stream_timings(self, base, path, key, body, count, extra_headers=None):
@@ -651,6 +690,12 @@ def table(report):
             cpu = phase.get("gateway_cpu_us_per_request")
             cpu_text = f"; CPU {cpu:.1f} us/req" if cpu is not None else ""
             lines.append(f"{name:<26} TTFB p50 {phase['ttfb_p50_ms']:.3f} ms, p99 {phase['ttfb_p99_ms']:.3f} ms; last byte p50 {phase['ttlb_p50_ms']:.3f} ms{cpu_text}")
+    lines += ["", "where the CPU goes at 2,000 req/s (us per request, user + kernel; by thread):"]
+    for name in ("nginx_rate_2000", "b_rate_2000_gateway", "e_full_gateway", "h_edge_rate_2000"):
+        split = report["phases"].get(name, {}).get("cpu_split_us_per_request")
+        if split:
+            threads = ", ".join(f"{thread} {times['user']} + {times['kernel']}" for thread, times in sorted(split["threads"].items(), key=lambda item: -sum(item[1].values())))
+            lines.append(f"  {name:<24} {split['user']} + {split['kernel']}  ({threads})")
     lines += [
         "",
         f"added latency, sequential: {report['added_latency_ms']}",
