@@ -301,17 +301,20 @@ impl BudgetStore {
 
     /// An API key's spend in one period.
     pub async fn key_spend(&self, tenant_id: &str, key_id: &str, period: Period, period_key: &str) -> StoreResult<i64> {
-        let sql = match period {
-            Period::Daily => {
-                "SELECT CAST(COALESCE(SUM(cost_nanos), 0) AS BIGINT) FROM budget_settlements \
-                 WHERE tenant_id = $1 AND key_id = $2 AND day_key = $3"
-            }
-            Period::Monthly => {
-                "SELECT CAST(COALESCE(SUM(cost_nanos), 0) AS BIGINT) FROM budget_settlements \
-                 WHERE tenant_id = $1 AND key_id = $2 AND month_key = $3"
-            }
+        let (first_day, last_day) = match period {
+            Period::Daily => (period_key.to_string(), period_key.to_string()),
+            Period::Monthly => month_days(period_key),
         };
-        sqlx::query_scalar(sql).bind(tenant_id).bind(key_id).bind(period_key).fetch_one(self.database.pool()).await
+        sqlx::query_scalar(
+            "SELECT CAST(COALESCE(SUM(cost_nanos), 0) AS BIGINT) FROM budget_settlements \
+             WHERE tenant_id = $1 AND key_id = $2 AND day_key >= $3 AND day_key <= $4",
+        )
+        .bind(tenant_id)
+        .bind(key_id)
+        .bind(first_day)
+        .bind(last_day)
+        .fetch_one(self.database.pool())
+        .await
     }
 
     /// Spend per day from `first_day` to `last_day` (inclusive), only days with settlements, oldest first.
@@ -524,6 +527,7 @@ impl BudgetStore {
 
     /// Every counter's total for the day `day_key` and the month `month_key`, across tenants.
     pub async fn current_totals(&self, day_key: &str, month_key: &str) -> StoreResult<Vec<CounterTotal>> {
+        let (month_first_day, month_last_day) = month_days(month_key);
         let mut totals = Vec::new();
         let total = |kind: ScopeKind, owner: String, period_key: &str, value: i64| CounterTotal {
             kind: kind.as_str().to_string(),
@@ -545,8 +549,10 @@ impl BudgetStore {
             totals.push(total(ScopeKind::PlanTokensDaily, tenant_id.clone(), day_key, row.try_get("tokens")?));
             totals.push(total(ScopeKind::PlanRequestsDaily, tenant_id, day_key, row.try_get("requests")?));
         }
+        // A tenant's month from its days (kept with every settlement); a key's month from the day
+        // index, as a range of day keys.
         let month_rows = sqlx::query(
-            "SELECT tenant_id, CAST(COALESCE(SUM(cost_nanos), 0) AS BIGINT) AS spent FROM budget_settlements \
+            "SELECT tenant_id, CAST(COALESCE(SUM(cost_nanos), 0) AS BIGINT) AS spent FROM budget_daily_spend \
              WHERE month_key = $1 GROUP BY tenant_id",
         )
         .bind(month_key)
@@ -567,9 +573,10 @@ impl BudgetStore {
         }
         let key_month_rows = sqlx::query(
             "SELECT key_id, CAST(COALESCE(SUM(cost_nanos), 0) AS BIGINT) AS spent FROM budget_settlements \
-             WHERE month_key = $1 AND key_id IS NOT NULL GROUP BY key_id",
+             WHERE day_key >= $1 AND day_key <= $2 AND key_id IS NOT NULL GROUP BY key_id",
         )
-        .bind(month_key)
+        .bind(&month_first_day)
+        .bind(&month_last_day)
         .fetch_all(self.database.pool())
         .await?;
         for row in &key_month_rows {
@@ -599,6 +606,12 @@ fn agent_budget_from_row(row: &AnyRow) -> StoreResult<AgentBudget> {
         created_at: row.try_get("created_at")?,
         updated_at: row.try_get("updated_at")?,
     })
+}
+
+/// The first and last day keys a month key's days can have (`2026-11` gives `2026-11-01` and
+/// `2026-11-31`: day keys compare as text, and no day is later than the 31st).
+fn month_days(month_key: &str) -> (String, String) {
+    (format!("{month_key}-01"), format!("{month_key}-31"))
 }
 
 fn clamp_u32(value: i64) -> u32 {

@@ -144,6 +144,8 @@ async fn settlements_are_recorded_once_and_feed_the_status(database: Database) -
     harness.settle(Settlement { key_id: Some("key-2".to_string()), ..settlement(&tenant, 20 * CENT, now) }).await?;
     // Earlier this month, another day: monthly only.
     harness.settle(settlement(&tenant, 100 * CENT, now - ChronoDuration::days(3))).await?;
+    // Last month: in neither period.
+    harness.settle(settlement(&tenant, 40 * CENT, now - ChronoDuration::days(25))).await?;
     harness.settle(settlement(&new_tenant(), 999 * CENT, now)).await?;
 
     let status = harness
@@ -627,6 +629,8 @@ async fn current_totals_seed_a_restarted_gateway(database: Database) -> TestResu
     let agent_settlement = Settlement { agent_id: Some("bot".to_string()), ..settlement(&tenant, 40 * CENT, now) };
     harness.settle(agent_settlement).await?;
     harness.settle(settlement(&tenant, 10 * CENT, now - ChronoDuration::days(2))).await?;
+    // Last month's spend is in no current total.
+    harness.settle(settlement(&tenant, 7 * CENT, now - ChronoDuration::days(31))).await?;
     let totals = harness.service.get_current_totals(CurrentTotalsRequest::default()).await?;
     let find = |kind: &str, owner: &str| {
         totals.totals.iter().find(|total| total.kind == kind && total.owner == owner).map(|total| (total.period_key.clone(), total.value))
