@@ -77,16 +77,22 @@ fn agent_of(request_headers: &HeaderMap, body: &Value) -> Option<String> {
         .map(|agent| agent.chars().take(128).collect())
 }
 
-async fn budget_context(state: &EdgeState, caller: &Caller, request_headers: &HeaderMap, body: &Value) -> Result<BudgetContext, ApiError> {
+async fn budget_context(
+    state: &EdgeState,
+    caller: &Caller,
+    agent_id: Option<&str>,
+    request_headers: &HeaderMap,
+    body: &Value,
+) -> Result<BudgetContext, ApiError> {
     let tenant_id = caller.tenant_id()?;
     let mut context =
         BudgetContext::new(tenant_id, caller.identity.plan.clone()).with_tenant_limits(&state.budget_settings.limits(tenant_id).await?);
     if let Some(key) = &caller.identity.key {
         context = context.with_api_key(key);
     }
-    if let Some(agent_id) = agent_of(request_headers, body) {
-        let budget = state.budget_settings.agent(tenant_id, &agent_id).await?;
-        context = context.with_agent(agent_id, budget.as_ref());
+    if let Some(agent_id) = agent_id {
+        let budget = state.budget_settings.agent(tenant_id, agent_id).await?;
+        context = context.with_agent(agent_id.to_string(), budget.as_ref());
     }
     context.conversation_id = request_headers
         .get("x-conversation-id")
@@ -109,6 +115,8 @@ fn tokens(usage: Usage) -> i64 {
 /// What the pipeline learned about a request, for its audit record.
 #[derive(Default)]
 pub struct AuditFacts {
+    /// The agent the request is attributed to (see `agent_of`), found once per request.
+    agent_id: Option<String>,
     model_requested: String,
     model_resolved: String,
     model_executed: String,
@@ -205,25 +213,28 @@ pub async fn serve(
     let started = Instant::now();
     let model_requested = body.as_ref().ok().and_then(|body| body.get("model")).and_then(Value::as_str).unwrap_or_default().to_string();
     let mut facts = AuditFacts { model_requested, ..AuditFacts::default() };
-    let empty = Value::Null;
+    let agent_id = agent_of(request_headers, body.as_ref().unwrap_or(&Value::Null));
     let (identity, result) = match (attempt, &body) {
         (Err(refused), _) => (refused.identity, Err(refused.error)),
         (Ok(caller), Err(error)) => (Some(caller.identity), Err(error.clone())),
         (Ok(caller), Ok(body)) => {
             let result = match caller.require("router.write") {
-                Ok(()) => complete_inner(state, &caller, request_id, request_headers, body, format, &mut facts).await,
+                Ok(()) => {
+                    let request = Incoming { headers: request_headers, body, agent_id: agent_id.as_deref() };
+                    complete_inner(state, &caller, request_id, request, format, &mut facts).await
+                }
                 Err(error) => Err(error),
             };
             (Some(caller.identity), result)
         }
     };
+    facts.agent_id = agent_id;
     let attribution = Attribution::of(identity.as_deref());
-    let body = body.as_ref().unwrap_or(&empty);
     let endpoint = match format {
         ClientFormat::OpenAi => "/v1/chat/completions",
         ClientFormat::Anthropic => "/v1/messages",
     };
-    seal(state, attribution, request_id, request_headers, body, endpoint, started, facts, result)
+    seal(state, attribution, request_id, request_headers, endpoint, started, facts, result)
 }
 
 /// Records a refusal at the door of any other `/v1` route (unknown key, tenant kill switch) and adds
@@ -237,17 +248,8 @@ pub fn record_refusal(
     error: ApiError,
 ) -> ApiError {
     let attribution = Attribution::of(identity);
-    match seal(
-        state,
-        attribution,
-        request_id,
-        request_headers,
-        &Value::Null,
-        endpoint,
-        Instant::now(),
-        AuditFacts::default(),
-        Err(error.clone()),
-    ) {
+    let facts = AuditFacts { agent_id: agent_of(request_headers, &Value::Null), ..AuditFacts::default() };
+    match seal(state, attribution, request_id, request_headers, endpoint, Instant::now(), facts, Err(error.clone())) {
         Err(recorded) if recorded.status == error.status => recorded,
         _ => error,
     }
@@ -260,7 +262,6 @@ fn seal(
     attribution: Attribution,
     request_id: &RequestId,
     request_headers: &HeaderMap,
-    body: &Value,
     endpoint: &str,
     started: Instant,
     mut facts: AuditFacts,
@@ -275,7 +276,6 @@ fn seal(
     };
     let trace = trace_context(request_headers);
     let traceparent = header_value::formatted(format_args!("00-{}-{}-01", trace.trace_id, trace.span_id));
-    let agent_id = agent_of(request_headers, body);
     let record = AuditRecord {
         request_id: request_id.0.clone(),
         tenant_id,
@@ -288,7 +288,7 @@ fn seal(
             owner_id: owner_id.clone(),
         }),
         key_id,
-        agent_id: agent_id.clone(),
+        agent_id: facts.agent_id,
         model_requested: facts.model_requested,
         model_resolved: facts.model_resolved,
         model_executed: facts.model_executed.clone(),
@@ -377,16 +377,24 @@ fn seal(
     }
 }
 
+/// A parsed completion request as it came in.
+struct Incoming<'a> {
+    headers: &'a HeaderMap,
+    body: &'a Value,
+    /// Its agent (see `agent_of`).
+    agent_id: Option<&'a str>,
+}
+
 /// The completion itself.
 async fn complete_inner(
     state: &EdgeState,
     caller: &Caller,
     request_id: &RequestId,
-    request_headers: &HeaderMap,
-    body: &Value,
+    request: Incoming<'_>,
     format: ClientFormat,
     facts: &mut AuditFacts,
 ) -> Result<Response, ApiError> {
+    let Incoming { headers: request_headers, body, agent_id } = request;
     let started = Instant::now();
     let chat = match format {
         ClientFormat::OpenAi => openai::parse_request(body),
@@ -400,7 +408,6 @@ async fn complete_inner(
     let tenant_id = caller.tenant_id()?;
     // Guardian, before anything is spent: scoped kill switches (agent, tool, provider) ...
     let guardian_started = Instant::now();
-    let agent_id = agent_of(request_headers, body);
     let tool_names: Vec<&str> = chat.tools.iter().map(|tool| tool.name.as_str()).collect();
     let facts_for_switch = RequestFacts {
         path: match format {
@@ -408,7 +415,7 @@ async fn complete_inner(
             ClientFormat::Anthropic => "/v1/messages",
         },
         method: "POST",
-        agent_id: agent_id.as_deref(),
+        agent_id,
         tool_names: &tool_names,
         model: Some(&chat.model),
     };
@@ -471,7 +478,7 @@ async fn complete_inner(
                 guardian: state.guardian.clone(),
                 tenant_id: tenant_id.to_string(),
                 identity: caller.identity.clone(),
-                agent_id: agent_id.clone(),
+                agent_id: agent_id.map(str::to_string),
                 requested_mode,
                 surface: match format {
                     ClientFormat::OpenAi => "chat_completions",
@@ -483,7 +490,7 @@ async fn complete_inner(
     }
     facts.guardian_overhead = guardian_started.elapsed();
     let config = state.routing.get(tenant_id).await?;
-    let context = budget_context(state, caller, request_headers, body).await?;
+    let context = budget_context(state, caller, agent_id, request_headers, body).await?;
     let reply_id = reply_id(request_id, format);
     let resolution = routing::resolve(&chat.model, &config.routing, &state.models, &chat, &options).map_err(route_error)?;
     let mut route = match resolution {
