@@ -1,5 +1,7 @@
 //! The Anthropic Messages format, both as clients send it and as Anthropic answers it.
 
+use std::borrow::Cow;
+
 use serde_json::{Map, Value, json};
 
 use crate::chat::fields::{optional_bool, optional_number_in, optional_positive_u32, required_array, required_string, stop_list};
@@ -207,6 +209,43 @@ fn event(name: &str, data: Value) -> String {
     format!("event: {name}\ndata: {data}\n\n")
 }
 
+/// A `content_block_delta` event (one per token or argument fragment), serialized straight from its
+/// parts: the same bytes as `event` writes from a `Value` (members in the byte order of their names).
+fn block_delta(index: usize, kind: &'static str, field: &'static str, fragment: &str) -> String {
+    #[derive(serde::Serialize)]
+    struct Data<'a> {
+        delta: DeltaData<'a>,
+        index: usize,
+        #[serde(rename = "type")]
+        kind: &'static str,
+    }
+    /// `partial_json` and `text` both sort before `type`.
+    struct DeltaData<'a> {
+        field: &'static str,
+        fragment: &'a str,
+        kind: &'static str,
+    }
+    impl serde::Serialize for DeltaData<'_> {
+        fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            use serde::ser::SerializeMap;
+            let mut map = serializer.serialize_map(Some(2))?;
+            map.serialize_entry(self.field, self.fragment)?;
+            map.serialize_entry("type", self.kind)?;
+            map.end()
+        }
+    }
+    let data = Data { delta: DeltaData { field, fragment, kind }, index, kind: "content_block_delta" };
+    let mut frame = Vec::with_capacity(128 + fragment.len());
+    frame.extend_from_slice(b"event: content_block_delta\ndata: ");
+    // Serializing strings and an integer into a buffer cannot fail.
+    if serde_json::to_writer(&mut frame, &data).is_err() {
+        tracing::error!("a stream event could not be serialized");
+    }
+    frame.extend_from_slice(b"\n\n");
+    // serde_json writes UTF-8 only; the lossy branch is never taken.
+    String::from_utf8(frame).unwrap_or_else(|error| String::from_utf8_lossy(error.as_bytes()).into_owned())
+}
+
 impl StreamWriter {
     /// A writer for one reply; `input_tokens` is the best count known at the start.
     pub fn new(id: String, model: String, input_tokens: u64) -> Self {
@@ -255,10 +294,7 @@ impl StreamWriter {
                         json!({"type": "content_block_start", "index": self.block_index, "content_block": {"type": "text", "text": ""}}),
                     ));
                 }
-                frames.push(event(
-                    "content_block_delta",
-                    json!({"type": "content_block_delta", "index": self.block_index, "delta": {"type": "text_delta", "text": text}}),
-                ));
+                frames.push(block_delta(self.block_index, "text_delta", "text", text));
             }
             ChatEvent::ToolCallStart { id, name, .. } => {
                 self.close_block(&mut frames);
@@ -270,10 +306,7 @@ impl StreamWriter {
             }
             ChatEvent::ToolCallDelta { arguments, .. } => {
                 if self.open == Some(OpenBlock::Tool) {
-                    frames.push(event(
-                        "content_block_delta",
-                        json!({"type": "content_block_delta", "index": self.block_index, "delta": {"type": "input_json_delta", "partial_json": arguments}}),
-                    ));
+                    frames.push(block_delta(self.block_index, "input_json_delta", "partial_json", arguments));
                 }
             }
             ChatEvent::Finish(reason) => self.finish = Some(*reason),
@@ -403,7 +436,70 @@ pub struct StreamReader {
 impl StreamReader {
     /// The events of one SSE event (`data` is its JSON payload).
     pub fn read(&mut self, data: &str) -> Result<Vec<ChatEvent>, String> {
+        // An event of the expected shape is read into borrowed typed parts; anything else (an error
+        // event, a member of another type) goes through the `Value` reading, which decides.
+        if let Ok(event) = serde_json::from_str::<incoming::Event<'_>>(data)
+            && let Some(events) = self.read_typed(event)
+        {
+            return Ok(events);
+        }
         let payload: Value = serde_json::from_str(data).map_err(|error| format!("undecodable stream event: {error}"))?;
+        self.read_value(&payload)
+    }
+
+    /// The events of a typed event, as `read_value` reads the same event; None for an error event.
+    fn read_typed(&mut self, event: incoming::Event<'_>) -> Option<Vec<ChatEvent>> {
+        let mut events = Vec::new();
+        match event.kind.as_deref() {
+            Some("message_start") => {
+                self.input_tokens = event.message.and_then(|message| message.usage).and_then(|usage| usage.input_tokens).unwrap_or(0);
+            }
+            Some("content_block_start") => {
+                let block = event.content_block.unwrap_or_default();
+                if block.kind.as_deref() == Some("tool_use") {
+                    self.tool_blocks.push(event.index.unwrap_or(0));
+                    events.push(ChatEvent::ToolCallStart {
+                        index: self.tool_blocks.len() - 1,
+                        id: block.id.map(Cow::into_owned).unwrap_or_default(),
+                        name: block.name.map(Cow::into_owned).unwrap_or_default(),
+                    });
+                } else if let Some(text) = block.text.filter(|text| !text.is_empty()) {
+                    events.push(ChatEvent::TextDelta(text.into_owned()));
+                }
+            }
+            Some("content_block_delta") => {
+                let delta = event.delta.unwrap_or_default();
+                match delta.kind.as_deref() {
+                    Some("text_delta") => events.push(ChatEvent::TextDelta(delta.text.map(Cow::into_owned).unwrap_or_default())),
+                    Some("input_json_delta") => {
+                        let block_index = event.index.unwrap_or(0);
+                        let index = self.tool_blocks.iter().position(|block| *block == block_index).unwrap_or(0);
+                        if let Some(arguments) = delta.partial_json.filter(|arguments| !arguments.is_empty()) {
+                            events.push(ChatEvent::ToolCallDelta { index, arguments: arguments.into_owned() });
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            Some("message_delta") => {
+                if let Some(reason) = event.delta.and_then(|delta| delta.stop_reason) {
+                    events.push(ChatEvent::Finish(parse_stop(&reason)));
+                }
+                // A `usage` member counts even when null, as `read_value` counts it.
+                if let Some(usage) = event.usage {
+                    let usage = usage.unwrap_or_default();
+                    let input_tokens = usage.input_tokens.unwrap_or(self.input_tokens);
+                    events.push(ChatEvent::Usage(Usage { input_tokens, output_tokens: usage.output_tokens.unwrap_or(0) }));
+                }
+            }
+            Some("error") => return None,
+            _ => {}
+        }
+        Some(events)
+    }
+
+    /// The events of an SSE event read as a `Value` (any shape).
+    fn read_value(&mut self, payload: &Value) -> Result<Vec<ChatEvent>, String> {
         let mut events = Vec::new();
         match payload.get("type").and_then(Value::as_str) {
             Some("message_start") => {
@@ -457,10 +553,130 @@ impl StreamReader {
     }
 }
 
+/// An Anthropic stream event of the expected shape, borrowing its strings.
+mod incoming {
+    use std::borrow::Cow;
+
+    use serde::{Deserialize, Deserializer};
+
+    #[derive(Deserialize)]
+    pub(super) struct Event<'a> {
+        #[serde(rename = "type", borrow, default)]
+        pub kind: Option<Cow<'a, str>>,
+        #[serde(default)]
+        pub index: Option<u64>,
+        #[serde(default)]
+        pub message: Option<Message>,
+        #[serde(borrow, default)]
+        pub content_block: Option<Block<'a>>,
+        #[serde(borrow, default)]
+        pub delta: Option<Delta<'a>>,
+        /// Present (even as null) or absent.
+        #[serde(default, deserialize_with = "present")]
+        pub usage: Option<Option<Usage>>,
+    }
+
+    #[derive(Deserialize)]
+    pub(super) struct Message {
+        #[serde(default)]
+        pub usage: Option<Usage>,
+    }
+
+    #[derive(Deserialize, Default)]
+    pub(super) struct Block<'a> {
+        #[serde(rename = "type", borrow, default)]
+        pub kind: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        pub id: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        pub name: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        pub text: Option<Cow<'a, str>>,
+    }
+
+    #[derive(Deserialize, Default)]
+    pub(super) struct Delta<'a> {
+        #[serde(rename = "type", borrow, default)]
+        pub kind: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        pub text: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        pub partial_json: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        pub stop_reason: Option<Cow<'a, str>>,
+    }
+
+    #[derive(Deserialize, Default)]
+    pub(super) struct Usage {
+        #[serde(default)]
+        pub input_tokens: Option<u64>,
+        #[serde(default)]
+        pub output_tokens: Option<u64>,
+    }
+
+    fn present<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Option<Usage>>, D::Error> {
+        Option::<Usage>::deserialize(deserializer).map(Some)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::chat::{ReplyAssembler, reply_events};
+
+    #[test]
+    fn block_deltas_read_byte_for_byte_as_the_value_built_ones() {
+        let text = "h\u{e9}llo \"quoted\" \\ \n\t\u{1}";
+        assert_eq!(
+            block_delta(3, "text_delta", "text", text),
+            event("content_block_delta", json!({"type": "content_block_delta", "index": 3, "delta": {"type": "text_delta", "text": text}}))
+        );
+        assert_eq!(
+            block_delta(0, "input_json_delta", "partial_json", "{\"q\":"),
+            event(
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta", "partial_json": "{\"q\":"}})
+            )
+        );
+    }
+
+    #[test]
+    fn typed_stream_events_read_as_their_value_trees_do() -> Result<(), serde_json::Error> {
+        let stream = [
+            r#"{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","content":[],"model":"claude","usage":{"input_tokens":12,"output_tokens":1}}}"#,
+            r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
+            r#"{"type":"ping"}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"h\u00e9llo \"x\""}}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta"}}"#,
+            r#"{"type":"content_block_stop","index":0}"#,
+            r#"{"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"toolu_1","name":"lookup","input":{}}}"#,
+            r#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\"q\":"}}"#,
+            r#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":""}}"#,
+            r#"{"type":"content_block_start","index":2,"content_block":{"type":"text","text":"more"}}"#,
+            r#"{"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null},"usage":{"output_tokens":7}}"#,
+            r#"{"type":"message_delta","delta":{"stop_reason":null},"usage":null}"#,
+            r#"{"type":"message_delta","delta":{}}"#,
+            r#"{"type":"message_stop"}"#,
+            r#"{}"#,
+        ];
+        let (mut typed, mut by_value) = (StreamReader::default(), StreamReader::default());
+        for data in stream {
+            let event: incoming::Event<'_> = serde_json::from_str(data)?;
+            assert_eq!(typed.read_typed(event), by_value.read_value(&serde_json::from_str(data)?).ok(), "{data}");
+        }
+        // Events the typed reading does not take read as their `Value`s do.
+        for data in [
+            r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
+            r#"{"type":7}"#,
+            r#"{"type":"content_block_delta","index":-1,"delta":{"type":"text_delta","text":"a"}}"#,
+            r#"{"type":"message_delta","usage":3}"#,
+            r#"{"type":"message_start","message":{"usage":{"input_tokens":1.5}}}"#,
+        ] {
+            let (mut direct, mut by_value) = (StreamReader::default(), StreamReader::default());
+            assert_eq!(direct.read(data), by_value.read_value(&serde_json::from_str(data)?), "{data}");
+        }
+        Ok(())
+    }
 
     #[test]
     fn client_bodies_are_validated() {

@@ -279,15 +279,23 @@ impl StreamWriter {
         StreamWriter { id, model, created, include_usage, started: false, finish: None, usage: None }
     }
 
-    fn chunk(&self, delta: Value, finish: Value) -> String {
-        let chunk = json!({
-            "id": self.id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": null}],
-        });
-        format!("data: {chunk}\n\n")
+    /// One `data:` frame, serialized straight from borrowed parts (no `Value` tree per chunk).
+    fn frame(&self, choices: &[chunk::Choice<'_>], usage: Option<chunk::Usage>) -> String {
+        let chunk =
+            chunk::Chunk { choices, created: self.created, id: &self.id, model: &self.model, object: "chat.completion.chunk", usage };
+        let mut frame = Vec::with_capacity(256);
+        frame.extend_from_slice(b"data: ");
+        // Serializing borrowed strings and integers into a buffer cannot fail.
+        if serde_json::to_writer(&mut frame, &chunk).is_err() {
+            tracing::error!("a stream chunk could not be serialized");
+        }
+        frame.extend_from_slice(b"\n\n");
+        // serde_json writes UTF-8 only; the lossy branch is never taken.
+        String::from_utf8(frame).unwrap_or_else(|error| String::from_utf8_lossy(error.as_bytes()).into_owned())
+    }
+
+    fn chunk(&self, delta: chunk::Delta<'_>, finish_reason: Option<&'static str>) -> String {
+        self.frame(&[chunk::Choice { delta, finish_reason, index: 0, logprobs: None }], None)
     }
 
     /// The opening frame (the assistant's role), once: a relay sends it as soon as the provider
@@ -296,7 +304,7 @@ impl StreamWriter {
         let mut frames = Vec::new();
         if !self.started {
             self.started = true;
-            frames.push(self.chunk(json!({"role": "assistant", "content": ""}), Value::Null));
+            frames.push(self.chunk(chunk::Delta { content: Some(""), role: Some("assistant"), ..chunk::Delta::default() }, None));
         }
         frames
     }
@@ -305,13 +313,21 @@ impl StreamWriter {
     pub fn write(&mut self, event: &ChatEvent) -> Vec<String> {
         let mut frames = self.begin();
         match event {
-            ChatEvent::TextDelta(text) => frames.push(self.chunk(json!({"content": text}), Value::Null)),
-            ChatEvent::ToolCallStart { index, id, name } => frames.push(self.chunk(
-                json!({"tool_calls": [{"index": index, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}]}),
-                Value::Null,
-            )),
+            ChatEvent::TextDelta(text) => {
+                frames.push(self.chunk(chunk::Delta { content: Some(text.as_str()), ..chunk::Delta::default() }, None))
+            }
+            ChatEvent::ToolCallStart { index, id, name } => {
+                let call = chunk::ToolCall {
+                    function: chunk::Function { arguments: "", name: Some(name.as_str()) },
+                    id: Some(id.as_str()),
+                    index: *index,
+                    kind: Some("function"),
+                };
+                frames.push(self.chunk(chunk::Delta { tool_calls: Some([call]), ..chunk::Delta::default() }, None));
+            }
             ChatEvent::ToolCallDelta { index, arguments } => {
-                frames.push(self.chunk(json!({"tool_calls": [{"index": index, "function": {"arguments": arguments}}]}), Value::Null))
+                let call = chunk::ToolCall { function: chunk::Function { arguments, name: None }, id: None, index: *index, kind: None };
+                frames.push(self.chunk(chunk::Delta { tool_calls: Some([call]), ..chunk::Delta::default() }, None));
             }
             ChatEvent::Finish(reason) => self.finish = Some(*reason),
             ChatEvent::Usage(usage) => self.usage = Some(*usage),
@@ -322,21 +338,79 @@ impl StreamWriter {
     /// The closing frames: the finish chunk, the usage chunk when asked for, and `[DONE]`.
     pub fn end(&mut self) -> Vec<String> {
         let mut frames = self.begin();
-        frames.push(self.chunk(json!({}), json!(finish_reason(self.finish.unwrap_or(FinishReason::Stop)))));
+        frames.push(self.chunk(chunk::Delta::default(), Some(finish_reason(self.finish.unwrap_or(FinishReason::Stop)))));
         if self.include_usage {
             let usage = self.usage.unwrap_or_default();
-            let chunk = json!({
-                "id": self.id,
-                "object": "chat.completion.chunk",
-                "created": self.created,
-                "model": self.model,
-                "choices": [],
-                "usage": {"prompt_tokens": usage.input_tokens, "completion_tokens": usage.output_tokens, "total_tokens": usage.input_tokens + usage.output_tokens},
-            });
-            frames.push(format!("data: {chunk}\n\n"));
+            let usage = chunk::Usage {
+                completion_tokens: usage.output_tokens,
+                prompt_tokens: usage.input_tokens,
+                total_tokens: usage.input_tokens + usage.output_tokens,
+            };
+            frames.push(self.frame(&[], Some(usage)));
         }
         frames.push("data: [DONE]\n\n".to_string());
         frames
+    }
+}
+
+/// A `chat.completion.chunk` as the client receives it. Members are declared in the byte order of
+/// their names, the order the earlier `Value`-built chunks had (serde_json's maps sort their keys), so
+/// a frame reads the same byte for byte.
+mod chunk {
+    use serde::Serialize;
+
+    #[derive(Serialize)]
+    pub(super) struct Chunk<'a> {
+        pub choices: &'a [Choice<'a>],
+        pub created: i64,
+        pub id: &'a str,
+        pub model: &'a str,
+        pub object: &'static str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub usage: Option<Usage>,
+    }
+
+    #[derive(Serialize)]
+    pub(super) struct Choice<'a> {
+        pub delta: Delta<'a>,
+        pub finish_reason: Option<&'static str>,
+        pub index: u32,
+        /// Always `null`.
+        pub logprobs: Option<()>,
+    }
+
+    #[derive(Serialize, Default)]
+    pub(super) struct Delta<'a> {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub content: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub role: Option<&'static str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub tool_calls: Option<[ToolCall<'a>; 1]>,
+    }
+
+    #[derive(Serialize)]
+    pub(super) struct ToolCall<'a> {
+        pub function: Function<'a>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub id: Option<&'a str>,
+        pub index: usize,
+        #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+        pub kind: Option<&'static str>,
+    }
+
+    #[derive(Serialize)]
+    pub(super) struct Function<'a> {
+        pub arguments: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub name: Option<&'a str>,
+    }
+
+    #[derive(Serialize)]
+    pub(super) struct Usage {
+        pub completion_tokens: u64,
+        pub prompt_tokens: u64,
+        pub total_tokens: u64,
     }
 }
 
@@ -719,37 +793,148 @@ impl StreamReader {
         if data.trim() == "[DONE]" {
             return Ok(Vec::new());
         }
+        // A chunk of the expected shape is read into borrowed typed parts; anything else (an error,
+        // a member of another type) goes through the `Value` reading below, which decides.
+        if let Ok(chunk) = serde_json::from_str::<incoming::Chunk<'_>>(data)
+            && !chunk.error
+        {
+            return Ok(chunk.events());
+        }
         let chunk: Value = serde_json::from_str(data).map_err(|error| format!("undecodable stream chunk: {error}"))?;
-        if let Some(error) = chunk.get("error") {
-            return Err(format!("provider stream error: {error}"));
+        read_value(&chunk)
+    }
+}
+
+/// The events of a stream chunk read as a `Value` (any shape).
+fn read_value(chunk: &Value) -> Result<Vec<ChatEvent>, String> {
+    if let Some(error) = chunk.get("error") {
+        return Err(format!("provider stream error: {error}"));
+    }
+    let mut events = Vec::new();
+    if let Some(choice) = chunk.pointer("/choices/0") {
+        let delta = choice.get("delta").unwrap_or(&Value::Null);
+        if let Some(text) = delta.get("content").and_then(Value::as_str).filter(|text| !text.is_empty()) {
+            events.push(ChatEvent::TextDelta(text.to_string()));
         }
-        let mut events = Vec::new();
-        if let Some(choice) = chunk.pointer("/choices/0") {
-            let delta = choice.get("delta").unwrap_or(&Value::Null);
-            if let Some(text) = delta.get("content").and_then(Value::as_str).filter(|text| !text.is_empty()) {
-                events.push(ChatEvent::TextDelta(text.to_string()));
+        for call in delta.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
+            let index = call.get("index").and_then(Value::as_u64).and_then(|index| usize::try_from(index).ok()).unwrap_or(0);
+            let name = call.pointer("/function/name").and_then(Value::as_str);
+            if let Some(name) = name.filter(|name| !name.is_empty()) {
+                let id = call.get("id").and_then(Value::as_str).unwrap_or_default().to_string();
+                events.push(ChatEvent::ToolCallStart { index, id, name: name.to_string() });
             }
-            for call in delta.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
-                let index = call.get("index").and_then(Value::as_u64).and_then(|index| usize::try_from(index).ok()).unwrap_or(0);
-                let name = call.pointer("/function/name").and_then(Value::as_str);
-                if let Some(name) = name.filter(|name| !name.is_empty()) {
-                    let id = call.get("id").and_then(Value::as_str).unwrap_or_default().to_string();
-                    events.push(ChatEvent::ToolCallStart { index, id, name: name.to_string() });
+            if let Some(arguments) = call.pointer("/function/arguments").and_then(Value::as_str).filter(|arguments| !arguments.is_empty()) {
+                events.push(ChatEvent::ToolCallDelta { index, arguments: arguments.to_string() });
+            }
+        }
+        if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
+            events.push(ChatEvent::Finish(parse_finish(reason)));
+        }
+    }
+    if chunk.get("usage").is_some_and(Value::is_object) {
+        events.push(ChatEvent::Usage(usage_of(chunk.get("usage"))));
+    }
+    Ok(events)
+}
+
+/// A provider's stream chunk of the expected shape, borrowing its strings: the events read from it
+/// are the ones `StreamReader::read` reads from the same chunk as a `Value`.
+mod incoming {
+    use std::borrow::Cow;
+
+    use serde::Deserialize;
+    use serde::de::IgnoredAny;
+
+    use crate::chat::{ChatEvent, Usage};
+
+    #[derive(Deserialize)]
+    pub(super) struct Chunk<'a> {
+        #[serde(borrow, default)]
+        choices: Option<Vec<Choice<'a>>>,
+        /// Whether the chunk has an `error` member, whatever its value (`null` included).
+        #[serde(default, deserialize_with = "present")]
+        pub error: bool,
+        #[serde(default)]
+        usage: Option<ChunkUsage>,
+    }
+
+    #[derive(Deserialize)]
+    struct Choice<'a> {
+        #[serde(borrow, default)]
+        delta: Option<Delta<'a>>,
+        #[serde(borrow, default)]
+        finish_reason: Option<Cow<'a, str>>,
+    }
+
+    #[derive(Deserialize)]
+    struct Delta<'a> {
+        #[serde(borrow, default)]
+        content: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        tool_calls: Option<Vec<ToolCall<'a>>>,
+    }
+
+    #[derive(Deserialize)]
+    struct ToolCall<'a> {
+        #[serde(default)]
+        index: Option<u64>,
+        #[serde(borrow, default)]
+        id: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        function: Option<Function<'a>>,
+    }
+
+    #[derive(Deserialize)]
+    struct Function<'a> {
+        #[serde(borrow, default)]
+        name: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        arguments: Option<Cow<'a, str>>,
+    }
+
+    #[derive(Deserialize)]
+    struct ChunkUsage {
+        #[serde(default)]
+        prompt_tokens: Option<u64>,
+        #[serde(default)]
+        completion_tokens: Option<u64>,
+    }
+
+    fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<bool, D::Error> {
+        IgnoredAny::deserialize(deserializer).map(|_| true)
+    }
+
+    impl Chunk<'_> {
+        pub(super) fn events(self) -> Vec<ChatEvent> {
+            let mut events = Vec::new();
+            if let Some(choice) = self.choices.and_then(|choices| choices.into_iter().next()) {
+                let delta = choice.delta.unwrap_or(Delta { content: None, tool_calls: None });
+                if let Some(text) = delta.content.filter(|text| !text.is_empty()) {
+                    events.push(ChatEvent::TextDelta(text.into_owned()));
                 }
-                if let Some(arguments) =
-                    call.pointer("/function/arguments").and_then(Value::as_str).filter(|arguments| !arguments.is_empty())
-                {
-                    events.push(ChatEvent::ToolCallDelta { index, arguments: arguments.to_string() });
+                for call in delta.tool_calls.into_iter().flatten() {
+                    let index = call.index.and_then(|index| usize::try_from(index).ok()).unwrap_or(0);
+                    let function = call.function.unwrap_or(Function { name: None, arguments: None });
+                    if let Some(name) = function.name.filter(|name| !name.is_empty()) {
+                        let id = call.id.map(Cow::into_owned).unwrap_or_default();
+                        events.push(ChatEvent::ToolCallStart { index, id, name: name.into_owned() });
+                    }
+                    if let Some(arguments) = function.arguments.filter(|arguments| !arguments.is_empty()) {
+                        events.push(ChatEvent::ToolCallDelta { index, arguments: arguments.into_owned() });
+                    }
+                }
+                if let Some(reason) = choice.finish_reason {
+                    events.push(ChatEvent::Finish(super::parse_finish(&reason)));
                 }
             }
-            if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
-                events.push(ChatEvent::Finish(parse_finish(reason)));
+            if let Some(usage) = self.usage {
+                events.push(ChatEvent::Usage(Usage {
+                    input_tokens: usage.prompt_tokens.unwrap_or(0),
+                    output_tokens: usage.completion_tokens.unwrap_or(0),
+                }));
             }
+            events
         }
-        if chunk.get("usage").is_some_and(Value::is_object) {
-            events.push(ChatEvent::Usage(usage_of(chunk.get("usage"))));
-        }
-        Ok(events)
     }
 }
 
@@ -757,6 +942,92 @@ impl StreamReader {
 mod tests {
     use super::*;
     use crate::chat::{ReplyAssembler, reply_events};
+
+    /// A chunk as the writer built it before it serialized typed parts: a `Value` tree.
+    fn value_chunk(delta: Value, finish: Value) -> String {
+        let chunk = json!({
+            "id": "chatcmpl-1",
+            "object": "chat.completion.chunk",
+            "created": 1_700_000_000,
+            "model": "openai/gpt-4o-mini",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": null}],
+        });
+        format!("data: {chunk}\n\n")
+    }
+
+    #[test]
+    fn typed_stream_chunks_read_as_their_value_trees_do() -> Result<(), serde_json::Error> {
+        let chunks = [
+            r#"{"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}"#,
+            r#"{"choices":[{"delta":{"content":"h\u00e9llo \"x\""},"finish_reason":null}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":1,"id":"call_1","type":"function","function":{"name":"lookup","arguments":""}}]}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":1,"function":{"arguments":"{\"q\":1}"}}]}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"function":{"name":"","arguments":"x"}}]}}]}"#,
+            r#"{"choices":[{"delta":{},"finish_reason":"tool_calls"}],"usage":null}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":5,"total_tokens":15}}"#,
+            r#"{"choices":[{"delta":null,"finish_reason":"length"}],"usage":{"prompt_tokens":3}}"#,
+            r#"{"choices":null}"#,
+            r#"{}"#,
+        ];
+        for data in chunks {
+            let typed: incoming::Chunk<'_> = serde_json::from_str(data)?;
+            assert!(!typed.error, "{data}");
+            assert_eq!(Ok(typed.events()), read_value(&serde_json::from_str(data)?), "{data}");
+        }
+        // Chunks the typed reading does not take read as their `Value`s do: an error member (even
+        // null), members of other types, a negative index.
+        for data in [
+            r#"{"error":{"message":"overloaded"}}"#,
+            r#"{"error":null,"choices":[]}"#,
+            r#"{"choices":[{"delta":{"content":7}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":-1,"function":{"name":"f"}}]}}]}"#,
+            r#"{"choices":[{"delta":{"content":"a"}}],"usage":{"prompt_tokens":1.5}}"#,
+            r#"{"choices":[{"delta":{"content":"a"}},{"delta":"b"}]}"#,
+        ] {
+            let typed = serde_json::from_str::<incoming::Chunk<'_>>(data);
+            assert!(typed.map_or(true, |chunk| chunk.error), "{data}");
+            assert_eq!(StreamReader.read(data), read_value(&serde_json::from_str(data)?), "{data}");
+        }
+        assert_eq!(StreamReader.read(r#"{"error":null}"#), Err("provider stream error: null".to_string()));
+        assert_eq!(StreamReader.read(r#"{"choices":[{"delta":{"content":7}}]}"#), Ok(Vec::new()));
+        Ok(())
+    }
+
+    #[test]
+    fn stream_frames_read_byte_for_byte_as_the_value_built_ones() {
+        let mut writer = StreamWriter::new("chatcmpl-1".to_string(), "openai/gpt-4o-mini".to_string(), 1_700_000_000, true);
+        let text = "h\u{e9}llo \"quoted\" \\ \n\t\u{1}";
+        let events = [
+            ChatEvent::TextDelta(text.to_string()),
+            ChatEvent::ToolCallStart { index: 1, id: "call_1".to_string(), name: "lookup".to_string() },
+            ChatEvent::ToolCallDelta { index: 1, arguments: "{\"q\":\"TCK-42\"}".to_string() },
+            ChatEvent::Finish(FinishReason::ToolCalls),
+            ChatEvent::Usage(Usage { input_tokens: 10, output_tokens: 5 }),
+        ];
+        let mut frames: Vec<String> = events.iter().flat_map(|event| writer.write(event)).collect();
+        frames.extend(writer.end());
+        let usage = json!({
+            "id": "chatcmpl-1",
+            "object": "chat.completion.chunk",
+            "created": 1_700_000_000,
+            "model": "openai/gpt-4o-mini",
+            "choices": [],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+        });
+        let expected = vec![
+            value_chunk(json!({"role": "assistant", "content": ""}), Value::Null),
+            value_chunk(json!({"content": text}), Value::Null),
+            value_chunk(
+                json!({"tool_calls": [{"index": 1, "id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": ""}}]}),
+                Value::Null,
+            ),
+            value_chunk(json!({"tool_calls": [{"index": 1, "function": {"arguments": "{\"q\":\"TCK-42\"}"}}]}), Value::Null),
+            value_chunk(json!({}), json!("tool_calls")),
+            format!("data: {usage}\n\n"),
+            "data: [DONE]\n\n".to_string(),
+        ];
+        assert_eq!(frames, expected);
+    }
 
     #[test]
     fn client_bodies_are_validated() {
