@@ -21,12 +21,16 @@ impl SseParser {
     pub fn push(&mut self, bytes: &[u8]) -> Vec<SseEvent> {
         self.buffer.extend_from_slice(bytes);
         let mut events = Vec::new();
-        while let Some((end, separator)) = find_event_end(&self.buffer) {
-            let block: Vec<u8> = self.buffer.drain(..end + separator).collect();
-            if let Some(event) = parse_block(&block[..end]) {
+        // Events are parsed where they lie; what they used is dropped from the buffer once, after
+        // the last (a read often carries many events: draining each moved the rest every time).
+        let mut start = 0;
+        while let Some((end, separator)) = find_event_end(&self.buffer[start..]) {
+            if let Some(event) = parse_block(&self.buffer[start..start + end]) {
                 events.push(event);
             }
+            start += end + separator;
         }
+        self.buffer.drain(..start);
         events
     }
 
@@ -52,26 +56,39 @@ fn find_event_end(buffer: &[u8]) -> Option<(usize, usize)> {
 }
 
 fn parse_block(block: &[u8]) -> Option<SseEvent> {
-    let text = String::from_utf8_lossy(block);
     let mut event = None;
-    let mut data: Vec<&str> = Vec::new();
-    for line in text.lines() {
-        let line = line.strip_suffix('\r').unwrap_or(line);
-        if line.starts_with(':') {
+    // The data lines joined by newlines, written as they come.
+    let mut data = String::new();
+    let mut data_lines = 0_usize;
+    // Lines split at `\n` with up to two `\r`s before it dropped; fields and values split at ASCII
+    // bytes, so each part decodes (lossily) as it would within the whole block.
+    for line in block.split(|byte| *byte == b'\n') {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.first() == Some(&b':') {
             continue;
         }
-        let (field, value) = line.split_once(':').unwrap_or((line, ""));
-        let value = value.strip_prefix(' ').unwrap_or(value);
+        let (field, value) = match line.iter().position(|byte| *byte == b':') {
+            Some(colon) => (&line[..colon], &line[colon + 1..]),
+            None => (line, &[][..]),
+        };
+        let value = value.strip_prefix(b" ").unwrap_or(value);
         match field {
-            "event" => event = Some(value.to_string()),
-            "data" => data.push(value),
+            b"event" => event = Some(String::from_utf8_lossy(value).into_owned()),
+            b"data" => {
+                if data_lines > 0 {
+                    data.push('\n');
+                }
+                data.push_str(&String::from_utf8_lossy(value));
+                data_lines += 1;
+            }
             _ => {}
         }
     }
-    if event.is_none() && data.is_empty() {
+    if event.is_none() && data_lines == 0 {
         return None;
     }
-    Some(SseEvent { event, data: data.join("\n") })
+    Some(SseEvent { event, data })
 }
 
 #[cfg(test)]
@@ -91,6 +108,19 @@ mod tests {
                 SseEvent { event: None, data: "[DONE]".to_string() },
             ]
         );
+        // Several data lines join with newlines; an empty data line still makes an event.
+        let events = parser.push(b"data: a\ndata:\ndata: b\n\ndata:\n\nevent: ping\n\n");
+        assert_eq!(
+            events,
+            vec![
+                SseEvent { event: None, data: "a\n\nb".to_string() },
+                SseEvent { event: None, data: String::new() },
+                SseEvent { event: Some("ping".to_string()), data: String::new() },
+            ]
+        );
+        // Carriage returns before the newline, and bytes that are not UTF-8, read as before.
+        let events = parser.push(b"data: x\r\r\ndata: \xff\xfe!\n\n");
+        assert_eq!(events, vec![SseEvent { event: None, data: "x\n\u{fffd}\u{fffd}!".to_string() }]);
         assert!(parser.push(b"data: tail").is_empty());
         assert_eq!(parser.finish().map(|event| event.data), Some("tail".to_string()));
     }
