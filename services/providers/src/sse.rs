@@ -56,30 +56,25 @@ fn find_event_end(buffer: &[u8]) -> Option<(usize, usize)> {
 }
 
 fn parse_block(block: &[u8]) -> Option<SseEvent> {
+    let text = String::from_utf8_lossy(block);
     let mut event = None;
     // The data lines joined by newlines, written as they come.
     let mut data = String::new();
     let mut data_lines = 0_usize;
-    // Lines split at `\n` with up to two `\r`s before it dropped; fields and values split at ASCII
-    // bytes, so each part decodes (lossily) as it would within the whole block.
-    for line in block.split(|byte| *byte == b'\n') {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        if line.first() == Some(&b':') {
+    for line in text.lines() {
+        let line = line.strip_suffix('\r').unwrap_or(line);
+        if line.starts_with(':') {
             continue;
         }
-        let (field, value) = match line.iter().position(|byte| *byte == b':') {
-            Some(colon) => (&line[..colon], &line[colon + 1..]),
-            None => (line, &[][..]),
-        };
-        let value = value.strip_prefix(b" ").unwrap_or(value);
+        let (field, value) = line.split_once(':').unwrap_or((line, ""));
+        let value = value.strip_prefix(' ').unwrap_or(value);
         match field {
-            b"event" => event = Some(String::from_utf8_lossy(value).into_owned()),
-            b"data" => {
+            "event" => event = Some(value.to_string()),
+            "data" => {
                 if data_lines > 0 {
                     data.push('\n');
                 }
-                data.push_str(&String::from_utf8_lossy(value));
+                data.push_str(value);
                 data_lines += 1;
             }
             _ => {}
