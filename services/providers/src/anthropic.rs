@@ -401,6 +401,15 @@ pub fn build_request(request: &ChatRequest, upstream_model: &str, default_max_to
 }
 
 /// Reads Anthropic's `message`.
+/// A whole reply from its body: a reply of the expected shape is read into borrowed typed parts, any
+/// other through its `Value` (`parse_reply`), which decides.
+pub fn parse_reply_body(body: &[u8]) -> Result<ChatReply, String> {
+    if let Ok(reply) = serde_json::from_slice::<incoming::Reply<'_>>(body) {
+        return Ok(reply.into_reply());
+    }
+    serde_json::from_slice::<Value>(body).map_err(|error| error.to_string()).and_then(|body| parse_reply(&body))
+}
+
 pub fn parse_reply(body: &Value) -> Result<ChatReply, String> {
     let content = body.get("content").and_then(Value::as_array).ok_or("no content in the provider's reply")?;
     let mut parts = Vec::new();
@@ -617,12 +626,103 @@ mod incoming {
     fn present<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Option<Usage>>, D::Error> {
         Option::<Usage>::deserialize(deserializer).map(Some)
     }
+
+    /// A whole reply of the expected shape.
+    #[derive(Deserialize)]
+    pub(super) struct Reply<'a> {
+        #[serde(borrow)]
+        content: Vec<ReplyBlock<'a>>,
+        #[serde(borrow, default)]
+        id: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        model: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        stop_reason: Option<Cow<'a, str>>,
+        #[serde(default)]
+        usage: Option<Usage>,
+    }
+
+    #[derive(Deserialize)]
+    struct ReplyBlock<'a> {
+        #[serde(rename = "type", borrow, default)]
+        kind: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        text: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        id: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        name: Option<Cow<'a, str>>,
+        /// Present (even as null) or absent.
+        #[serde(default, deserialize_with = "present_value")]
+        input: Option<serde_json::Value>,
+    }
+
+    fn present_value<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<serde_json::Value>, D::Error> {
+        serde_json::Value::deserialize(deserializer).map(Some)
+    }
+
+    impl Reply<'_> {
+        /// The reply `parse_reply` reads from the same body as a `Value`.
+        pub(super) fn into_reply(self) -> crate::chat::ChatReply {
+            use crate::chat::{ChatReply, Part};
+            let owned = |text: Option<Cow<'_, str>>| text.map(Cow::into_owned).unwrap_or_default();
+            let mut parts = Vec::new();
+            for block in self.content {
+                match block.kind.as_deref() {
+                    Some("text") => parts.push(Part::Text(owned(block.text))),
+                    Some("tool_use") => parts.push(Part::ToolCall {
+                        id: owned(block.id),
+                        name: owned(block.name),
+                        arguments: block.input.map_or_else(|| "{}".to_string(), |input| input.to_string()),
+                    }),
+                    _ => {}
+                }
+            }
+            let usage = self.usage.unwrap_or_default();
+            ChatReply {
+                id: owned(self.id),
+                model: owned(self.model),
+                parts,
+                finish: super::parse_stop(self.stop_reason.as_deref().unwrap_or("end_turn")),
+                usage: crate::chat::Usage {
+                    input_tokens: usage.input_tokens.unwrap_or(0),
+                    output_tokens: usage.output_tokens.unwrap_or(0),
+                },
+            }
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::chat::{ReplyAssembler, reply_events};
+
+    #[test]
+    fn typed_replies_read_as_their_value_trees_do() -> Result<(), serde_json::Error> {
+        let typed = [
+            r#"{"id":"msg_1","type":"message","role":"assistant","model":"claude","content":[{"type":"text","text":"h\u00e9llo"},{"type":"tool_use","id":"toolu_1","name":"lookup","input":{"z":1,"a":[true,null]}}],"stop_reason":"tool_use","usage":{"input_tokens":12,"output_tokens":7}}"#,
+            r#"{"content":[{"type":"tool_use","name":"f","input":null},{"type":"tool_use","name":"g"},{"type":"thinking","thinking":"x"},{"text":"untyped"}],"stop_reason":null,"usage":null}"#,
+            r#"{"content":[],"usage":{"input_tokens":3}}"#,
+        ];
+        for body in typed {
+            let reply: incoming::Reply<'_> = serde_json::from_str(body)?;
+            assert_eq!(Ok(reply.into_reply()), parse_reply(&serde_json::from_str(body)?), "{body}");
+        }
+        // Bodies the typed reading does not take read as their `Value`s do.
+        for body in [
+            r#"{"content":null}"#,
+            r#"{"id":"m"}"#,
+            r#"{"content":["text"],"id":"m"}"#,
+            r#"{"content":[{"type":"text","text":5}]}"#,
+            r#"{"content":[],"usage":{"input_tokens":-1}}"#,
+        ] {
+            assert!(serde_json::from_str::<incoming::Reply<'_>>(body).is_err(), "{body}");
+            assert_eq!(parse_reply_body(body.as_bytes()), parse_reply(&serde_json::from_str(body)?), "{body}");
+        }
+        assert!(parse_reply_body(b"not json").is_err());
+        Ok(())
+    }
 
     #[test]
     fn block_deltas_read_byte_for_byte_as_the_value_built_ones() {

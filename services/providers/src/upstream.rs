@@ -253,7 +253,7 @@ impl UpstreamClient {
         let tree = || serde_json::from_slice::<Value>(&body).map_err(|error| error.to_string());
         let reply = match target.provider.format {
             WireFormat::OpenAi => openai::parse_reply(&body),
-            WireFormat::Anthropic => tree().and_then(|body| anthropic::parse_reply(&body)),
+            WireFormat::Anthropic => anthropic::parse_reply_body(&body),
             WireFormat::Gemini => tree().and_then(|body| gemini::parse_reply(&body, target.model)),
         };
         reply.map_err(UpstreamError::Decode)
