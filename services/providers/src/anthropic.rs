@@ -400,7 +400,6 @@ pub fn build_request(request: &ChatRequest, upstream_model: &str, default_max_to
     Value::Object(body)
 }
 
-/// Reads Anthropic's `message`.
 /// A whole reply from its body: a reply of the expected shape is read into borrowed typed parts, any
 /// other through its `Value` (`parse_reply`), which decides.
 pub fn parse_reply_body(body: &[u8]) -> Result<ChatReply, String> {
@@ -410,6 +409,7 @@ pub fn parse_reply_body(body: &[u8]) -> Result<ChatReply, String> {
     serde_json::from_slice::<Value>(body).map_err(|error| error.to_string()).and_then(|body| parse_reply(&body))
 }
 
+/// Reads Anthropic's `message`.
 pub fn parse_reply(body: &Value) -> Result<ChatReply, String> {
     let content = body.get("content").and_then(Value::as_array).ok_or("no content in the provider's reply")?;
     let mut parts = Vec::new();
