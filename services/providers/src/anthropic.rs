@@ -219,31 +219,19 @@ fn block_delta(index: usize, kind: &'static str, field: &'static str, fragment: 
         #[serde(rename = "type")]
         kind: &'static str,
     }
-    /// `partial_json` and `text` both sort before `type`.
+    /// The fragment under its field's name (`partial_json` or `text`); both sort before `type`.
+    #[derive(serde::Serialize)]
     struct DeltaData<'a> {
-        field: &'static str,
-        fragment: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        partial_json: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        text: Option<&'a str>,
+        #[serde(rename = "type")]
         kind: &'static str,
     }
-    impl serde::Serialize for DeltaData<'_> {
-        fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-            use serde::ser::SerializeMap;
-            let mut map = serializer.serialize_map(Some(2))?;
-            map.serialize_entry(self.field, self.fragment)?;
-            map.serialize_entry("type", self.kind)?;
-            map.end()
-        }
-    }
-    let data = Data { delta: DeltaData { field, fragment, kind }, index, kind: "content_block_delta" };
-    let mut frame = Vec::with_capacity(128 + fragment.len());
-    frame.extend_from_slice(b"event: content_block_delta\ndata: ");
-    // Serializing strings and an integer into a buffer cannot fail.
-    if serde_json::to_writer(&mut frame, &data).is_err() {
-        tracing::error!("a stream event could not be serialized");
-    }
-    frame.extend_from_slice(b"\n\n");
-    // serde_json writes UTF-8 only; the lossy branch is never taken.
-    String::from_utf8(frame).unwrap_or_else(|error| String::from_utf8_lossy(error.as_bytes()).into_owned())
+    let (partial_json, text) = if field == "partial_json" { (Some(fragment), None) } else { (None, Some(fragment)) };
+    let data = Data { delta: DeltaData { partial_json, text, kind }, index, kind: "content_block_delta" };
+    crate::sse::frame("event: content_block_delta\ndata: ", &data)
 }
 
 impl StreamWriter {
@@ -623,8 +611,10 @@ mod incoming {
         pub output_tokens: Option<u64>,
     }
 
-    fn present<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Option<Usage>>, D::Error> {
-        Option::<Usage>::deserialize(deserializer).map(Some)
+    /// A member that is there, whatever its value (`null` included): Some; an absent one is None
+    /// (with `#[serde(default)]`).
+    fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(deserializer: D) -> Result<Option<T>, D::Error> {
+        T::deserialize(deserializer).map(Some)
     }
 
     /// A whole reply of the expected shape.
@@ -653,12 +643,8 @@ mod incoming {
         #[serde(borrow, default)]
         name: Option<Cow<'a, str>>,
         /// Present (even as null) or absent.
-        #[serde(default, deserialize_with = "present_value")]
+        #[serde(default, deserialize_with = "present")]
         input: Option<serde_json::Value>,
-    }
-
-    fn present_value<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<serde_json::Value>, D::Error> {
-        serde_json::Value::deserialize(deserializer).map(Some)
     }
 
     impl Reply<'_> {

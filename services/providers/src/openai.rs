@@ -283,15 +283,7 @@ impl StreamWriter {
     fn frame(&self, choices: &[chunk::Choice<'_>], usage: Option<chunk::Usage>) -> String {
         let chunk =
             chunk::Chunk { choices, created: self.created, id: &self.id, model: &self.model, object: "chat.completion.chunk", usage };
-        let mut frame = Vec::with_capacity(256);
-        frame.extend_from_slice(b"data: ");
-        // Serializing borrowed strings and integers into a buffer cannot fail.
-        if serde_json::to_writer(&mut frame, &chunk).is_err() {
-            tracing::error!("a stream chunk could not be serialized");
-        }
-        frame.extend_from_slice(b"\n\n");
-        // serde_json writes UTF-8 only; the lossy branch is never taken.
-        String::from_utf8(frame).unwrap_or_else(|error| String::from_utf8_lossy(error.as_bytes()).into_owned())
+        crate::sse::frame("data: ", &chunk)
     }
 
     fn chunk(&self, delta: chunk::Delta<'_>, finish_reason: Option<&'static str>) -> String {

@@ -41,6 +41,21 @@ impl SseParser {
     }
 }
 
+/// An SSE frame written to the client: `prefix` (`data: `, or an `event:` line and `data: `), `data`
+/// serialized as JSON, and the blank line that ends the event. Straight into one buffer: no
+/// `Value` tree and no second copy per frame.
+pub(crate) fn frame(prefix: &str, data: &impl serde::Serialize) -> String {
+    let mut frame = Vec::with_capacity(256);
+    frame.extend_from_slice(prefix.as_bytes());
+    // The frames' parts are strings and integers: serializing them into a buffer cannot fail.
+    if serde_json::to_writer(&mut frame, data).is_err() {
+        tracing::error!("a stream frame could not be serialized");
+    }
+    frame.extend_from_slice(b"\n\n");
+    // serde_json writes UTF-8 only; the lossy branch is never taken.
+    String::from_utf8(frame).unwrap_or_else(|error| String::from_utf8_lossy(error.as_bytes()).into_owned())
+}
+
 fn find_event_end(buffer: &[u8]) -> Option<(usize, usize)> {
     let mut index = 0;
     while index + 1 < buffer.len() {
