@@ -39,21 +39,38 @@ where
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let bytes = Bytes::from_request(request, state).await.map_err(|rejection| {
+        let JsonBytes(bytes) = JsonBytes::from_request(request, state).await?;
+        json(&bytes).map(JsonBody)
+    }
+}
+
+/// The bytes of a body meant to be JSON, read but not parsed (see `json` for that); failing to
+/// read them is a 400 (or 413) in the error envelope.
+pub struct JsonBytes(pub Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for JsonBytes {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
+        Bytes::from_request(request, state).await.map(JsonBytes).map_err(|rejection| {
             if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::payload_too_large("the request body is too large")
             } else {
                 ApiError::invalid_request("unreadable_body", format!("the request body could not be read: {rejection}"))
             }
-        })?;
-        if bytes.iter().all(u8::is_ascii_whitespace) {
-            return Err(ApiError::invalid_request("missing_body", "a JSON body is required"));
-        }
-        serde_json::from_slice(&bytes).map(JsonBody).map_err(|error| {
-            let code = if error.is_data() { "invalid_body" } else { "invalid_json" };
-            ApiError::invalid_request(code, format!("invalid JSON body: {error}"))
         })
     }
+}
+
+/// Parses a required JSON body, with the envelope's errors for an empty or invalid one.
+pub fn json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::invalid_request("missing_body", "a JSON body is required"));
+    }
+    serde_json::from_slice(bytes).map_err(|error| {
+        let code = if error.is_data() { "invalid_body" } else { "invalid_json" };
+        ApiError::invalid_request(code, format!("invalid JSON body: {error}"))
+    })
 }
 
 /// A JSON body that may be absent or empty (`{}` is assumed).

@@ -55,6 +55,57 @@ pub enum ClientFormat {
     Anthropic,
 }
 
+/// A completion request's body: read straight into the neutral request when it has the common
+/// OpenAI shape (`openai::read_request`), else a JSON tree that the format's reader, and the
+/// pipeline's own members (`route`, `x_firewall_mode`, `conversation_id`), are read from.
+pub enum CompletionBody {
+    Read(Box<ChatRequest>),
+    Tree(Value),
+}
+
+impl CompletionBody {
+    /// Reads a body's bytes: typed when the format and shape allow, else as a tree (with the
+    /// envelope's errors for an empty or invalid body).
+    pub fn parse(bytes: &[u8], format: ClientFormat) -> Result<Self, ApiError> {
+        if format == ClientFormat::OpenAi
+            && let Some(chat) = openai::read_request(bytes)
+        {
+            return Ok(CompletionBody::Read(Box::new(chat)));
+        }
+        crate::extract::json(bytes).map(CompletionBody::Tree)
+    }
+
+    /// The `model` member as sent.
+    fn model(&self) -> &str {
+        match self {
+            CompletionBody::Read(chat) => &chat.model,
+            CompletionBody::Tree(tree) => tree.get("model").and_then(Value::as_str).unwrap_or_default(),
+        }
+    }
+
+    /// The `user` member.
+    fn user(&self) -> Option<&str> {
+        match self {
+            CompletionBody::Read(chat) => chat.user.as_deref(),
+            CompletionBody::Tree(tree) => tree.get("user").and_then(Value::as_str),
+        }
+    }
+
+    /// The neutral request (or why the body is not one), and the tree when there is one.
+    fn into_parts(self, format: ClientFormat) -> (Result<ChatRequest, InvalidRequest>, Option<Value>) {
+        match self {
+            CompletionBody::Read(chat) => (Ok(*chat), None),
+            CompletionBody::Tree(tree) => {
+                let chat = match format {
+                    ClientFormat::OpenAi => openai::parse_request(&tree),
+                    ClientFormat::Anthropic => anthropic::parse_request(&tree),
+                };
+                (chat, Some(tree))
+            }
+        }
+    }
+}
+
 fn invalid(error: InvalidRequest) -> ApiError {
     ApiError::invalid_request(error.code, error.message)
 }
@@ -68,13 +119,10 @@ fn route_error(error: RouteError) -> ApiError {
 }
 
 /// The agent a request is attributed to: `X-BR-Agent-Id`, else `X-User-Id`, else the body's `user`.
-fn agent_of(request_headers: &HeaderMap, body: &Value) -> Option<String> {
+fn agent_of(request_headers: &HeaderMap, body_user: Option<&str>) -> Option<String> {
     let header =
         |name: &str| request_headers.get(name).and_then(|value| value.to_str().ok()).map(str::trim).filter(|value| !value.is_empty());
-    header("x-br-agent-id")
-        .or_else(|| header("x-user-id"))
-        .or_else(|| body.get("user").and_then(Value::as_str))
-        .map(|agent| agent.chars().take(128).collect())
+    header("x-br-agent-id").or_else(|| header("x-user-id")).or(body_user).map(|agent| agent.chars().take(128).collect())
 }
 
 async fn budget_context(
@@ -82,7 +130,7 @@ async fn budget_context(
     caller: &Caller,
     agent_id: Option<&str>,
     request_headers: &HeaderMap,
-    body: &Value,
+    body_conversation_id: Option<&str>,
 ) -> Result<BudgetContext, ApiError> {
     let tenant_id = caller.tenant_id()?;
     let mut context =
@@ -98,7 +146,7 @@ async fn budget_context(
         .get("x-conversation-id")
         .and_then(|value| value.to_str().ok())
         .map(str::to_string)
-        .or_else(|| body.get("conversation_id").and_then(Value::as_str).map(str::to_string));
+        .or_else(|| body_conversation_id.map(str::to_string));
     Ok(context)
 }
 
@@ -207,16 +255,16 @@ pub async fn serve(
     attempt: Result<Caller, Refused>,
     request_id: &RequestId,
     request_headers: &HeaderMap,
-    body: Result<Value, ApiError>,
+    body: Result<CompletionBody, ApiError>,
     format: ClientFormat,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
-    let model_requested = body.as_ref().ok().and_then(|body| body.get("model")).and_then(Value::as_str).unwrap_or_default().to_string();
+    let model_requested = body.as_ref().map_or("", CompletionBody::model).to_string();
     let mut facts = AuditFacts { model_requested, ..AuditFacts::default() };
-    let agent_id = agent_of(request_headers, body.as_ref().unwrap_or(&Value::Null));
-    let (identity, result) = match (attempt, &body) {
+    let agent_id = agent_of(request_headers, body.as_ref().ok().and_then(CompletionBody::user));
+    let (identity, result) = match (attempt, body) {
         (Err(refused), _) => (refused.identity, Err(refused.error)),
-        (Ok(caller), Err(error)) => (Some(caller.identity), Err(error.clone())),
+        (Ok(caller), Err(error)) => (Some(caller.identity), Err(error)),
         (Ok(caller), Ok(body)) => {
             let result = match caller.require("router.write") {
                 Ok(()) => {
@@ -248,7 +296,7 @@ pub fn record_refusal(
     error: ApiError,
 ) -> ApiError {
     let attribution = Attribution::of(identity);
-    let facts = AuditFacts { agent_id: agent_of(request_headers, &Value::Null), ..AuditFacts::default() };
+    let facts = AuditFacts { agent_id: agent_of(request_headers, None), ..AuditFacts::default() };
     match seal(state, attribution, request_id, request_headers, endpoint, Instant::now(), facts, Err(error.clone())) {
         Err(recorded) if recorded.status == error.status => recorded,
         _ => error,
@@ -380,7 +428,7 @@ fn seal(
 /// A parsed completion request as it came in.
 struct Incoming<'a> {
     headers: &'a HeaderMap,
-    body: &'a Value,
+    body: CompletionBody,
     /// Its agent (see `agent_of`).
     agent_id: Option<&'a str>,
 }
@@ -396,12 +444,11 @@ async fn complete_inner(
 ) -> Result<Response, ApiError> {
     let Incoming { headers: request_headers, body, agent_id } = request;
     let started = Instant::now();
-    let chat = match format {
-        ClientFormat::OpenAi => openai::parse_request(body),
-        ClientFormat::Anthropic => anthropic::parse_request(body),
-    }
-    .map_err(invalid)?;
-    let options = route_options(body.get("route").unwrap_or(&Value::Null)).map_err(|message| {
+    let (chat, tree) = body.into_parts(format);
+    let chat = chat.map_err(invalid)?;
+    // The pipeline's own members; a body read typed holds none of them.
+    let member = |name: &str| tree.as_ref().and_then(|tree| tree.get(name));
+    let options = route_options(member("route").unwrap_or(&Value::Null)).map_err(|message| {
         let code = if message.starts_with("route.strategy") { "invalid_strategy" } else { "invalid_route" };
         ApiError::invalid_request(code, message)
     })?;
@@ -422,7 +469,7 @@ async fn complete_inner(
     if let Some(error) = state.guardian.kill_switch(tenant_id, &facts_for_switch).await.api_error() {
         return Err(error);
     }
-    let requested_mode = match body.get("x_firewall_mode") {
+    let requested_mode = match member("x_firewall_mode") {
         None | Some(Value::Null) => None,
         Some(Value::String(mode)) => Some(FirewallMode::parse(mode).ok_or_else(|| {
             ApiError::invalid_request("invalid_firewall_mode", format!("x_firewall_mode `{mode}` is not enforce, monitor or off"))
@@ -490,7 +537,7 @@ async fn complete_inner(
     }
     facts.guardian_overhead = guardian_started.elapsed();
     let config = state.routing.get(tenant_id).await?;
-    let context = budget_context(state, caller, agent_id, request_headers, body).await?;
+    let context = budget_context(state, caller, agent_id, request_headers, member("conversation_id").and_then(Value::as_str)).await?;
     let reply_id = reply_id(request_id, format);
     let resolution = routing::resolve(&chat.model, &config.routing, &state.models, &chat, &options).map_err(route_error)?;
     let mut route = match resolution {

@@ -10,6 +10,14 @@ use crate::chat::fields::{
 };
 use crate::chat::{ChatEvent, ChatReply, ChatRequest, FinishReason, InvalidRequest, Message, Part, Role, Tool, ToolChoice, Usage};
 
+mod typed_request;
+
+/// Reads a client's chat completions body of the common shape straight from its bytes, without a
+/// JSON tree; None for any other body (an invalid one included), which `parse_request` reads.
+pub fn read_request(body: &[u8]) -> Option<ChatRequest> {
+    typed_request::read(body)
+}
+
 /// Reads a client's chat completions body.
 pub fn parse_request(body: &Value) -> Result<ChatRequest, InvalidRequest> {
     if !body.is_object() {

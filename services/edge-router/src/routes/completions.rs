@@ -11,8 +11,8 @@ use serde_json::{Value, json};
 
 use crate::EdgeState;
 use crate::auth::{Caller, CallerAttempt};
-use crate::extract::{JsonBody, RequestId};
-use crate::pipeline::{self, ClientFormat};
+use crate::extract::{JsonBytes, RequestId};
+use crate::pipeline::{self, ClientFormat, CompletionBody};
 
 /// When the bundled catalog was published (the `created` of its models).
 const CATALOG_CREATED: i64 = 1_761_955_200;
@@ -23,11 +23,12 @@ pub async fn chat_completions(
     CallerAttempt(attempt): CallerAttempt,
     Extension(request_id): Extension<RequestId>,
     headers: HeaderMap,
-    body: Result<JsonBody<Value>, ApiError>,
+    body: Result<JsonBytes, ApiError>,
 ) -> Result<Response, ApiError> {
+    let body = body.and_then(|JsonBytes(bytes)| CompletionBody::parse(&bytes, ClientFormat::OpenAi));
     // Boxed: the pipeline's future is large, and each layer around the handler moves its
     // future; boxed, they move a pointer.
-    Box::pin(pipeline::serve(&state, attempt, &request_id, &headers, body.map(|JsonBody(body)| body), ClientFormat::OpenAi)).await
+    Box::pin(pipeline::serve(&state, attempt, &request_id, &headers, body, ClientFormat::OpenAi)).await
 }
 
 /// `POST /v1/messages` (router.write).
@@ -36,10 +37,11 @@ pub async fn messages(
     CallerAttempt(attempt): CallerAttempt,
     Extension(request_id): Extension<RequestId>,
     headers: HeaderMap,
-    body: Result<JsonBody<Value>, ApiError>,
+    body: Result<JsonBytes, ApiError>,
 ) -> Result<Response, ApiError> {
+    let body = body.and_then(|JsonBytes(bytes)| CompletionBody::parse(&bytes, ClientFormat::Anthropic));
     // Boxed, as above.
-    Box::pin(pipeline::serve(&state, attempt, &request_id, &headers, body.map(|JsonBody(body)| body), ClientFormat::Anthropic)).await
+    Box::pin(pipeline::serve(&state, attempt, &request_id, &headers, body, ClientFormat::Anthropic)).await
 }
 
 fn model_entry(id: &str, owned_by: &str) -> Value {

@@ -1,0 +1,366 @@
+//! A client's chat completions body of the common shape, read straight into the neutral request
+//! without a JSON tree. Any other shape (an invalid body included) is left to `parse_request`'s
+//! reading of the tree, which keeps every rule and every error message: this reading only takes a
+//! body when it reads it exactly as that one would (a differential test holds them together).
+
+use std::borrow::Cow;
+use std::fmt;
+use std::marker::PhantomData;
+
+use serde::de::value::MapAccessDeserializer;
+use serde::de::{IgnoredAny, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer};
+use serde_json::{Value, json};
+
+use crate::chat::{ChatRequest, Message, Part, Role, Tool, ToolChoice};
+
+/// The neutral request of a body of the common shape; None for any other body.
+pub fn read(body: &[u8]) -> Option<ChatRequest> {
+    serde_json::from_slice::<Object<Body<'_>>>(body).ok()?.0.into_request()
+}
+
+/// A JSON object read as `T`. A derived struct also reads from an array (its members in order),
+/// which the tree reading never does, so every struct here is read through this.
+struct Object<T>(T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Members<T>(PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for Members<T> {
+            type Value = Object<T>;
+            fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+                formatter.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Object<T>, A::Error> {
+                T::deserialize(MapAccessDeserializer::new(map)).map(Object)
+            }
+        }
+        deserializer.deserialize_map(Members(PhantomData))
+    }
+}
+
+/// The members `parse_request` reads, in the types the common shape has them. Unknown members are
+/// skipped, as the tree reading ignores them; the members only the tree reading handles are
+/// declared as presence flags, and a body holding one is left to it.
+#[derive(Deserialize)]
+struct Body<'a> {
+    #[serde(borrow)]
+    model: Cow<'a, str>,
+    #[serde(borrow)]
+    messages: Vec<Object<InMessage<'a>>>,
+    #[serde(borrow, default)]
+    tools: Option<Vec<Object<InTool<'a>>>>,
+    #[serde(borrow, default)]
+    tool_choice: Option<Cow<'a, str>>,
+    #[serde(default)]
+    max_tokens: Option<u64>,
+    #[serde(default)]
+    max_completion_tokens: Option<u64>,
+    #[serde(default)]
+    temperature: Option<f64>,
+    #[serde(default)]
+    top_p: Option<f64>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(default)]
+    stream_options: Option<Object<StreamOptions>>,
+    #[serde(borrow, default)]
+    user: Option<Cow<'a, str>>,
+    #[serde(default, deserialize_with = "present")]
+    functions: bool,
+    #[serde(default, deserialize_with = "present")]
+    function_call: bool,
+    #[serde(default, deserialize_with = "present")]
+    stop: bool,
+    // The gateway's own members, read from the tree by the pipeline.
+    #[serde(default, deserialize_with = "present")]
+    route: bool,
+    #[serde(default, deserialize_with = "present")]
+    x_firewall_mode: bool,
+    #[serde(default, deserialize_with = "present")]
+    conversation_id: bool,
+}
+
+#[derive(Deserialize)]
+struct InMessage<'a> {
+    #[serde(borrow)]
+    role: Cow<'a, str>,
+    /// Text content (an array of parts is left to the tree reading).
+    #[serde(borrow, default)]
+    content: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    tool_calls: Option<Vec<Object<InToolCall<'a>>>>,
+    /// (`name`, which the tree reading takes for a missing `tool_call_id`, is not read: a tool
+    /// result without its call id is left to it.)
+    #[serde(borrow, default)]
+    tool_call_id: Option<Cow<'a, str>>,
+    #[serde(default, deserialize_with = "present")]
+    function_call: bool,
+}
+
+#[derive(Deserialize)]
+struct InToolCall<'a> {
+    #[serde(borrow, default)]
+    id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    function: Option<Object<InFunctionCall<'a>>>,
+}
+
+#[derive(Deserialize)]
+struct InFunctionCall<'a> {
+    #[serde(borrow, default)]
+    name: Option<Cow<'a, str>>,
+    /// JSON text (arguments given as an object are left to the tree reading).
+    #[serde(borrow, default)]
+    arguments: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct InTool<'a> {
+    #[serde(borrow, default)]
+    function: Option<Object<InToolFunction<'a>>>,
+}
+
+#[derive(Deserialize)]
+struct InToolFunction<'a> {
+    #[serde(borrow, default)]
+    name: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    description: Option<Cow<'a, str>>,
+    /// Some whenever the member is there, `null` included (the tree reading keeps a `null`).
+    #[serde(default, deserialize_with = "present_value")]
+    parameters: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: Option<bool>,
+}
+
+/// A member that is there, whatever its value.
+fn present<'de, D: Deserializer<'de>>(deserializer: D) -> Result<bool, D::Error> {
+    IgnoredAny::deserialize(deserializer).map(|_| true)
+}
+
+/// A member's value, `null` included, when it is there.
+fn present_value<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(deserializer).map(Some)
+}
+
+/// A positive `u32` token count, as `optional_positive_u32` takes one; None for any other number.
+fn positive_u32(tokens: u64) -> Option<u32> {
+    u32::try_from(tokens).ok().filter(|tokens| *tokens >= 1)
+}
+
+fn within(number: Option<f64>, low: f64, high: f64) -> Option<Option<f64>> {
+    match number {
+        None => Some(None),
+        Some(number) => (low..=high).contains(&number).then_some(Some(number)),
+    }
+}
+
+fn text_parts(content: Option<Cow<'_, str>>) -> Vec<Part> {
+    content.map(|text| vec![Part::Text(text.into_owned())]).unwrap_or_default()
+}
+
+impl Body<'_> {
+    /// The request as `parse_request` reads it, or None where that reading could differ or fail.
+    fn into_request(self) -> Option<ChatRequest> {
+        if self.functions || self.function_call || self.stop || self.route || self.x_firewall_mode || self.conversation_id {
+            return None;
+        }
+        // The tree reading trims the model; the pipeline records it as sent, so only a model that
+        // trimming leaves alone is read here.
+        if self.model.is_empty() || self.model.trim().len() != self.model.len() || self.messages.is_empty() {
+            return None;
+        }
+        let mut system = Vec::new();
+        let mut messages = Vec::with_capacity(self.messages.len());
+        for Object(message) in self.messages {
+            if message.function_call {
+                return None;
+            }
+            match message.role.as_ref() {
+                "system" | "developer" => system.push(message.content.map(Cow::into_owned).unwrap_or_default()),
+                "user" => messages.push(Message { role: Role::User, parts: text_parts(message.content) }),
+                "assistant" => {
+                    let mut parts = text_parts(message.content);
+                    for Object(call) in message.tool_calls.into_iter().flatten() {
+                        let Object(function) = call.function?;
+                        parts.push(Part::ToolCall {
+                            id: call.id.map(Cow::into_owned).unwrap_or_default(),
+                            name: function.name?.into_owned(),
+                            arguments: function.arguments.map_or_else(|| "{}".to_string(), Cow::into_owned),
+                        });
+                    }
+                    messages.push(Message { role: Role::Assistant, parts });
+                }
+                "tool" | "function" => {
+                    // The tree reading takes `name` when `tool_call_id` is absent, but not when it
+                    // is null; both read as None here, so neither is taken.
+                    let call_id = message.tool_call_id?.into_owned();
+                    let content = message.content.map(Cow::into_owned).unwrap_or_default();
+                    messages.push(Message { role: Role::Tool, parts: vec![Part::ToolResult { call_id, content, is_error: false }] });
+                }
+                _ => return None,
+            }
+        }
+        let mut tools = Vec::new();
+        for Object(tool) in self.tools.into_iter().flatten() {
+            let Object(function) = tool.function?;
+            let name = function.name.filter(|name| !name.is_empty())?.into_owned();
+            tools.push(Tool {
+                name,
+                description: function.description.map(Cow::into_owned),
+                parameters: function.parameters.unwrap_or_else(|| json!({"type": "object", "properties": {}})),
+            });
+        }
+        let tool_choice = match self.tool_choice.as_deref() {
+            None => None,
+            Some("auto") => Some(ToolChoice::Auto),
+            Some("none") => Some(ToolChoice::None),
+            Some("required") => Some(ToolChoice::Required),
+            Some(_) => return None,
+        };
+        let max_tokens = match self.max_completion_tokens {
+            Some(tokens) => Some(positive_u32(tokens)?),
+            None => match self.max_tokens {
+                Some(tokens) => Some(positive_u32(tokens)?),
+                None => None,
+            },
+        };
+        Some(ChatRequest {
+            model: self.model.into_owned(),
+            system: (!system.is_empty()).then(|| system.join("\n")),
+            messages,
+            tools,
+            tool_choice,
+            max_tokens,
+            temperature: within(self.temperature, 0.0, 2.0)?,
+            top_p: within(self.top_p, 0.0, 1.0)?,
+            stop: Vec::new(),
+            stream: self.stream.unwrap_or(false),
+            stream_usage: self.stream_options.and_then(|Object(options)| options.include_usage).unwrap_or(false),
+            user: self.user.map(Cow::into_owned),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::read;
+    use crate::openai::parse_request;
+
+    /// Bodies the typed reading takes, and must read as the tree reading does.
+    fn common() -> Vec<Value> {
+        vec![
+            json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}),
+            json!({"model": "openai/gpt-4o-mini", "max_tokens": 16, "temperature": 0.2, "top_p": 1, "stream": true,
+                   "stream_options": {"include_usage": true}, "user": "agent-7", "presence_penalty": 0.5, "n": 1,
+                   "messages": [{"role": "system", "content": "be brief"}, {"role": "developer", "content": null},
+                                {"role": "user", "content": "say \"hello\"\n\u{e9}", "name": "alice"}]}),
+            json!({"model": "m", "max_completion_tokens": 7, "max_tokens": 0, "tool_choice": "auto",
+                   "tools": [{"type": "function", "function": {"name": "lookup", "description": "finds",
+                              "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}},
+                             {"type": "function", "function": {"name": "bare"}},
+                             {"type": "function", "function": {"name": "nulls", "description": null, "parameters": null}}],
+                   "messages": [{"role": "user", "content": "use a tool"},
+                                {"role": "assistant", "content": null, "tool_calls": [
+                                    {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": "{\"q\":1}"}},
+                                    {"function": {"name": "", "arguments": null}}]},
+                                {"role": "tool", "tool_call_id": "call_1", "content": "found"},
+                                {"role": "function", "tool_call_id": "call_2", "name": "lookup", "content": null},
+                                {"role": "assistant", "content": "", "tool_calls": null}]}),
+            json!({"model": "m", "tool_choice": null, "max_tokens": null, "stream_options": null, "user": null,
+                   "temperature": 2, "messages": [{"role": "user"}]}),
+        ]
+    }
+
+    /// Bodies of other shapes (and invalid ones), which the tree reading must be left to, or which
+    /// read the same either way.
+    fn other() -> Vec<Value> {
+        vec![
+            json!([]),
+            json!(["gpt-4o-mini", [{"role": "user", "content": "hi"}]]),
+            json!({"model": "m", "messages": [["user", "hi"]]}),
+            json!({"model": " m ", "messages": [{"role": "user", "content": "hi"}]}),
+            json!({"model": "", "messages": [{"role": "user", "content": "hi"}]}),
+            json!({"model": null, "messages": [{"role": "user", "content": "hi"}]}),
+            json!({"messages": [{"role": "user", "content": "hi"}]}),
+            json!({"model": "m", "messages": []}),
+            json!({"model": "m", "messages": {}}),
+            json!({"model": "m", "messages": [{"content": "hi"}]}),
+            json!({"model": "m", "messages": [{"role": "robot", "content": "hi"}]}),
+            json!({"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}),
+            json!({"model": "m", "messages": [{"role": "user", "content": 5}]}),
+            json!({"model": "m", "messages": [{"role": "tool", "name": "lookup", "content": "x"}]}),
+            json!({"model": "m", "messages": [{"role": "tool", "tool_call_id": null, "name": "lookup", "content": "x"}]}),
+            json!({"model": "m", "messages": [{"role": "assistant", "tool_calls": [{"id": 3, "function": {"name": "f"}}]}]}),
+            json!({"model": "m", "messages": [{"role": "assistant", "tool_calls": [{"id": "c"}]}]}),
+            json!({"model": "m", "messages": [{"role": "assistant", "tool_calls": [[]]}]}),
+            json!({"model": "m", "messages": [{"role": "assistant", "tool_calls": {"id": "c"}}]}),
+            json!({"model": "m", "messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": {"a": 1}}}]}]}),
+            json!({"model": "m", "messages": [{"role": "assistant", "function_call": {"name": "f"}}]}),
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "functions": [{"name": "f"}]}),
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "function_call": "auto"}),
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tool_choice": {"type": "function", "function": {"name": "f"}}}),
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tool_choice": "sometimes"}),
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}),
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [{"function": null}]}),
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [{"function": {"name": ""}}]}),
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [{"function": {"name": "f", "description": 1}}]}),
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": {"function": {"name": "f"}}}),
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stop": ["\n"]}),
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "route": {"strategy": "cheapest"}}),
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "x_firewall_mode": "monitor"}),
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "conversation_id": "c-1"}),
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}),
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1.5}),
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4_294_967_296_u64}),
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": -1, "max_tokens": 5}),
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 2.5}),
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "top_p": "1"}),
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": "yes"}),
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream_options": [true]}),
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream_options": {"include_usage": "yes"}}),
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "user": 7}),
+        ]
+    }
+
+    #[test]
+    fn common_bodies_read_typed_as_their_trees_do() -> Result<(), serde_json::Error> {
+        for body in common() {
+            let typed = read(&serde_json::to_vec(&body)?);
+            assert!(typed.is_some(), "not read typed: {body}");
+            assert_eq!(typed.map(Ok), Some(parse_request(&body)), "{body}");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn other_bodies_are_left_to_the_tree_or_read_alike() -> Result<(), serde_json::Error> {
+        for body in other() {
+            if let Some(typed) = read(&serde_json::to_vec(&body)?) {
+                assert_eq!(Ok(typed), parse_request(&body), "{body}");
+            }
+        }
+        // Text the tree reading rejects or reads with the last of repeated members.
+        for text in [&b""[..], b"  ", b"{", b"{}", b"null", br#"{"model": "m", "model": "n", "messages": [{"role": "user"}]}"#] {
+            if let Some(typed) = read(text) {
+                let tree: Value = serde_json::from_slice(text)?;
+                assert_eq!(Ok(typed), parse_request(&tree));
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn arrays_never_stand_in_for_objects() {
+        assert_eq!(read(br#"["m", [{"role": "user", "content": "hi"}]]"#), None);
+        assert_eq!(read(br#"{"model": "m", "messages": [["user", "hi"]]}"#), None);
+        assert_eq!(read(br#"{"model": "m", "messages": [{"role": "user"}], "stream_options": [true]}"#), None);
+    }
+}
