@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
 use brainstorm_common::money::Usd;
@@ -114,20 +114,21 @@ impl fmt::Display for ScopeKind {
     }
 }
 
-/// One counter: a kind of scope, its owner and its period.
+/// One counter: a kind of scope, its owner and its period. Cloned several times per request (the
+/// reservation keeps its scopes, each level names its scope), so its texts are shared, not copied.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Scope {
     pub kind: ScopeKind,
     /// Tenant id (tenant and plan scopes), key id (key scopes) or `<tenant id>/<agent id>` (agents).
-    pub owner: String,
+    pub owner: Arc<str>,
     /// `2026-11-22` or `2026-11`, by the kind's period.
-    pub period_key: String,
+    pub period_key: Arc<str>,
 }
 
 impl Scope {
     /// The scope of `kind` owned by `owner`, in the period containing `now`.
-    pub fn at(kind: ScopeKind, owner: impl Into<String>, now: DateTime<Utc>) -> Self {
-        Scope { kind, owner: owner.into(), period_key: kind.period().key_at(now) }
+    pub fn at(kind: ScopeKind, owner: impl Into<Arc<str>>, now: DateTime<Utc>) -> Self {
+        Scope { kind, owner: owner.into(), period_key: kind.period().key_at(now).into() }
     }
 
     /// The owner of an agent's scopes: agent ids are unique within a tenant only.

@@ -146,23 +146,33 @@ impl BudgetContext {
     /// is left out when `enforce_agent_limit` is false (a downgraded request).
     pub fn scopes(&self, now: DateTime<Utc>, enforce_agent_limit: bool) -> Vec<ScopeLimit> {
         let plan = Plan::resolve(&self.plan);
-        let tenant = self.tenant_id.as_str();
+        // Each text once, shared by the scopes that name it.
+        let tenant: Arc<str> = self.tenant_id.as_str().into();
+        let day: Arc<str> = Period::Daily.key_at(now).into();
+        let month: Arc<str> = Period::Monthly.key_at(now).into();
+        let scope = |kind: ScopeKind, owner: Arc<str>| {
+            let period_key = match kind.period() {
+                Period::Daily => day.clone(),
+                Period::Monthly => month.clone(),
+            };
+            Scope { kind, owner, period_key }
+        };
         let mut scopes = Vec::with_capacity(6);
         if let Some(cap) = plan.daily_request_cap {
-            scopes.push(ScopeLimit::count(Scope::at(ScopeKind::PlanRequestsDaily, tenant, now), Some(cap)));
+            scopes.push(ScopeLimit::count(scope(ScopeKind::PlanRequestsDaily, tenant.clone()), Some(cap)));
         }
         if let Some(cap) = plan.daily_token_cap {
-            scopes.push(ScopeLimit::count(Scope::at(ScopeKind::PlanTokensDaily, tenant, now), Some(cap)));
+            scopes.push(ScopeLimit::count(scope(ScopeKind::PlanTokensDaily, tenant.clone()), Some(cap)));
         }
         let daily_limit = plan.effective_daily_limit(self.tenant_daily_limit);
-        scopes.push(ScopeLimit::spend(Scope::at(ScopeKind::TenantDaily, tenant, now), daily_limit));
-        scopes.push(ScopeLimit::spend(Scope::at(ScopeKind::TenantMonthly, tenant, now), self.tenant_monthly_limit));
+        scopes.push(ScopeLimit::spend(scope(ScopeKind::TenantDaily, tenant.clone()), daily_limit));
+        scopes.push(ScopeLimit::spend(scope(ScopeKind::TenantMonthly, tenant.clone()), self.tenant_monthly_limit));
         if let (Some(key_id), Some(budget)) = (&self.key_id, self.key_budget) {
-            scopes.push(ScopeLimit::spend(Scope::at(ScopeKind::key_scope(budget.period), key_id.as_str(), now), Some(budget.limit)));
+            scopes.push(ScopeLimit::spend(scope(ScopeKind::key_scope(budget.period), key_id.as_str().into()), Some(budget.limit)));
         }
         if let Some(agent) = &self.agent {
             let limit = agent.budget.filter(|_| enforce_agent_limit).map(|budget| budget.per_day);
-            scopes.push(ScopeLimit::spend(Scope::at(ScopeKind::AgentDaily, Scope::agent_owner(tenant, &agent.agent_id), now), limit));
+            scopes.push(ScopeLimit::spend(scope(ScopeKind::AgentDaily, Scope::agent_owner(&tenant, &agent.agent_id).into()), limit));
         }
         scopes
     }
@@ -442,7 +452,7 @@ impl BudgetGuard {
                 tracing::warn!(kind = %total.kind, "skipping a ledger total of unknown kind");
                 continue;
             };
-            let scope = Scope { kind, owner: total.owner.clone(), period_key: total.period_key.clone() };
+            let scope = Scope { kind, owner: total.owner.as_str().into(), period_key: total.period_key.as_str().into() };
             if self.counters.seed(&scope, total.value).await? {
                 seeded += 1;
             }

@@ -250,7 +250,7 @@ async fn a_dropped_reservation_is_released() -> TestResult {
     let reservation = reserve_ok(&guard, &context, 10 * CENT).await?;
     assert!(guard.reserve(&context, &estimate(CENT, 0)).await.is_err());
     drop(reservation);
-    let scope = Scope::at(ScopeKind::TenantDaily, &context.tenant_id, Utc::now());
+    let scope = Scope::at(ScopeKind::TenantDaily, context.tenant_id.as_str(), Utc::now());
     for _ in 0..100 {
         if guard.counters().spent(&scope).await? == 0 {
             break;
@@ -352,7 +352,7 @@ async fn a_disconnected_stream_settles_in_the_background() -> TestResult {
         return Err("expected a settlement".into());
     };
     assert_eq!((settlement.cost_nanos, settlement.outcome.as_str()), (7 * CENT, "client_disconnected"));
-    let scope = Scope::at(ScopeKind::TenantDaily, &context.tenant_id, Utc::now());
+    let scope = Scope::at(ScopeKind::TenantDaily, context.tenant_id.as_str(), Utc::now());
     assert_eq!(guard.counters().spent(&scope).await?, 7 * CENT, "the actual replaced the estimate, it was not released");
     Ok(())
 }

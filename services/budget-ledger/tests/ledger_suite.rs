@@ -647,7 +647,7 @@ async fn current_totals_seed_a_restarted_gateway(database: Database) -> TestResu
     let guard = BudgetGuard::in_process(Arc::new(InProcessBus::new()));
     let seeded = guard.seed_from_totals(&totals).await?;
     assert_eq!(seeded, totals.totals.len());
-    let scope = Scope { kind: ScopeKind::TenantMonthly, owner: tenant, period_key: "2026-11".to_string() };
+    let scope = Scope { kind: ScopeKind::TenantMonthly, owner: tenant.into(), period_key: "2026-11".into() };
     assert_eq!(guard.counters().spent(&scope).await?, 50 * CENT);
     Ok(())
 }
