@@ -2,7 +2,7 @@
 
 use std::borrow::Cow;
 
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use crate::chat::fields::{optional_bool, optional_number_in, optional_positive_u32, required_array, required_string, stop_list};
 use crate::chat::{ChatEvent, ChatReply, ChatRequest, FinishReason, InvalidRequest, Message, Part, Role, Tool, ToolChoice, Usage};
@@ -150,26 +150,8 @@ fn tool_input(arguments: &str) -> Value {
     }
 }
 
-fn content_json(parts: &[Part]) -> Vec<Value> {
-    parts
-        .iter()
-        .map(|part| match part {
-            Part::Text(text) => json!({"type": "text", "text": text}),
-            Part::ToolCall { id, name, arguments } => json!({"type": "tool_use", "id": id, "name": name, "input": tool_input(arguments)}),
-            Part::Image { url } => image_block(url),
-            Part::ToolResult { call_id, content, is_error } => {
-                json!({"type": "tool_result", "tool_use_id": call_id, "content": content, "is_error": is_error})
-            }
-        })
-        .collect()
-}
-
-fn image_block(url: &str) -> Value {
-    if let Some((media_type, data)) = url.strip_prefix("data:").and_then(|rest| rest.split_once(";base64,")) {
-        json!({"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}})
-    } else {
-        json!({"type": "image", "source": {"type": "url", "url": url}})
-    }
+fn content_blocks(parts: &[Part]) -> Vec<outgoing::Block<'_>> {
+    parts.iter().map(outgoing::Block::of).collect()
 }
 
 /// A `message` for the client.
@@ -179,7 +161,7 @@ pub fn render_reply(reply: &ChatReply) -> Value {
         "type": "message",
         "role": "assistant",
         "model": reply.model,
-        "content": content_json(&reply.parts),
+        "content": content_blocks(&reply.parts),
         "stop_reason": stop_reason(reply.finish),
         "stop_sequence": null,
         "usage": {"input_tokens": reply.usage.input_tokens, "output_tokens": reply.usage.output_tokens},
@@ -320,72 +302,135 @@ impl StreamWriter {
 }
 
 /// The body sent to Anthropic.
-pub fn build_request(request: &ChatRequest, upstream_model: &str, default_max_tokens: u32) -> Value {
+pub fn build_request<'a>(request: &'a ChatRequest, upstream_model: &'a str, default_max_tokens: u32) -> outgoing::Request<'a> {
     // Anthropic wants strictly alternating user and assistant turns: tool results become user turns,
     // and consecutive turns of one side merge.
-    let mut turns: Vec<(&'static str, Vec<Part>)> = Vec::new();
+    let mut messages: Vec<outgoing::Turn<'a>> = Vec::with_capacity(request.messages.len());
     for message in &request.messages {
         let role = match message.role {
             Role::User | Role::Tool => "user",
             Role::Assistant => "assistant",
         };
-        match turns.last_mut() {
-            Some((last_role, parts)) if *last_role == role => parts.extend(message.parts.iter().cloned()),
-            _ => turns.push((role, message.parts.clone())),
+        match messages.last_mut() {
+            Some(turn) if turn.role == role => turn.content.extend(message.parts.iter().map(outgoing::Block::of)),
+            _ => messages.push(outgoing::Turn { role, content: content_blocks(&message.parts) }),
         }
     }
-    let messages: Vec<Value> = turns
-        .into_iter()
-        .map(|(role, mut parts)| {
-            // Tool results must come first in their user turn.
-            parts.sort_by_key(|part| !matches!(part, Part::ToolResult { .. }));
-            json!({"role": role, "content": content_json(&parts)})
-        })
-        .collect();
-    let mut body = Map::new();
-    body.insert("model".to_string(), json!(upstream_model));
-    body.insert("max_tokens".to_string(), json!(request.max_tokens.unwrap_or(default_max_tokens)));
-    body.insert("messages".to_string(), json!(messages));
-    if let Some(system) = &request.system {
-        body.insert("system".to_string(), json!(system));
+    for turn in &mut messages {
+        // Tool results must come first in their user turn.
+        turn.content.sort_by_key(|block| !matches!(block, outgoing::Block::ToolResult { .. }));
     }
-    if !request.tools.is_empty() {
-        let tools: Vec<Value> = request
+    outgoing::Request {
+        max_tokens: request.max_tokens.unwrap_or(default_max_tokens),
+        messages,
+        model: upstream_model,
+        stop_sequences: &request.stop,
+        stream: request.stream,
+        system: request.system.as_deref(),
+        // OpenAI allows up to 2; Anthropic up to 1.
+        temperature: request.temperature.map(|temperature| temperature.min(1.0)),
+        tool_choice: request.tool_choice.as_ref().map(|choice| match choice {
+            ToolChoice::Auto => outgoing::Choice::Auto,
+            ToolChoice::None => outgoing::Choice::None,
+            ToolChoice::Required => outgoing::Choice::Any,
+            ToolChoice::Named(name) => outgoing::Choice::Tool { name },
+        }),
+        tools: request
             .tools
             .iter()
-            .map(|tool| {
-                let mut entry = json!({"name": tool.name, "input_schema": tool.parameters});
-                if let (Some(description), Some(object)) = (&tool.description, entry.as_object_mut()) {
-                    object.insert("description".to_string(), json!(description));
-                }
-                entry
-            })
-            .collect();
-        body.insert("tools".to_string(), json!(tools));
+            .map(|tool| outgoing::Tool { description: tool.description.as_deref(), input_schema: &tool.parameters, name: &tool.name })
+            .collect(),
+        top_p: request.top_p,
     }
-    if let Some(choice) = &request.tool_choice {
-        let choice = match choice {
-            ToolChoice::Auto => json!({"type": "auto"}),
-            ToolChoice::None => json!({"type": "none"}),
-            ToolChoice::Required => json!({"type": "any"}),
-            ToolChoice::Named(name) => json!({"type": "tool", "name": name}),
-        };
-        body.insert("tool_choice".to_string(), choice);
+}
+
+/// A request body for Anthropic, serialized straight from the neutral request it borrows from (no
+/// JSON tree, no copy of the conversation).
+pub mod outgoing {
+    use serde::Serialize;
+    use serde_json::Value;
+
+    use super::tool_input;
+    use crate::chat::Part;
+
+    #[derive(Debug, Serialize)]
+    pub struct Request<'a> {
+        pub max_tokens: u32,
+        pub messages: Vec<Turn<'a>>,
+        pub model: &'a str,
+        #[serde(skip_serializing_if = "<[String]>::is_empty")]
+        pub stop_sequences: &'a [String],
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        pub stream: bool,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub system: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub temperature: Option<f64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub tool_choice: Option<Choice<'a>>,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        pub tools: Vec<Tool<'a>>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub top_p: Option<f64>,
     }
-    if let Some(temperature) = request.temperature {
-        // OpenAI allows up to 2; Anthropic up to 1.
-        body.insert("temperature".to_string(), json!(temperature.min(1.0)));
+
+    /// One side's turn.
+    #[derive(Debug, Serialize)]
+    pub struct Turn<'a> {
+        pub content: Vec<Block<'a>>,
+        pub role: &'static str,
     }
-    if let Some(top_p) = request.top_p {
-        body.insert("top_p".to_string(), json!(top_p));
+
+    /// A content block, in requests and in replies to clients.
+    #[derive(Debug, Serialize)]
+    #[serde(tag = "type", rename_all = "snake_case")]
+    pub enum Block<'a> {
+        Text { text: &'a str },
+        ToolUse { id: &'a str, input: Value, name: &'a str },
+        Image { source: ImageSource<'a> },
+        ToolResult { content: &'a str, is_error: bool, tool_use_id: &'a str },
     }
-    if !request.stop.is_empty() {
-        body.insert("stop_sequences".to_string(), json!(request.stop));
+
+    impl<'a> Block<'a> {
+        /// The block of a neutral part (an image's `data:` URL becomes a base64 source).
+        pub fn of(part: &'a Part) -> Self {
+            match part {
+                Part::Text(text) => Block::Text { text },
+                Part::ToolCall { id, name, arguments } => Block::ToolUse { id, input: tool_input(arguments), name },
+                Part::Image { url } => Block::Image {
+                    source: match url.strip_prefix("data:").and_then(|rest| rest.split_once(";base64,")) {
+                        Some((media_type, data)) => ImageSource::Base64 { data, media_type },
+                        None => ImageSource::Url { url },
+                    },
+                },
+                Part::ToolResult { call_id, content, is_error } => Block::ToolResult { content, is_error: *is_error, tool_use_id: call_id },
+            }
+        }
     }
-    if request.stream {
-        body.insert("stream".to_string(), json!(true));
+
+    #[derive(Debug, Serialize)]
+    #[serde(tag = "type", rename_all = "snake_case")]
+    pub enum ImageSource<'a> {
+        Base64 { data: &'a str, media_type: &'a str },
+        Url { url: &'a str },
     }
-    Value::Object(body)
+
+    #[derive(Debug, Serialize)]
+    #[serde(tag = "type", rename_all = "snake_case")]
+    pub enum Choice<'a> {
+        Auto,
+        None,
+        Any,
+        Tool { name: &'a str },
+    }
+
+    #[derive(Debug, Serialize)]
+    pub struct Tool<'a> {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub description: Option<&'a str>,
+        pub input_schema: &'a Value,
+        pub name: &'a str,
+    }
 }
 
 /// A whole reply from its body: a reply of the expected shape is read into borrowed typed parts, any
@@ -776,6 +821,93 @@ mod tests {
     }
 
     #[test]
+    fn upstream_requests_serialize_every_member_from_the_neutral_request() {
+        let part = |text: &str| Part::Text(text.to_string());
+        let request = ChatRequest {
+            model: "anthropic/claude".to_string(),
+            system: Some("be brief".to_string()),
+            messages: vec![
+                Message { role: Role::User, parts: vec![part("look"), Part::Image { url: "data:image/jpeg;base64,AAAA".to_string() }] },
+                Message { role: Role::User, parts: vec![Part::Image { url: "https://example.com/cat.png".to_string() }] },
+                Message {
+                    role: Role::Assistant,
+                    parts: vec![
+                        part("calling"),
+                        Part::ToolCall { id: "t1".to_string(), name: "f".to_string(), arguments: "{\"b\":1,\"a\":[2]}".to_string() },
+                        Part::ToolCall { id: "t2".to_string(), name: "g".to_string(), arguments: "3".to_string() },
+                        Part::ToolCall { id: "t3".to_string(), name: "h".to_string(), arguments: " ".to_string() },
+                        Part::ToolCall { id: "t4".to_string(), name: "i".to_string(), arguments: "{oops".to_string() },
+                    ],
+                },
+                Message { role: Role::User, parts: vec![part("and?")] },
+                Message {
+                    role: Role::Tool,
+                    parts: vec![Part::ToolResult { call_id: "t1".to_string(), content: "no".to_string(), is_error: true }],
+                },
+            ],
+            tools: vec![
+                Tool { name: "f".to_string(), description: Some("finds".to_string()), parameters: json!({"type": "object"}) },
+                Tool { name: "g".to_string(), description: None, parameters: json!({"type": "object", "properties": {}}) },
+            ],
+            tool_choice: Some(ToolChoice::Named("f".to_string())),
+            max_tokens: None,
+            temperature: Some(1.5),
+            top_p: Some(0.5),
+            stop: vec!["END".to_string()],
+            stream: true,
+            stream_usage: true,
+            user: Some("ignored".to_string()),
+        };
+        let built = serde_json::to_value(build_request(&request, "claude-x", 99)).unwrap_or_default();
+        assert_eq!(
+            built,
+            json!({
+                "model": "claude-x",
+                "max_tokens": 99,
+                "system": "be brief",
+                "messages": [
+                    {"role": "user", "content": [
+                        {"type": "text", "text": "look"},
+                        {"type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": "AAAA"}},
+                        {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.png"}},
+                    ]},
+                    {"role": "assistant", "content": [
+                        {"type": "text", "text": "calling"},
+                        {"type": "tool_use", "id": "t1", "name": "f", "input": {"a": [2], "b": 1}},
+                        {"type": "tool_use", "id": "t2", "name": "g", "input": {"value": 3}},
+                        {"type": "tool_use", "id": "t3", "name": "h", "input": {}},
+                        {"type": "tool_use", "id": "t4", "name": "i", "input": {"raw_arguments": "{oops"}},
+                    ]},
+                    {"role": "user", "content": [
+                        {"type": "tool_result", "tool_use_id": "t1", "content": "no", "is_error": true},
+                        {"type": "text", "text": "and?"},
+                    ]},
+                ],
+                "tools": [
+                    {"name": "f", "description": "finds", "input_schema": {"type": "object"}},
+                    {"name": "g", "input_schema": {"type": "object", "properties": {}}},
+                ],
+                "tool_choice": {"type": "tool", "name": "f"},
+                "temperature": 1.0,
+                "top_p": 0.5,
+                "stop_sequences": ["END"],
+                "stream": true,
+            })
+        );
+        let minimal = ChatRequest { messages: vec![Message { role: Role::User, parts: vec![part("hi")] }], ..ChatRequest::default() };
+        for (choice, expected) in [(ToolChoice::Auto, "auto"), (ToolChoice::None, "none"), (ToolChoice::Required, "any")] {
+            let request = ChatRequest { tool_choice: Some(choice), ..minimal.clone() };
+            let built = serde_json::to_value(build_request(&request, "m", 7)).unwrap_or_default();
+            assert_eq!(built["tool_choice"], json!({"type": expected}));
+        }
+        let built = serde_json::to_value(build_request(&minimal, "m", 7)).unwrap_or_default();
+        assert_eq!(
+            built,
+            json!({"model": "m", "max_tokens": 7, "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]})
+        );
+    }
+
+    #[test]
     fn tool_conversations_alternate_turns_when_built() -> Result<(), InvalidRequest> {
         let request = crate::openai::parse_request(&json!({
             "model": "claude-haiku-4-5",
@@ -789,7 +921,7 @@ mod tests {
             "tools": [{"type": "function", "function": {"name": "weather", "description": "d", "parameters": {"type": "object"}}}],
             "temperature": 1.7
         }))?;
-        let built = build_request(&request, "claude-haiku-4-5", DEFAULT_MAX_TOKENS);
+        let built = serde_json::to_value(build_request(&request, "claude-haiku-4-5", DEFAULT_MAX_TOKENS)).unwrap_or_default();
         assert_eq!(built["system"], "sys");
         assert_eq!(built["max_tokens"], DEFAULT_MAX_TOKENS);
         assert_eq!(built["temperature"], 1.0);
