@@ -599,7 +599,7 @@ impl StreamReader {
 mod incoming {
     use std::borrow::Cow;
 
-    use serde::{Deserialize, Deserializer};
+    use serde::Deserialize;
 
     #[derive(Deserialize)]
     pub(super) struct Event<'a> {
@@ -614,7 +614,7 @@ mod incoming {
         #[serde(borrow, default)]
         pub delta: Option<Delta<'a>>,
         /// Present (even as null) or absent.
-        #[serde(default, deserialize_with = "present")]
+        #[serde(default, deserialize_with = "crate::chat::presence::value")]
         pub usage: Option<Option<Usage>>,
     }
 
@@ -656,12 +656,6 @@ mod incoming {
         pub output_tokens: Option<u64>,
     }
 
-    /// A member that is there, whatever its value (`null` included): Some; an absent one is None
-    /// (with `#[serde(default)]`).
-    fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(deserializer: D) -> Result<Option<T>, D::Error> {
-        T::deserialize(deserializer).map(Some)
-    }
-
     /// A whole reply of the expected shape.
     #[derive(Deserialize)]
     pub(super) struct Reply<'a> {
@@ -688,7 +682,7 @@ mod incoming {
         #[serde(borrow, default)]
         name: Option<Cow<'a, str>>,
         /// Present (even as null) or absent.
-        #[serde(default, deserialize_with = "present")]
+        #[serde(default, deserialize_with = "crate::chat::presence::value")]
         input: Option<serde_json::Value>,
     }
 

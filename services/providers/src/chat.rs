@@ -345,6 +345,23 @@ impl InvalidRequest {
     }
 }
 
+/// Typed readings' helpers for members whose presence counts (with `#[serde(default)]`, an absent
+/// member reads as false or None).
+pub(crate) mod presence {
+    use serde::de::IgnoredAny;
+    use serde::{Deserialize, Deserializer};
+
+    /// Whether the member is there, whatever its value (`null` included).
+    pub fn flag<'de, D: Deserializer<'de>>(deserializer: D) -> Result<bool, D::Error> {
+        IgnoredAny::deserialize(deserializer).map(|_| true)
+    }
+
+    /// The member's value when it is there, `null` included.
+    pub fn value<'de, D: Deserializer<'de>, T: Deserialize<'de>>(deserializer: D) -> Result<Option<T>, D::Error> {
+        T::deserialize(deserializer).map(Some)
+    }
+}
+
 /// Reading JSON fields with typed errors.
 pub(crate) mod fields {
     use serde_json::Value;

@@ -843,7 +843,6 @@ mod incoming {
     use std::borrow::Cow;
 
     use serde::Deserialize;
-    use serde::de::IgnoredAny;
 
     use crate::chat::{ChatEvent, Usage};
 
@@ -852,7 +851,7 @@ mod incoming {
         #[serde(borrow, default)]
         choices: Option<Vec<Choice<'a>>>,
         /// Whether the chunk has an `error` member, whatever its value (`null` included).
-        #[serde(default, deserialize_with = "present")]
+        #[serde(default, deserialize_with = "crate::chat::presence::flag")]
         pub error: bool,
         #[serde(default)]
         usage: Option<ChunkUsage>,
@@ -898,10 +897,6 @@ mod incoming {
         prompt_tokens: Option<u64>,
         #[serde(default)]
         completion_tokens: Option<u64>,
-    }
-
-    fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<bool, D::Error> {
-        IgnoredAny::deserialize(deserializer).map(|_| true)
     }
 
     impl Chunk<'_> {

@@ -8,7 +8,7 @@ use std::fmt;
 use std::marker::PhantomData;
 
 use serde::de::value::MapAccessDeserializer;
-use serde::de::{IgnoredAny, MapAccess, Visitor};
+use serde::de::{MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_json::{Value, json};
 
@@ -66,18 +66,18 @@ struct Body<'a> {
     stream_options: Option<Object<StreamOptions>>,
     #[serde(borrow, default)]
     user: Option<Cow<'a, str>>,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "crate::chat::presence::flag")]
     functions: bool,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "crate::chat::presence::flag")]
     function_call: bool,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "crate::chat::presence::flag")]
     stop: bool,
     // The gateway's own members, read from the tree by the pipeline.
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "crate::chat::presence::flag")]
     route: bool,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "crate::chat::presence::flag")]
     x_firewall_mode: bool,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "crate::chat::presence::flag")]
     conversation_id: bool,
 }
 
@@ -94,7 +94,7 @@ struct InMessage<'a> {
     /// result without its call id is left to it.)
     #[serde(borrow, default)]
     tool_call_id: Option<Cow<'a, str>>,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "crate::chat::presence::flag")]
     function_call: bool,
 }
 
@@ -128,7 +128,7 @@ struct InToolFunction<'a> {
     #[serde(borrow, default)]
     description: Option<Cow<'a, str>>,
     /// Some whenever the member is there, `null` included (the tree reading keeps a `null`).
-    #[serde(default, deserialize_with = "present_value")]
+    #[serde(default, deserialize_with = "crate::chat::presence::value")]
     parameters: Option<Value>,
 }
 
@@ -136,16 +136,6 @@ struct InToolFunction<'a> {
 struct StreamOptions {
     #[serde(default)]
     include_usage: Option<bool>,
-}
-
-/// A member that is there, whatever its value.
-fn present<'de, D: Deserializer<'de>>(deserializer: D) -> Result<bool, D::Error> {
-    IgnoredAny::deserialize(deserializer).map(|_| true)
-}
-
-/// A member's value, `null` included, when it is there.
-fn present_value<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Value>, D::Error> {
-    Value::deserialize(deserializer).map(Some)
 }
 
 /// A positive `u32` token count, as `optional_positive_u32` takes one; None for any other number.
