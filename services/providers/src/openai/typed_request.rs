@@ -8,7 +8,7 @@ use std::fmt;
 use std::marker::PhantomData;
 
 use serde::de::value::MapAccessDeserializer;
-use serde::de::{MapAccess, Visitor};
+use serde::de::{MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_json::{Value, json};
 
@@ -39,10 +39,56 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
     }
 }
 
-/// The members `parse_request` reads, in the types the common shape has them. Unknown members are
-/// skipped, as the tree reading ignores them; the members only the tree reading handles are
-/// declared as presence flags, and a body holding one is left to it.
+/// A member the tree reading ignores, read only to check it as that reading does: UTF-8, escapes
+/// and number ranges (serde's own skipping of unknown members checks none of them, so a body with
+/// a member neither here nor declared is left to the tree reading).
+struct Checked;
+
+impl<'de> Deserialize<'de> for Checked {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Everything;
+        impl<'de> Visitor<'de> for Everything {
+            type Value = Checked;
+            fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+                formatter.write_str("any JSON value")
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Checked, E> {
+                Ok(Checked)
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Checked, E> {
+                Ok(Checked)
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Checked, E> {
+                Ok(Checked)
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Checked, E> {
+                Ok(Checked)
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Checked, E> {
+                Ok(Checked)
+            }
+            fn visit_unit<E>(self) -> Result<Checked, E> {
+                Ok(Checked)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut items: A) -> Result<Checked, A::Error> {
+                while items.next_element::<Checked>()?.is_some() {}
+                Ok(Checked)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut members: A) -> Result<Checked, A::Error> {
+                while members.next_entry::<Checked, Checked>()?.is_some() {}
+                Ok(Checked)
+            }
+        }
+        deserializer.deserialize_any(Everything)
+    }
+}
+
+/// The members `parse_request` reads, in the types the common shape has them, and the usual ones it
+/// ignores (checked, not kept). Any other member leaves the body to the tree reading, as do the
+/// members only it handles (declared as presence flags).
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+#[expect(dead_code, reason = "the ignored options are checked, never read")]
 struct Body<'a> {
     #[serde(borrow)]
     model: Cow<'a, str>,
@@ -79,9 +125,37 @@ struct Body<'a> {
     x_firewall_mode: bool,
     #[serde(default, deserialize_with = "crate::chat::presence::flag")]
     conversation_id: bool,
+    // Options the tree reading ignores.
+    #[serde(default)]
+    n: Option<Checked>,
+    #[serde(default)]
+    seed: Option<Checked>,
+    #[serde(default)]
+    presence_penalty: Option<Checked>,
+    #[serde(default)]
+    frequency_penalty: Option<Checked>,
+    #[serde(default)]
+    logprobs: Option<Checked>,
+    #[serde(default)]
+    top_logprobs: Option<Checked>,
+    #[serde(default)]
+    logit_bias: Option<Checked>,
+    #[serde(default)]
+    response_format: Option<Checked>,
+    #[serde(default)]
+    parallel_tool_calls: Option<Checked>,
+    #[serde(default)]
+    metadata: Option<Checked>,
+    #[serde(default)]
+    store: Option<Checked>,
+    #[serde(default)]
+    service_tier: Option<Checked>,
+    #[serde(default)]
+    reasoning_effort: Option<Checked>,
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct InMessage<'a> {
     #[serde(borrow)]
     role: Cow<'a, str>,
@@ -90,23 +164,29 @@ struct InMessage<'a> {
     content: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     tool_calls: Option<Vec<Object<InToolCall<'a>>>>,
-    /// (`name`, which the tree reading takes for a missing `tool_call_id`, is not read: a tool
-    /// result without its call id is left to it.)
     #[serde(borrow, default)]
     tool_call_id: Option<Cow<'a, str>>,
     #[serde(default, deserialize_with = "crate::chat::presence::flag")]
     function_call: bool,
+    /// Checked, not read: the tree reading takes it only for a tool result without its call id,
+    /// which is left to it.
+    #[serde(default, rename = "name")]
+    _name: Option<Checked>,
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct InToolCall<'a> {
     #[serde(borrow, default)]
     id: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     function: Option<Object<InFunctionCall<'a>>>,
+    #[serde(default, rename = "type")]
+    _kind: Option<Checked>,
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct InFunctionCall<'a> {
     #[serde(borrow, default)]
     name: Option<Cow<'a, str>>,
@@ -116,12 +196,16 @@ struct InFunctionCall<'a> {
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct InTool<'a> {
     #[serde(borrow, default)]
     function: Option<Object<InToolFunction<'a>>>,
+    #[serde(default, rename = "type")]
+    _kind: Option<Checked>,
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct InToolFunction<'a> {
     #[serde(borrow, default)]
     name: Option<Cow<'a, str>>,
@@ -133,6 +217,7 @@ struct InToolFunction<'a> {
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct StreamOptions {
     #[serde(default)]
     include_usage: Option<bool>,
@@ -344,6 +429,30 @@ mod tests {
                 assert_eq!(Ok(typed), parse_request(&tree));
             }
         }
+        Ok(())
+    }
+
+    #[test]
+    fn members_the_tree_reading_would_reject_are_never_skipped_unchecked() -> Result<(), serde_json::Error> {
+        let body = |extra: &[u8]| [&br#"{"model": "m", "messages": [{"role": "user", "content": "hi"}], "#[..], extra, b"}"].concat();
+        // Ignored options are still checked: invalid UTF-8, a lone surrogate, a number out of range.
+        for extra in [
+            &b"\"seed\": 1, \"metadata\": {\"a\": [1, \"x\"]}"[..],
+            b"\"n\": 1e999",
+            b"\"metadata\": \"\\ud800\"",
+            b"\"metadata\": \"\xff\"",
+        ] {
+            let typed = read(&body(extra));
+            let tree = serde_json::from_slice::<Value>(&body(extra));
+            assert_eq!(typed.is_some(), tree.is_ok(), "{}", String::from_utf8_lossy(extra));
+            if let (Some(typed), Ok(tree)) = (typed, tree) {
+                assert_eq!(Ok(typed), parse_request(&tree));
+            }
+        }
+        // A member not declared, or inside a message or a tool, leaves the body to the tree.
+        assert_eq!(read(&body(b"\"unheard_of\": 1")), None);
+        assert_eq!(read(br#"{"model": "m", "messages": [{"role": "user", "content": "hi", "x": 1}]}"#), None);
+        assert!(read(br#"{"model": "m", "messages": [{"role": "user", "content": "hi", "name": "al"}], "tools": [{"type": "function", "function": {"name": "f"}}]}"#).is_some());
         Ok(())
     }
 
