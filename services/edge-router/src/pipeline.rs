@@ -55,11 +55,12 @@ pub enum ClientFormat {
     Anthropic,
 }
 
-/// A completion request's body: read straight into the neutral request when it has the common
-/// OpenAI shape (`openai::read_request`), else a JSON tree that the format's reader, and the
-/// pipeline's own members (`route`, `x_firewall_mode`, `conversation_id`), are read from.
+/// A completion request's body: read straight into the neutral request when it has its format's
+/// common shape (`openai::read_request`, `anthropic::read_request`), else a JSON tree that the
+/// format's reader, and the pipeline's own members (`user`, `route`, `x_firewall_mode`,
+/// `conversation_id`), are read from.
 pub enum CompletionBody {
-    Read(Box<ChatRequest>),
+    Read(Box<ChatRequest>, ClientFormat),
     Tree(Value),
 }
 
@@ -67,10 +68,12 @@ impl CompletionBody {
     /// Reads a body's bytes: typed when the format and shape allow, else as a tree (with the
     /// envelope's errors for an empty or invalid body).
     pub fn parse(bytes: &[u8], format: ClientFormat) -> Result<Self, ApiError> {
-        if format == ClientFormat::OpenAi
-            && let Some(chat) = openai::read_request(bytes)
-        {
-            return Ok(CompletionBody::Read(Box::new(chat)));
+        let read = match format {
+            ClientFormat::OpenAi => openai::read_request(bytes),
+            ClientFormat::Anthropic => anthropic::read_request(bytes),
+        };
+        if let Some(chat) = read {
+            return Ok(CompletionBody::Read(Box::new(chat), format));
         }
         crate::extract::json(bytes).map(CompletionBody::Tree)
     }
@@ -78,7 +81,7 @@ impl CompletionBody {
     /// The `model` member as sent.
     fn model(&self) -> &str {
         match self {
-            CompletionBody::Read(chat) => &chat.model,
+            CompletionBody::Read(chat, _) => &chat.model,
             CompletionBody::Tree(tree) => tree.get("model").and_then(Value::as_str).unwrap_or_default(),
         }
     }
@@ -86,7 +89,10 @@ impl CompletionBody {
     /// The `user` member.
     fn user(&self) -> Option<&str> {
         match self {
-            CompletionBody::Read(chat) => chat.user.as_deref(),
+            // OpenAI's `user` is the neutral request's; an Anthropic body with a `user` member
+            // (its user is `metadata.user_id`) is never read typed.
+            CompletionBody::Read(chat, ClientFormat::OpenAi) => chat.user.as_deref(),
+            CompletionBody::Read(_, ClientFormat::Anthropic) => None,
             CompletionBody::Tree(tree) => tree.get("user").and_then(Value::as_str),
         }
     }
@@ -94,7 +100,7 @@ impl CompletionBody {
     /// The neutral request (or why the body is not one), and the tree when there is one.
     fn into_parts(self, format: ClientFormat) -> (Result<ChatRequest, InvalidRequest>, Option<Value>) {
         match self {
-            CompletionBody::Read(chat) => (Ok(*chat), None),
+            CompletionBody::Read(chat, _) => (Ok(*chat), None),
             CompletionBody::Tree(tree) => {
                 let chat = match format {
                     ClientFormat::OpenAi => openai::parse_request(&tree),

@@ -10,6 +10,14 @@ use crate::chat::{ChatEvent, ChatReply, ChatRequest, FinishReason, InvalidReques
 /// Output budget sent when the caller gave none (Anthropic requires one).
 pub const DEFAULT_MAX_TOKENS: u32 = 4096;
 
+mod typed_request;
+
+/// Reads a client's messages body of the common shape straight from its bytes, without a JSON
+/// tree; None for any other body (an invalid one included), which `parse_request` reads.
+pub fn read_request(body: &[u8]) -> Option<ChatRequest> {
+    typed_request::read(body)
+}
+
 /// Reads a client's messages body.
 pub fn parse_request(body: &Value) -> Result<ChatRequest, InvalidRequest> {
     if !body.is_object() {

@@ -9,5 +9,6 @@ pub mod gemini;
 pub mod openai;
 pub mod routing;
 pub mod sse;
+mod typed;
 pub mod upstream;
 pub mod vault;

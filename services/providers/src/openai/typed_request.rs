@@ -4,83 +4,16 @@
 //! body when it reads it exactly as that one would (a differential test holds them together).
 
 use std::borrow::Cow;
-use std::fmt;
-use std::marker::PhantomData;
 
-use serde::de::value::MapAccessDeserializer;
-use serde::de::{MapAccess, SeqAccess, Visitor};
-use serde::{Deserialize, Deserializer};
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::chat::{ChatRequest, Message, Part, Role, Tool, ToolChoice};
+use crate::typed::{Checked, Object, positive_u32, within};
 
 /// The neutral request of a body of the common shape; None for any other body.
 pub fn read(body: &[u8]) -> Option<ChatRequest> {
     serde_json::from_slice::<Object<Body<'_>>>(body).ok()?.0.into_request()
-}
-
-/// A JSON object read as `T`. A derived struct also reads from an array (its members in order),
-/// which the tree reading never does, so every struct here is read through this.
-struct Object<T>(T);
-
-impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Members<T>(PhantomData<T>);
-        impl<'de, T: Deserialize<'de>> Visitor<'de> for Members<T> {
-            type Value = Object<T>;
-            fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-                formatter.write_str("a JSON object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Object<T>, A::Error> {
-                T::deserialize(MapAccessDeserializer::new(map)).map(Object)
-            }
-        }
-        deserializer.deserialize_map(Members(PhantomData))
-    }
-}
-
-/// A member the tree reading ignores, read only to check it as that reading does: UTF-8, escapes
-/// and number ranges (serde's own skipping of unknown members checks none of them, so a body with
-/// a member neither here nor declared is left to the tree reading).
-struct Checked;
-
-impl<'de> Deserialize<'de> for Checked {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Everything;
-        impl<'de> Visitor<'de> for Everything {
-            type Value = Checked;
-            fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-                formatter.write_str("any JSON value")
-            }
-            fn visit_bool<E>(self, _: bool) -> Result<Checked, E> {
-                Ok(Checked)
-            }
-            fn visit_i64<E>(self, _: i64) -> Result<Checked, E> {
-                Ok(Checked)
-            }
-            fn visit_u64<E>(self, _: u64) -> Result<Checked, E> {
-                Ok(Checked)
-            }
-            fn visit_f64<E>(self, _: f64) -> Result<Checked, E> {
-                Ok(Checked)
-            }
-            fn visit_str<E>(self, _: &str) -> Result<Checked, E> {
-                Ok(Checked)
-            }
-            fn visit_unit<E>(self) -> Result<Checked, E> {
-                Ok(Checked)
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut items: A) -> Result<Checked, A::Error> {
-                while items.next_element::<Checked>()?.is_some() {}
-                Ok(Checked)
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut members: A) -> Result<Checked, A::Error> {
-                while members.next_entry::<Checked, Checked>()?.is_some() {}
-                Ok(Checked)
-            }
-        }
-        deserializer.deserialize_any(Everything)
-    }
 }
 
 /// The members `parse_request` reads, in the types the common shape has them, and the usual ones it
@@ -221,18 +154,6 @@ struct InToolFunction<'a> {
 struct StreamOptions {
     #[serde(default)]
     include_usage: Option<bool>,
-}
-
-/// A positive `u32` token count, as `optional_positive_u32` takes one; None for any other number.
-fn positive_u32(tokens: u64) -> Option<u32> {
-    u32::try_from(tokens).ok().filter(|tokens| *tokens >= 1)
-}
-
-fn within(number: Option<f64>, low: f64, high: f64) -> Option<Option<f64>> {
-    match number {
-        None => Some(None),
-        Some(number) => (low..=high).contains(&number).then_some(Some(number)),
-    }
 }
 
 fn text_parts(content: Option<Cow<'_, str>>) -> Vec<Part> {
