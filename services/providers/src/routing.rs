@@ -147,15 +147,32 @@ pub enum RouteError {
 
 /// Estimated token usage of a request on a model.
 pub fn estimate_usage(request: &ChatRequest, entry: Option<&Model>) -> Usage {
-    let input = (request.prompt_characters() as u64).div_ceil(4) + 4 * request.messages.len() as u64;
-    let max_output = entry.map_or(DEFAULT_OUTPUT_ESTIMATE, |entry| entry.max_output.min(DEFAULT_OUTPUT_ESTIMATE));
-    let output = request.max_tokens.unwrap_or(max_output);
-    Usage { input_tokens: input, output_tokens: u64::from(output) }
+    Pricing::of(request).usage(entry)
 }
 
-fn candidate(provider: &'static Provider, model: &str, catalog: &ModelCatalog, request: &ChatRequest) -> Candidate {
+/// A request as the estimates read it, its input measured once: counting its prompt walks every
+/// message and serializes every tool schema, and a resolution prices each candidate (`auto`, every
+/// capable model of the catalog).
+struct Pricing<'a> {
+    request: &'a ChatRequest,
+    input_tokens: u64,
+}
+
+impl<'a> Pricing<'a> {
+    fn of(request: &'a ChatRequest) -> Self {
+        Pricing { request, input_tokens: (request.prompt_characters() as u64).div_ceil(4) + 4 * request.messages.len() as u64 }
+    }
+
+    fn usage(&self, entry: Option<&Model>) -> Usage {
+        let max_output = entry.map_or(DEFAULT_OUTPUT_ESTIMATE, |entry| entry.max_output.min(DEFAULT_OUTPUT_ESTIMATE));
+        let output = self.request.max_tokens.unwrap_or(max_output);
+        Usage { input_tokens: self.input_tokens, output_tokens: u64::from(output) }
+    }
+}
+
+fn candidate(provider: &'static Provider, model: &str, catalog: &ModelCatalog, pricing: &Pricing<'_>) -> Candidate {
     let entry = catalog.find(provider.id, model).cloned();
-    let estimated_cost = entry.as_ref().map(|entry| entry.price.cost(estimate_usage(request, Some(entry))));
+    let estimated_cost = entry.as_ref().map(|entry| entry.price.cost(pricing.usage(Some(entry))));
     Candidate { provider, model: model.to_string(), entry, estimated_cost, id: format!("{}/{model}", provider.id) }
 }
 
@@ -173,7 +190,7 @@ pub fn split_variant(model: &str) -> (&str, Option<&'static str>) {
 }
 
 /// Candidates for one model spec (no presets, no `auto`): explicit `provider/model` or a bare id.
-fn resolve_spec(spec: &str, tenant: &TenantRouting, catalog: &ModelCatalog, request: &ChatRequest) -> Result<Vec<Candidate>, RouteError> {
+fn resolve_spec(spec: &str, tenant: &TenantRouting, catalog: &ModelCatalog, pricing: &Pricing<'_>) -> Result<Vec<Candidate>, RouteError> {
     if let Some((provider, model)) =
         spec.split_once('/').and_then(|(provider_id, model)| provider_by_id(provider_id).map(|provider| (provider, model)))
     {
@@ -181,7 +198,7 @@ fn resolve_spec(spec: &str, tenant: &TenantRouting, catalog: &ModelCatalog, requ
             return Err(RouteError::ByokRequired { provider: provider.id.to_string(), model: spec.to_string() });
         }
         if catalog.find(provider.id, model).is_some() || provider.discoverable {
-            return Ok(vec![candidate(provider, model, catalog, request)]);
+            return Ok(vec![candidate(provider, model, catalog, pricing)]);
         }
         return Err(RouteError::ModelNotFound(spec.to_string()));
     }
@@ -189,7 +206,7 @@ fn resolve_spec(spec: &str, tenant: &TenantRouting, catalog: &ModelCatalog, requ
     let runnable: Vec<Candidate> = entries
         .iter()
         .filter(|entry| tenant.has_key(&entry.provider))
-        .filter_map(|entry| provider_by_id(&entry.provider).map(|provider| candidate(provider, &entry.model, catalog, request)))
+        .filter_map(|entry| provider_by_id(&entry.provider).map(|provider| candidate(provider, &entry.model, catalog, pricing)))
         .collect();
     match (runnable.is_empty(), entries.first()) {
         (false, _) => Ok(runnable),
@@ -238,6 +255,7 @@ pub fn resolve(
     if requested == SANDBOX_MODEL || tenant.providers.is_empty() {
         return Ok(Resolution::Sandbox);
     }
+    let pricing = Pricing::of(request);
     let mut options = route.clone();
     let mut complexity_seen = None;
     let (mut candidates, method, default_strategy, reason) = if requested == "auto" {
@@ -247,7 +265,7 @@ pub fn resolve(
             .models()
             .iter()
             .filter(|entry| tenant.has_key(&entry.provider) && entry.deprecated.is_none() && entry.tier >= tier)
-            .filter_map(|entry| provider_by_id(&entry.provider).map(|provider| candidate(provider, &entry.model, catalog, request)))
+            .filter_map(|entry| provider_by_id(&entry.provider).map(|provider| candidate(provider, &entry.model, catalog, &pricing)))
             .collect();
         (candidates, SelectionMethod::CapabilityMatched, "price", format!("auto: complexity tier {tier}, cheapest capable model first"))
     } else if let Some(slug) = requested.strip_prefix("@preset/") {
@@ -259,7 +277,7 @@ pub fn resolve(
         let mut last_error = None;
         for spec in &preset.models {
             let spec = tenant.aliases.get(spec).map_or(spec.as_str(), String::as_str);
-            match resolve_spec(spec, tenant, catalog, request) {
+            match resolve_spec(spec, tenant, catalog, &pricing) {
                 Ok(found) => candidates.extend(found),
                 Err(error) => last_error = Some(error),
             }
@@ -273,14 +291,14 @@ pub fn resolve(
         if let Some(strategy) = variant {
             options.strategy = options.strategy.or_else(|| Some(strategy.to_string()));
         }
-        (resolve_spec(base, tenant, catalog, request)?, SelectionMethod::Alias, "priority", format!("alias {requested} -> {target}"))
+        (resolve_spec(base, tenant, catalog, &pricing)?, SelectionMethod::Alias, "priority", format!("alias {requested} -> {target}"))
     } else {
         let (base, variant) = split_variant(requested);
         let method = if variant.is_some() { SelectionMethod::Variant } else { SelectionMethod::Explicit };
         if let Some(strategy) = variant {
             options.strategy = Some(strategy.to_string());
         }
-        (resolve_spec(base, tenant, catalog, request)?, method, "priority", "requested model".to_string())
+        (resolve_spec(base, tenant, catalog, &pricing)?, method, "priority", "requested model".to_string())
     };
 
     // Without a strategy asked for, the requested model's own candidates are ordered by the default
@@ -293,7 +311,7 @@ pub fn resolve(
     }
     for spec in &options.models {
         let spec = tenant.aliases.get(spec).map_or(spec.as_str(), String::as_str);
-        if let Ok(found) = resolve_spec(spec, tenant, catalog, request) {
+        if let Ok(found) = resolve_spec(spec, tenant, catalog, &pricing) {
             candidates.extend(found);
         }
     }
