@@ -594,7 +594,7 @@ async fn complete_inner(
         Estimate {
             request_id: request_id.0.clone(),
             cost,
-            tokens: tokens(routing::estimate_usage(&chat, first.and_then(|candidate| candidate.entry.as_ref()))),
+            tokens: tokens(route.usage(&chat, first.and_then(|candidate| candidate.entry.as_ref()))),
         }
     };
     let reservation = match state.guard.reserve(&context, &estimate_of(&route)).await {
@@ -637,7 +637,7 @@ async fn complete_inner(
         match outcome {
             Ok(Ok(events)) => {
                 budget_headers(&mut headers, reservation.remaining());
-                let spec = stream_spec(candidate, reply_id, format, &chat);
+                let spec = stream_spec(candidate, reply_id, format, &chat, route.input_tokens);
                 let (evidence, pending) = tokio::sync::oneshot::channel();
                 facts.stream_evidence = Some(evidence);
                 let output_scan = output_scanned.then(|| OutputScan { guardian: state.guardian.clone(), tenant_id: tenant_id.to_string() });
@@ -778,7 +778,7 @@ fn route_headers(route: &Route, candidate: &Candidate, failures: &[(String, Upst
     }
     if let (true, Some(estimate)) = (chat.model != "auto", candidate.estimated_cost) {
         set_value!(&mut headers, "x-br-estimated-cost", header_value::shown(estimate.fixed(6)));
-        let usage = routing::estimate_usage(chat, candidate.entry.as_ref());
+        let usage = route.usage(chat, candidate.entry.as_ref());
         set_value!(
             &mut headers,
             "x-br-estimated-cost-basis",
@@ -913,14 +913,14 @@ async fn sandbox_response(chat: &ChatRequest, id: String, format: ClientFormat, 
 }
 
 /// What a stream from `candidate` relays: ids, price and the client's format.
-fn stream_spec(candidate: &Candidate, id: String, format: ClientFormat, chat: &ChatRequest) -> RelaySpec {
+fn stream_spec(candidate: &Candidate, id: String, format: ClientFormat, chat: &ChatRequest, input_estimate: u64) -> RelaySpec {
     RelaySpec {
         id,
         model: candidate.id().to_string(),
         provider: candidate.provider.id.to_string(),
         price: price_of(candidate),
         format,
-        input_estimate: routing::estimate_usage(chat, candidate.entry.as_ref()).input_tokens,
+        input_estimate,
         stream_usage: chat.stream_usage,
     }
 }

@@ -130,6 +130,15 @@ pub struct Route {
     pub complexity: Option<(u8, u8)>,
     /// Whether to try later candidates when one fails.
     pub allow_fallback: bool,
+    /// The request's estimated input tokens, measured once for every estimate of it (`usage`).
+    pub input_tokens: u64,
+}
+
+impl Route {
+    /// Estimated token usage of the routed request (`request`) on a model, as `estimate_usage`.
+    pub fn usage(&self, request: &ChatRequest, entry: Option<&Model>) -> Usage {
+        usage_on(self.input_tokens, request, entry)
+    }
 }
 
 /// Why no route exists.
@@ -152,7 +161,7 @@ pub fn estimate_usage(request: &ChatRequest, entry: Option<&Model>) -> Usage {
 
 /// A request as the estimates read it, its input measured once: counting its prompt walks every
 /// message and serializes every tool schema, and a resolution prices each candidate (`auto`, every
-/// capable model of the catalog).
+/// capable model of the catalog), then hands the measure on in its `Route`.
 struct Pricing<'a> {
     request: &'a ChatRequest,
     input_tokens: u64,
@@ -164,10 +173,14 @@ impl<'a> Pricing<'a> {
     }
 
     fn usage(&self, entry: Option<&Model>) -> Usage {
-        let max_output = entry.map_or(DEFAULT_OUTPUT_ESTIMATE, |entry| entry.max_output.min(DEFAULT_OUTPUT_ESTIMATE));
-        let output = self.request.max_tokens.unwrap_or(max_output);
-        Usage { input_tokens: self.input_tokens, output_tokens: u64::from(output) }
+        usage_on(self.input_tokens, self.request, entry)
     }
+}
+
+/// `input_tokens` and the request's output budget (or the model's, capped) on a model.
+fn usage_on(input_tokens: u64, request: &ChatRequest, entry: Option<&Model>) -> Usage {
+    let max_output = entry.map_or(DEFAULT_OUTPUT_ESTIMATE, |entry| entry.max_output.min(DEFAULT_OUTPUT_ESTIMATE));
+    Usage { input_tokens, output_tokens: u64::from(request.max_tokens.unwrap_or(max_output)) }
 }
 
 fn candidate(provider: &'static Provider, model: &str, catalog: &ModelCatalog, pricing: &Pricing<'_>) -> Candidate {
@@ -351,6 +364,7 @@ pub fn resolve(
         reason,
         complexity: complexity_seen,
         allow_fallback: options.allow_fallback.unwrap_or(true),
+        input_tokens: pricing.input_tokens,
     }))
 }
 
