@@ -163,17 +163,38 @@ fn content_blocks(parts: &[Part]) -> Vec<outgoing::Block<'_>> {
 }
 
 /// A `message` for the client.
-pub fn render_reply(reply: &ChatReply) -> Value {
-    json!({
-        "id": reply.id,
-        "type": "message",
-        "role": "assistant",
-        "model": reply.model,
-        "content": content_blocks(&reply.parts),
-        "stop_reason": stop_reason(reply.finish),
-        "stop_sequence": null,
-        "usage": {"input_tokens": reply.usage.input_tokens, "output_tokens": reply.usage.output_tokens},
-    })
+pub fn render_reply(reply: &ChatReply) -> RenderedReply<'_> {
+    RenderedReply {
+        content: content_blocks(&reply.parts),
+        id: &reply.id,
+        model: &reply.model,
+        role: "assistant",
+        stop_reason: stop_reason(reply.finish),
+        stop_sequence: None,
+        kind: "message",
+        usage: RenderedUsage { input_tokens: reply.usage.input_tokens, output_tokens: reply.usage.output_tokens },
+    }
+}
+
+/// A `message` as the client receives it, serialized straight from the reply (no JSON tree in
+/// between: this is on every answered request in this format).
+#[derive(Debug, serde::Serialize)]
+pub struct RenderedReply<'a> {
+    content: Vec<outgoing::Block<'a>>,
+    id: &'a str,
+    model: &'a str,
+    role: &'static str,
+    stop_reason: &'static str,
+    stop_sequence: Option<()>,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    usage: RenderedUsage,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct RenderedUsage {
+    input_tokens: u64,
+    output_tokens: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -819,6 +840,33 @@ mod tests {
         assert!(
             parse_request(&json!({"model": "c", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "temperature": 1.5}))
                 .is_err()
+        );
+    }
+
+    #[test]
+    fn replies_render_as_messages() {
+        let reply = ChatReply {
+            id: "msg_1".to_string(),
+            model: "anthropic/claude".to_string(),
+            parts: vec![
+                Part::Text("let me look".to_string()),
+                Part::ToolCall { id: "toolu_9".to_string(), name: "f".to_string(), arguments: "{\"a\":1}".to_string() },
+            ],
+            finish: FinishReason::ToolCalls,
+            usage: Usage { input_tokens: 4, output_tokens: 6 },
+        };
+        assert_eq!(
+            serde_json::to_value(render_reply(&reply)).unwrap_or_default(),
+            json!({
+                "id": "msg_1",
+                "type": "message",
+                "role": "assistant",
+                "model": "anthropic/claude",
+                "content": [{"type": "text", "text": "let me look"}, {"type": "tool_use", "id": "toolu_9", "name": "f", "input": {"a": 1}}],
+                "stop_reason": "tool_use",
+                "stop_sequence": null,
+                "usage": {"input_tokens": 4, "output_tokens": 6},
+            })
         );
     }
 
