@@ -60,7 +60,7 @@ pub enum ClientFormat {
 /// format's reader, and the pipeline's own members (`user`, `route`, `x_firewall_mode`,
 /// `conversation_id`), are read from.
 pub enum CompletionBody {
-    Read(Box<ChatRequest>, ClientFormat),
+    Read(Box<ChatRequest>),
     Tree(Value),
 }
 
@@ -73,7 +73,7 @@ impl CompletionBody {
             ClientFormat::Anthropic => anthropic::read_request(bytes),
         };
         if let Some(chat) = read {
-            return Ok(CompletionBody::Read(Box::new(chat), format));
+            return Ok(CompletionBody::Read(Box::new(chat)));
         }
         crate::extract::json(bytes).map(CompletionBody::Tree)
     }
@@ -81,26 +81,26 @@ impl CompletionBody {
     /// The `model` member as sent.
     fn model(&self) -> &str {
         match self {
-            CompletionBody::Read(chat, _) => &chat.model,
+            CompletionBody::Read(chat) => &chat.model,
             CompletionBody::Tree(tree) => tree.get("model").and_then(Value::as_str).unwrap_or_default(),
         }
     }
 
-    /// The `user` member.
-    fn user(&self) -> Option<&str> {
-        match self {
+    /// The `user` member of a body in `format`.
+    fn user(&self, format: ClientFormat) -> Option<&str> {
+        match (self, format) {
             // OpenAI's `user` is the neutral request's; an Anthropic body with a `user` member
             // (its user is `metadata.user_id`) is never read typed.
-            CompletionBody::Read(chat, ClientFormat::OpenAi) => chat.user.as_deref(),
-            CompletionBody::Read(_, ClientFormat::Anthropic) => None,
-            CompletionBody::Tree(tree) => tree.get("user").and_then(Value::as_str),
+            (CompletionBody::Read(chat), ClientFormat::OpenAi) => chat.user.as_deref(),
+            (CompletionBody::Read(_), ClientFormat::Anthropic) => None,
+            (CompletionBody::Tree(tree), _) => tree.get("user").and_then(Value::as_str),
         }
     }
 
     /// The neutral request (or why the body is not one), and the tree when there is one.
     fn into_parts(self, format: ClientFormat) -> (Result<ChatRequest, InvalidRequest>, Option<Value>) {
         match self {
-            CompletionBody::Read(chat, _) => (Ok(*chat), None),
+            CompletionBody::Read(chat) => (Ok(*chat), None),
             CompletionBody::Tree(tree) => {
                 let chat = match format {
                     ClientFormat::OpenAi => openai::parse_request(&tree),
@@ -267,7 +267,7 @@ pub async fn serve(
     let started = Instant::now();
     let model_requested = body.as_ref().map_or("", CompletionBody::model).to_string();
     let mut facts = AuditFacts { model_requested, ..AuditFacts::default() };
-    let agent_id = agent_of(request_headers, body.as_ref().ok().and_then(CompletionBody::user));
+    let agent_id = agent_of(request_headers, body.as_ref().ok().and_then(|body| body.user(format)));
     let (identity, result) = match (attempt, body) {
         (Err(refused), _) => (refused.identity, Err(refused.error)),
         (Ok(caller), Err(error)) => (Some(caller.identity), Err(error)),

@@ -86,3 +86,39 @@ pub(crate) fn within(number: Option<f64>, low: f64, high: f64) -> Option<Option<
         Some(number) => (low..=high).contains(&number).then_some(Some(number)),
     }
 }
+
+/// The differential checks both typed readings' tests run against their tree readings.
+#[cfg(test)]
+pub(crate) mod differential {
+    use serde_json::Value;
+
+    use crate::chat::{ChatRequest, InvalidRequest};
+
+    /// Each body is read typed, and as the tree reading reads it.
+    pub fn common_bodies_read_alike(
+        read: fn(&[u8]) -> Option<ChatRequest>,
+        parse: fn(&Value) -> Result<ChatRequest, InvalidRequest>,
+        bodies: Vec<Value>,
+    ) -> Result<(), serde_json::Error> {
+        for body in bodies {
+            let typed = read(&serde_json::to_vec(&body)?);
+            assert!(typed.is_some(), "not read typed: {body}");
+            assert_eq!(typed.map(Ok), Some(parse(&body)), "{body}");
+        }
+        Ok(())
+    }
+
+    /// Each body is left to the tree reading, or read as it reads it.
+    pub fn other_bodies_left_or_read_alike(
+        read: fn(&[u8]) -> Option<ChatRequest>,
+        parse: fn(&Value) -> Result<ChatRequest, InvalidRequest>,
+        bodies: Vec<Value>,
+    ) -> Result<(), serde_json::Error> {
+        for body in bodies {
+            if let Some(typed) = read(&serde_json::to_vec(&body)?) {
+                assert_eq!(Ok(typed), parse(&body), "{body}");
+            }
+        }
+        Ok(())
+    }
+}
