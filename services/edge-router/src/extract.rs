@@ -3,10 +3,13 @@
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
 use axum::http::{HeaderName, HeaderValue};
-use axum::middleware::Next;
 use axum::response::Response;
 use brainstorm_common::ApiError;
 use serde::de::DeserializeOwned;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use tower::{Layer, Service};
 
 /// The id of the request being served, as `X-BR-Request-Id` reports it.
 #[derive(Debug, Clone)]
@@ -14,17 +17,70 @@ pub struct RequestId(pub String);
 
 const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-br-request-id");
 
-/// Gives every request an id (kept in its extensions) and echoes it on every response.
-pub async fn assign_request_id(mut request: Request, next: Next) -> Response {
-    let request_id = format!("req_{}", uuid::Uuid::now_v7().simple());
-    // The header value is made now, so the id itself moves into the request (no copy).
-    let value = HeaderValue::from_str(&request_id).ok();
-    request.extensions_mut().insert(RequestId(request_id));
-    let mut response = next.run(request).await;
-    if let Some(value) = value {
-        response.headers_mut().insert(REQUEST_ID_HEADER, value);
+/// Gives every request an id (kept in its extensions) and echoes it on every response: a layer of
+/// its own, where `axum::middleware::from_fn` boxed a clone of the inner service and the future on
+/// every request.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RequestIdLayer;
+
+impl<S> Layer<S> for RequestIdLayer {
+    type Service = WithRequestId<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        WithRequestId { inner }
     }
-    response
+}
+
+/// A service whose requests get an id (see [`RequestIdLayer`]).
+#[derive(Debug, Clone)]
+pub struct WithRequestId<S> {
+    inner: S,
+}
+
+impl<S> Service<Request> for WithRequestId<S>
+where
+    S: Service<Request, Response = Response>,
+{
+    type Response = Response;
+    type Error = S::Error;
+    type Future = RequestIdFuture<S::Future>;
+
+    fn poll_ready(&mut self, context: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(context)
+    }
+
+    fn call(&mut self, mut request: Request) -> Self::Future {
+        let request_id = format!("req_{}", uuid::Uuid::now_v7().simple());
+        // The header value is made now, so the id itself moves into the request (no copy).
+        let value = HeaderValue::from_str(&request_id).ok();
+        request.extensions_mut().insert(RequestId(request_id));
+        RequestIdFuture { inner: self.inner.call(request), value }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The inner service's answer, with the request id header added.
+    pub struct RequestIdFuture<F> {
+        #[pin]
+        inner: F,
+        value: Option<HeaderValue>,
+    }
+}
+
+impl<F, E> Future for RequestIdFuture<F>
+where
+    F: Future<Output = Result<Response, E>>,
+{
+    type Output = Result<Response, E>;
+
+    fn poll(self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let mut response = std::task::ready!(this.inner.poll(context))?;
+        if let Some(value) = this.value.take() {
+            response.headers_mut().insert(REQUEST_ID_HEADER, value);
+        }
+        Poll::Ready(Ok(response))
+    }
 }
 
 /// A JSON body; any failure to read or parse it is a 400 (or 413) in the error envelope. The
@@ -93,5 +149,42 @@ where
         serde_json::from_slice(&bytes)
             .map(OptionalJsonBody)
             .map_err(|error| ApiError::invalid_request("invalid_body", format!("invalid JSON body: {error}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::Router;
+    use axum::body::Body;
+    use axum::extract::Extension;
+    use axum::routing::get;
+    use tower::ServiceExt;
+
+    use super::*;
+
+    async fn id_of(router: Router, path: &str) -> (Option<String>, String) {
+        let request = Request::builder().uri(path).body(Body::empty()).unwrap_or_default();
+        let response = router.oneshot(request).await.unwrap_or_else(|never| match never {});
+        let header = response.headers().get(REQUEST_ID_HEADER).and_then(|value| value.to_str().ok()).map(str::to_string);
+        let body = axum::body::to_bytes(response.into_body(), 1024).await.unwrap_or_default();
+        (header, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    #[tokio::test]
+    async fn every_answer_carries_the_id_its_handler_saw() {
+        let router = || {
+            Router::new()
+                .route("/", get(|Extension(id): Extension<RequestId>| async move { id.0 }))
+                .fallback(|| async { "none here" })
+                .layer(RequestIdLayer)
+        };
+        let (header, body) = id_of(router(), "/").await;
+        assert!(body.starts_with("req_") && body.len() == 36, "{body}");
+        assert_eq!(header.as_deref(), Some(body.as_str()));
+        let (other, _) = id_of(router(), "/").await;
+        assert_ne!(other, header, "each request has an id of its own");
+        let (fallback, body) = id_of(router(), "/missing").await;
+        assert_eq!(body, "none here");
+        assert!(fallback.is_some_and(|id| id.starts_with("req_")));
     }
 }

@@ -230,7 +230,7 @@ fn router(state: EdgeState) -> Router {
         .fallback(route_not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(axum::middleware::from_fn(extract::assign_request_id))
+        .layer(extract::RequestIdLayer)
         .with_state(state)
 }
 
