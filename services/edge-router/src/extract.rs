@@ -1,14 +1,15 @@
 //! Request plumbing shared by every handler: JSON bodies with enveloped errors, and request ids.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
 use axum::http::{HeaderName, HeaderValue};
 use axum::response::Response;
 use brainstorm_common::ApiError;
 use serde::de::DeserializeOwned;
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use tower::{Layer, Service};
 
 /// The id of the request being served, as `X-BR-Request-Id` reports it.
