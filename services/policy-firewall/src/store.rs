@@ -404,10 +404,13 @@ impl PolicyStore {
         transaction.commit().await
     }
 
-    /// A page of interceptions, newest first, and the total.
+    /// A page of interceptions, newest first, and the total. The page carries the total it was read
+    /// with (one statement, one snapshot): counted apart, a batch committed between the two reads
+    /// made an empty page with a total of seven.
     pub async fn interceptions(&self, tenant_id: &str, limit: i64, offset: i64) -> StoreResult<(Vec<Interception>, i64)> {
         let rows = sqlx::query(
-            "SELECT id, tenant_id, severity, actor_id, actor_type, resource, action, verdicts_json, request_id, created_at \
+            "SELECT id, tenant_id, severity, actor_id, actor_type, resource, action, verdicts_json, request_id, created_at, \
+             COUNT(*) OVER () AS total \
              FROM policy_interceptions WHERE tenant_id = $1 ORDER BY created_at DESC, id DESC LIMIT $2 OFFSET $3",
         )
         .bind(tenant_id)
@@ -415,10 +418,17 @@ impl PolicyStore {
         .bind(offset)
         .fetch_all(self.database.pool())
         .await?;
-        let total: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM policy_interceptions WHERE tenant_id = $1")
-            .bind(tenant_id)
-            .fetch_one(self.database.pool())
-            .await?;
+        let total: i64 = match rows.first() {
+            Some(row) => row.try_get("total")?,
+            // An empty first page is an empty log; past the end, the total is counted on its own.
+            None if offset == 0 => 0,
+            None => {
+                sqlx::query_scalar("SELECT COUNT(*) FROM policy_interceptions WHERE tenant_id = $1")
+                    .bind(tenant_id)
+                    .fetch_one(self.database.pool())
+                    .await?
+            }
+        };
         let interceptions = rows
             .iter()
             .map(|row| {

@@ -500,6 +500,8 @@ async fn firewall_configuration_inspection_and_interceptions(database: Database)
     let second = service.list_interceptions(ListInterceptionsRequest { tenant_id: tenant.clone(), limit: 2, offset: 2 }).await?;
     assert_eq!((second.total, second.interceptions.len()), (4, 2));
     assert_eq!(second.interceptions[1].request_id.as_deref(), Some("req_1"));
+    let past_the_end = service.list_interceptions(ListInterceptionsRequest { tenant_id: tenant.clone(), limit: 2, offset: 10 }).await?;
+    assert_eq!((past_the_end.total, past_the_end.interceptions.len()), (4, 0));
     let empty = service.list_interceptions(ListInterceptionsRequest { tenant_id: new_tenant(), limit: 10, offset: 0 }).await?;
     assert_eq!((empty.total, empty.interceptions.len()), (0, 0));
 
