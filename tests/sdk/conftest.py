@@ -2,6 +2,7 @@
 
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -28,15 +29,34 @@ def binary(variable="BR_BINARY"):
 _HANDED_OUT = set()
 
 
+def _ephemeral_range_start():
+    """The first port of the kernel's ephemeral range (32768 where it cannot be read)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
+            return int(ports.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port():
-    """A free port never handed out twice in this run (ports asked for back to back cannot collide)."""
-    while True:
+    """A free port never handed out twice in this run (ports asked for back to back cannot collide).
+
+    It comes from below the kernel's ephemeral range, so no outgoing connection (the gateway's own,
+    to the mock or a database) can take it between this check and the child's bind."""
+    low, high = 10000, max(_ephemeral_range_start(), 10001)
+    start = random.randrange(high - low)
+    for step in range(min(high - low, 2000)):
+        port = low + (start + step) % (high - low)
+        if port in _HANDED_OUT:
+            continue
         with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    raise RuntimeError(f"no fresh free port below {high}")
 
 
 def wait_healthy(port, processes):

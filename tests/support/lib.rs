@@ -71,19 +71,34 @@ pub fn binary() -> anyhow::Result<PathBuf> {
 }
 
 /// A port free at the time of asking, never handed out twice in this test process: two ports asked
-/// for one after the other (a gRPC and a health port, say) cannot collide.
+/// for one after the other (a gRPC and a health port, say) cannot collide. It is taken from below the
+/// kernel's ephemeral range, so no outgoing connection (the gateway's own, to an upstream or a
+/// database) can take it between this check and the child's bind: a port from `bind(":0")` could.
 pub fn free_port() -> anyhow::Result<u16> {
     static HANDED_OUT: std::sync::OnceLock<std::sync::Mutex<std::collections::HashSet<u16>>> = std::sync::OnceLock::new();
     let handed_out = HANDED_OUT.get_or_init(Default::default);
-    for _ in 0..100 {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-        let port = listener.local_addr()?.port();
+    let (low, high) = (10_000u32, u32::from(ephemeral_range_start()).max(10_001));
+    let span = high - low;
+    let start = uuid::Uuid::new_v4().as_u128() as u32 % span;
+    for step in 0..span.min(2_000) {
+        let port = u16::try_from(low + (start + step) % span)?;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
+            continue;
+        }
         let mut taken = handed_out.lock().map_err(|_| anyhow::anyhow!("port registry poisoned"))?;
         if taken.insert(port) {
             return Ok(port);
         }
     }
-    bail!("no fresh free port after 100 tries")
+    bail!("no fresh free port below {high}")
+}
+
+/// The first port of the kernel's ephemeral range (Linux's `ip_local_port_range`; 32768 elsewhere).
+fn ephemeral_range_start() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next().and_then(|low| low.parse().ok()))
+        .unwrap_or(32_768)
 }
 
 /// A fresh temporary directory.
