@@ -558,15 +558,26 @@ http {{
             return round(total / counted) if total is not None and phase["ok"] == counted else None
 
         counts = {"minimal": count(key, routed)}
-        # The full pipeline as phase e runs it: a key with a budget and a rate limit, guardrails on
-        # the prompt, the tool firewall on a reply that calls a tool.
+        # The stages added one at a time as phase e adds them (a key with a budget and a rate limit,
+        # guardrails on the prompt, the tool firewall on a reply that calls a tool), so each stage's
+        # cost shows by a count that repeats where phase e's times move by more than a stage costs.
         full_key = full_pipeline_key(base, key)
-        guardian = self.enable_guardian(base, key)
+        counts["budget"] = count(full_key, routed)
         call(f"{base}/v1/guardrails/config", {"enabled": True, "mode": "block"}, key, method="PUT")
+        counts["guardrails"] = count(full_key, routed)
+        guardian = self.enable_guardian(base, key)
         counts["full"] = count(full_key, dict(routed, **guardian["body"]))
         gateway.terminate()
         gateway.wait(timeout=120)
         self.report["instructions_per_request"] = counts
+        stages = {}
+        for stage, before, after in (
+            ("key budget and rate limit", "minimal", "budget"),
+            ("guardrails on the prompt", "budget", "guardrails"),
+            ("tool firewall on the reply", "guardrails", "full"),
+        ):
+            stages[stage] = counts[after] - counts[before] if counts[after] is not None and counts[before] is not None else None
+        self.report["stage_instructions_per_request"] = stages
 
     def prepare_tenant(self, base, name, providers):
         """Registers tenant `name` on gateway `base` with the mock's key for `providers`, graduated
@@ -726,7 +737,8 @@ def table(report):
         f"guardian stages in phase e: {', '.join(report['phases'].get('e_full_gateway', {}).get('stages', []))}",
         f"nginx floor: {report.get('nginx', 'not installed: skipped')}",
         f"distributed edge (phase h): {report.get('distributed_edge')}",
-        f"instructions per request, callgrind, minimal and full pipeline (phase i; repeatable, SHA-256 in software): {report.get('instructions_per_request')}",
+        f"instructions per request, callgrind, minimal pipeline, each stage added, full pipeline (phase i; repeatable, SHA-256 in software): {report.get('instructions_per_request')}",
+        f"instructions each stage adds per request (phase i): {report.get('stage_instructions_per_request')}",
         f"flat-out phases within 20% of the mock's own throughput (may be bound by the load CPUs, not the proxy): {report.get('near_mock_limit') or 'none'}",
         "",
         "targets (reported, not asserted; nginx's figures above are this machine's floor):",
