@@ -41,27 +41,8 @@ if [ -z "$tansu" ]; then
   fi
 fi
 
-# A free port from below the kernel's ephemeral range, so no outgoing connection can take it before
-# the broker binds it (as the end-to-end tests pick theirs).
-port="$(python3 - <<'PY'
-import random, socket
-try:
-    high = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
-except (OSError, ValueError, IndexError):
-    high = 32768
-high = max(high, 10001)
-start = random.randrange(high - 10000)
-for step in range(min(high - 10000, 2000)):
-    port = 10000 + (start + step) % (high - 10000)
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-    print(port)
-    break
-PY
-)"
+# A free port outside the kernel's ephemeral range, as the end-to-end tests pick theirs.
+port="$(python3 "$(dirname "$0")/free_port.py")"
 [ -n "$port" ] || { log "no free port for the broker"; exit 1; }
 # tansu reads `.env` and LISTENER_URL-style variables from where it starts: start it from an empty
 # directory with a clean environment so nothing but these flags configures it.

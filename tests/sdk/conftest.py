@@ -2,16 +2,18 @@
 
 import json
 import os
-import random
 import shutil
-import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
 import uuid
 
 import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+from free_port import free_port as probe_free_port  # noqa: E402
 
 POSTGRES_ADMIN_URL = os.environ.get("BR_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres")
 MASTER_KEY = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
@@ -29,34 +31,12 @@ def binary(variable="BR_BINARY"):
 _HANDED_OUT = set()
 
 
-def _ephemeral_range_start():
-    """The first port of the kernel's ephemeral range (32768 where it cannot be read)."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
-            return int(ports.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
 def free_port():
-    """A free port never handed out twice in this run (ports asked for back to back cannot collide).
-
-    It comes from below the kernel's ephemeral range, so no outgoing connection (the gateway's own,
-    to the mock or a database) can take it between this check and the child's bind."""
-    low, high = 10000, max(_ephemeral_range_start(), 10001)
-    start = random.randrange(high - low)
-    for step in range(min(high - low, 2000)):
-        port = low + (start + step) % (high - low)
-        if port in _HANDED_OUT:
-            continue
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _HANDED_OUT.add(port)
-        return port
-    raise RuntimeError(f"no fresh free port below {high}")
+    """A free port outside the kernel's ephemeral range (scripts/free_port.py), never handed out twice
+    in this run (ports asked for back to back cannot collide)."""
+    port = probe_free_port(_HANDED_OUT)
+    _HANDED_OUT.add(port)
+    return port
 
 
 def wait_healthy(port, processes):

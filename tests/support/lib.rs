@@ -71,34 +71,45 @@ pub fn binary() -> anyhow::Result<PathBuf> {
 }
 
 /// A port free at the time of asking, never handed out twice in this test process: two ports asked
-/// for one after the other (a gRPC and a health port, say) cannot collide. It is taken from below the
-/// kernel's ephemeral range, so no outgoing connection (the gateway's own, to an upstream or a
+/// for one after the other (a gRPC and a health port, say) cannot collide. It is taken from outside
+/// the kernel's ephemeral range, so no outgoing connection (the gateway's own, to an upstream or a
 /// database) can take it between this check and the child's bind: a port from `bind(":0")` could.
 pub fn free_port() -> anyhow::Result<u16> {
     static HANDED_OUT: std::sync::OnceLock<std::sync::Mutex<std::collections::HashSet<u16>>> = std::sync::OnceLock::new();
     let handed_out = HANDED_OUT.get_or_init(Default::default);
-    let (low, high) = (10_000u32, u32::from(ephemeral_range_start()).max(10_001));
-    let span = high - low;
-    let start = uuid::Uuid::new_v4().as_u128() as u32 % span;
-    for step in 0..span.min(2_000) {
-        let port = u16::try_from(low + (start + step) % span)?;
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
+    let hand_out = |port: u16| -> anyhow::Result<bool> {
+        let mut taken = handed_out.lock().map_err(|_| anyhow::anyhow!("port registry poisoned"))?;
+        Ok(taken.insert(port))
+    };
+    let ephemeral = ephemeral_range();
+    // Ports 10000 to 65535, from a random start.
+    let start = (uuid::Uuid::new_v4().as_u128() % 55_536) as u32;
+    for step in 0..55_536u32 {
+        let port = u16::try_from(10_000 + (start + step) % 55_536)?;
+        if ephemeral.contains(&port) || std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
             continue;
         }
-        let mut taken = handed_out.lock().map_err(|_| anyhow::anyhow!("port registry poisoned"))?;
-        if taken.insert(port) {
+        if hand_out(port)? {
             return Ok(port);
         }
     }
-    bail!("no fresh free port below {high}")
+    // Every port from 10000 up is ephemeral here: one the kernel picks.
+    for _ in 0..100 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        if hand_out(port)? {
+            return Ok(port);
+        }
+    }
+    bail!("no fresh free port")
 }
 
-/// The first port of the kernel's ephemeral range (Linux's `ip_local_port_range`; 32768 elsewhere).
-fn ephemeral_range_start() -> u16 {
-    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|range| range.split_whitespace().next().and_then(|low| low.parse().ok()))
-        .unwrap_or(32_768)
+/// The kernel's ephemeral port range (Linux's `ip_local_port_range`; 32768-60999 where unreadable).
+fn ephemeral_range() -> std::ops::RangeInclusive<u16> {
+    let read = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok().and_then(|text| {
+        let mut ends = text.split_whitespace().map(|end| end.parse::<u16>().ok());
+        Some(ends.next()??..=ends.next()??)
+    });
+    read.unwrap_or(32_768..=60_999)
 }
 
 /// A fresh temporary directory.
