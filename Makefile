@@ -8,7 +8,7 @@ endif
 LISTEN ?= 127.0.0.1:8080
 DATA_DIR ?= brainstorm-data
 
-.PHONY: help run build test bench lint fmt
+.PHONY: help run build release test bench lint fmt
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -18,6 +18,9 @@ run: ## start every service in one process (SQLite in ./brainstorm-data) on $(LI
 
 build: ## build the brainstorm binary
 	cargo build -p brainstorm
+
+release: ## build the optimised binary (profile-guided: trains on the benchmark's load; prints its path)
+	scripts/release-pgo.sh
 
 test: ## run every test (starts PostgreSQL when none answers)
 	scripts/test.sh

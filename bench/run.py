@@ -698,7 +698,7 @@ def near_mock_limit(report):
 
 
 def table(report):
-    lines = [f"Brainstorm benchmark ({report['cpu_count']} CPUs; {report['pinning']}; commit {report['commit']})", ""]
+    lines = [f"Brainstorm benchmark ({report['cpu_count']} CPUs; {report['pinning']}; commit {report['commit']}; build: {report.get('build')})", ""]
     lines.append(f"{'phase':<26}{'req/s':>10}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'CPU us/req':>12}")
     for name, phase in report["phases"].items():
         if "p50_ms" not in phase:
@@ -752,6 +752,7 @@ def table(report):
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--gateway", required=True)
+    parser.add_argument("--build", default="unspecified", help="how the gateway binary was built (reported)")
     parser.add_argument("--mock", required=True)
     parser.add_argument("--oha", required=True)
     parser.add_argument("--seconds", type=int, default=8, help="length of each measured load phase")
@@ -769,6 +770,7 @@ def main():
     finally:
         bench.stop()
     report = bench.report
+    report["build"] = args.build
     report["commit"] = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip() or "unknown"
     report["generated_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     os.makedirs(os.path.dirname(args.output), exist_ok=True)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# `make bench`: builds the release binaries, makes sure the load generator (oha) is installed (cached
-# under $HOME/.cache/brainstorm/tools), then runs bench/run.py.
+# `make bench`: builds the release binaries (the gateway's profile-guided: scripts/release-pgo.sh),
+# makes sure the load generator (oha) is installed (cached under $HOME/.cache/brainstorm/tools), then
+# runs bench/run.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools="$HOME/.cache/brainstorm/tools"
@@ -11,6 +12,13 @@ fi
 if ! command -v taskset >/dev/null 2>&1; then
   echo "bench: taskset is missing (util-linux): processes will not be pinned" >&2
 fi
-cargo build --release -p brainstorm -p brainstorm-mock-upstream
+# The gateway as shipped: the profile-guided release build of `make release` (the plain release build
+# where llvm-profdata is missing, or with BR_PGO=0); the mock upstream is a plain release build.
+gateway="$(scripts/release-pgo.sh)"
+cargo build --release -p brainstorm-mock-upstream
 target="${CARGO_TARGET_DIR:-target}"
-exec python3 bench/run.py --gateway "$target/release/brainstorm" --mock "$target/release/mock-upstream" --oha "$tools/bin/oha" "$@"
+case "$gateway" in
+  */pgo/use/*) build="release, profile-guided (scripts/release-pgo.sh)" ;;
+  *) build="release, without profile-guided optimisation" ;;
+esac
+exec python3 bench/run.py --gateway "$gateway" --build "$build" --mock "$target/release/mock-upstream" --oha "$tools/bin/oha" "$@"
