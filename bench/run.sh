@@ -1,14 +1,9 @@
 #!/usr/bin/env bash
 # `make bench`: builds the release binaries (the gateway's profile-guided: scripts/release-pgo.sh),
-# makes sure the load generator (oha) is installed (cached under $HOME/.cache/brainstorm/tools), then
-# runs bench/run.py.
+# makes sure the load generator (oha) is installed (scripts/ensure-oha.sh), then runs bench/run.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tools="$HOME/.cache/brainstorm/tools"
-if [ ! -x "$tools/bin/oha" ]; then
-  echo "bench: installing oha (once, into $tools)" >&2
-  cargo install oha --locked --root "$tools"
-fi
+oha="$(scripts/ensure-oha.sh)"
 if ! command -v taskset >/dev/null 2>&1; then
   echo "bench: taskset is missing (util-linux): processes will not be pinned" >&2
 fi
@@ -21,4 +16,4 @@ case "$gateway" in
   */pgo/use/*) build="release, profile-guided (scripts/release-pgo.sh)" ;;
   *) build="release, without profile-guided optimisation" ;;
 esac
-exec python3 bench/run.py --gateway "$gateway" --build "$build" --mock "$target/release/mock-upstream" --oha "$tools/bin/oha" "$@"
+exec python3 bench/run.py --gateway "$gateway" --build "$build" --mock "$target/release/mock-upstream" --oha "$oha" "$@"

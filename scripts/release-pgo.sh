@@ -19,7 +19,6 @@ target="${CARGO_TARGET_DIR:-target}"
 mkdir -p "$target"
 target="$(cd "$target" && pwd)"
 base_flags="${RUSTFLAGS:-}"
-tools="$HOME/.cache/brainstorm/tools"
 
 plain() {
   echo "release: $1; building without profile-guided optimisation" >&2
@@ -30,7 +29,12 @@ plain() {
 [ "${BR_PGO:-1}" = 0 ] && { plain "BR_PGO=0"; exit 0; }
 
 llvm_major="$(rustc -vV | awk '/^LLVM version/ { split($3, version, "."); print version[1] }')"
+# llvm-profdata-N, or an unversioned llvm-profdata of that version.
 profdata="$(command -v "llvm-profdata-$llvm_major" || true)"
+if [ -z "$profdata" ] && command -v llvm-profdata >/dev/null 2>&1 \
+  && llvm-profdata --version 2>/dev/null | grep -q "LLVM version $llvm_major\."; then
+  profdata="$(command -v llvm-profdata)"
+fi
 if [ -z "$profdata" ] && command -v apt-get >/dev/null 2>&1; then
   echo "release: installing llvm-$llvm_major for llvm-profdata (once)" >&2
   apt-get install -y -q "llvm-$llvm_major" >/dev/null 2>&1 || true
@@ -40,10 +44,7 @@ fi
 
 # The training load needs the mock upstream (a plain release build) and oha.
 cargo build --release -p brainstorm-mock-upstream >&2
-if [ ! -x "$tools/bin/oha" ]; then
-  echo "release: installing oha (once, into $tools)" >&2
-  cargo install oha --locked --root "$tools" >&2
-fi
+oha="$(scripts/ensure-oha.sh)"
 
 pgo="$target/pgo"
 raw="$pgo/raw"
@@ -54,7 +55,7 @@ profile="$pgo/profiles/$(sha256sum "$instrumented" | cut -c1-16).profdata"
 if [ ! -f "$profile" ]; then
   echo "release: training (the benchmark's phases, a few seconds each)" >&2
   rm -rf "$raw"
-  python3 bench/run.py --gateway "$instrumented" --mock "$target/release/mock-upstream" --oha "$tools/bin/oha" \
+  python3 bench/run.py --gateway "$instrumented" --mock "$target/release/mock-upstream" --oha "$oha" \
     --seconds 2 --warmup 1 --repeats 1 --sequential 500 --streams 300 --no-callgrind --output "$pgo/training.json" >&2
   rm -rf "$pgo/profiles"
   mkdir -p "$pgo/profiles"
