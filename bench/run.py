@@ -22,6 +22,9 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+from free_port import free_port as probe_free_port  # noqa: E402
+
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PROVIDER_KEY = "sk-bench-0123456789abcdefghijklmnopqrstuv"
 # How a direct call to the paced mock (Anthropic wire format) authenticates.
@@ -34,10 +37,15 @@ def log(message):
     print(f"bench: {message}", file=sys.stderr, flush=True)
 
 
+_HANDED_OUT = set()
+
+
 def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A free port outside the kernel's ephemeral range (scripts/free_port.py), never handed out twice
+    in this run (the ports of one phase are asked for before any of them is bound)."""
+    port = probe_free_port(_HANDED_OUT)
+    _HANDED_OUT.add(port)
+    return port
 
 
 def wait_http(url, timeout=30):
