@@ -101,15 +101,43 @@ pub struct FixedUsd {
 
 impl fmt::Display for FixedUsd {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let sign = if self.amount.nanos < 0 { "-" } else { "" };
         let magnitude = self.amount.nanos.unsigned_abs();
-        let whole = magnitude / NANOS_PER_USD as u64;
-        if self.decimals == 0 {
-            return write!(formatter, "{sign}{whole}");
-        }
         let fraction = (magnitude % NANOS_PER_USD as u64) / 10u64.pow(9 - self.decimals);
-        write!(formatter, "{sign}{whole}.{fraction:0width$}", width = self.decimals as usize)
+        write_fixed(formatter, self.amount.nanos < 0, magnitude / NANOS_PER_USD as u64, fraction, self.decimals)
     }
+}
+
+/// Writes `whole.fraction` (`-` first when `negative`; the fraction zero-padded to `decimals` digits,
+/// none when 0) in one piece: `write!` with a width runs the formatter's padding for each part,
+/// several times the work, and the answer's cost and latency headers are written on every request.
+pub fn write_fixed(formatter: &mut fmt::Formatter<'_>, negative: bool, whole: u64, fraction: u64, decimals: u32) -> fmt::Result {
+    // 20 digits of a u64, a point, up to 20 decimals (more are not written) and a sign.
+    let mut text = [0u8; 42];
+    let mut start = text.len();
+    let mut push = |digit: u8| {
+        start -= 1;
+        text[start] = digit;
+    };
+    let mut rest = fraction;
+    for _ in 0..decimals.min(20) {
+        push(b'0' + (rest % 10) as u8);
+        rest /= 10;
+    }
+    if decimals > 0 {
+        push(b'.');
+    }
+    let mut rest = whole;
+    loop {
+        push(b'0' + (rest % 10) as u8);
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    if negative {
+        push(b'-');
+    }
+    formatter.write_str(std::str::from_utf8(&text[start..]).map_err(|_| fmt::Error)?)
 }
 
 impl fmt::Display for Usd {
@@ -124,6 +152,18 @@ impl fmt::Display for Usd {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fixed_amounts_are_written_digit_for_digit() {
+        let shown = |nanos: i64, decimals: u32| Usd::from_nanos(nanos).fixed(decimals).to_string();
+        assert_eq!(shown(12_345_678_901, 6), "12.345678");
+        assert_eq!(shown(-1_500_000_000, 2), "-1.50");
+        assert_eq!(shown(7_000, 6), "0.000007");
+        assert_eq!(shown(0, 6), "0.000000");
+        assert_eq!(shown(42_999_999_999, 0), "42");
+        assert_eq!(shown(i64::MIN, 9), "-9223372036.854775808");
+        assert_eq!(shown(i64::MAX, 9), "9223372036.854775807");
+    }
 
     #[test]
     fn decimals_are_read_exactly() {

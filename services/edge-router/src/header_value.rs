@@ -36,8 +36,8 @@ pub(crate) struct Millis(pub Duration);
 
 impl fmt::Display for Millis {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let micros = self.0.as_nanos().saturating_add(500) / 1_000;
-        write!(formatter, "{}.{:03}", micros / 1_000, micros % 1_000)
+        let micros = u64::try_from(self.0.as_nanos().saturating_add(500) / 1_000).unwrap_or(u64::MAX);
+        brainstorm_common::money::write_fixed(formatter, false, micros / 1_000, micros % 1_000, 3)
     }
 }
 

@@ -751,7 +751,9 @@ struct Efficiency(i128);
 
 impl std::fmt::Display for Efficiency {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(formatter, "{}.{:04}", self.0 / 10_000, self.0 % 10_000)
+        let magnitude = self.0.unsigned_abs();
+        let whole = u64::try_from(magnitude / 10_000).unwrap_or(u64::MAX);
+        brainstorm_common::money::write_fixed(formatter, self.0 < 0, whole, (magnitude % 10_000) as u64, 4)
     }
 }
 

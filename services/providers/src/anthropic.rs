@@ -465,7 +465,7 @@ pub mod outgoing {
 /// A whole reply from its body: a reply of the expected shape is read into borrowed typed parts, any
 /// other through its `Value` (`parse_reply`), which decides.
 pub fn parse_reply_body(body: &[u8]) -> Result<ChatReply, String> {
-    if let Ok(reply) = serde_json::from_slice::<incoming::Reply<'_>>(body) {
+    if let Ok(reply) = crate::typed::from_json::<incoming::Reply<'_>>(body) {
         return Ok(reply.into_reply());
     }
     serde_json::from_slice::<Value>(body).map_err(|error| error.to_string()).and_then(|body| parse_reply(&body))

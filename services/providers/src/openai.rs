@@ -602,7 +602,7 @@ pub mod outgoing {
 /// (this is on every answered request). Fields of an unexpected type read as absent, as they would
 /// from a tree: a text that is not a string is no text, a count that is not a whole number is 0.
 pub fn parse_reply(body: &[u8]) -> Result<ChatReply, String> {
-    let wire: wire::Reply<'_> = serde_json::from_slice(body).map_err(|error| error.to_string())?;
+    let wire: wire::Reply<'_> = crate::typed::from_json(body).map_err(|error| error.to_string())?;
     let choice = wire.choices.unwrap_or_default().into_iter().next().ok_or("no choices in the provider's reply")?;
     let message = choice.message.ok_or("no message in the provider's reply")?;
     let mut parts = Vec::new();

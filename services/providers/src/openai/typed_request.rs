@@ -9,11 +9,11 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::chat::{ChatRequest, Message, Part, Role, Tool, ToolChoice};
-use crate::typed::{Checked, Object, positive_u32, within};
+use crate::typed::{Checked, Object, from_json, positive_u32, within};
 
 /// The neutral request of a body of the common shape; None for any other body.
 pub fn read(body: &[u8]) -> Option<ChatRequest> {
-    serde_json::from_slice::<Object<Body<'_>>>(body).ok()?.0.into_request()
+    from_json::<Object<Body<'_>>>(body).ok()?.0.into_request()
 }
 
 /// The members `parse_request` reads, in the types the common shape has them, and the usual ones it
