@@ -91,6 +91,7 @@ on_both_engines!(
     settlements_on_the_bus_feed_the_anomaly_detector,
     one_batch_feeds_each_tenant_however_many_observations_it_gives,
     the_interception_log_flushes_without_waiting_out_its_linger,
+    a_burst_of_interceptions_is_stored_whole_after_the_linger,
 );
 
 async fn the_tenant_switch_moves_between_states_keeps_fifty_activations_and_publishes_snapshots(database: Database) -> TestResult {
@@ -1109,5 +1110,34 @@ async fn the_interception_log_flushes_without_waiting_out_its_linger(database: D
     tokio::time::timeout(Duration::from_secs(5), guardian.interceptions_flushed()).await?;
     let page = client.list_interceptions(ListInterceptionsRequest { tenant_id: tenant.clone(), limit: 10, offset: 0 }).await?;
     assert_eq!(page.total, 2, "both interceptions are stored once the flush returns");
+    Ok(())
+}
+
+/// More interceptions than one batch carries (256), arriving at once: each is stored once, without a
+/// flush (full batches are written without lingering, the last when its linger ends).
+async fn a_burst_of_interceptions_is_stored_whole_after_the_linger(database: Database) -> TestResult {
+    let harness = Harness::new(database)?;
+    let client = harness.client();
+    let tenant = new_tenant();
+    let options = GuardianOptions { interception_linger: Duration::from_millis(200), ..GuardianOptions::default() };
+    let guardian = Guardian::new(client.clone(), options);
+    for index in 0..600 {
+        guardian.record_interception(Interception {
+            tenant_id: tenant.clone(),
+            severity: "medium".to_string(),
+            action: "mask".to_string(),
+            resource: "tool:lookup".to_string(),
+            request_id: Some(format!("req_{index}")),
+            ..Interception::default()
+        });
+    }
+    let stored = || async {
+        client.list_interceptions(ListInterceptionsRequest { tenant_id: tenant.clone(), limit: 1, offset: 0 }).await.map(|page| page.total)
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while stored().await? < 600 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(stored().await?, 600, "every interception of the burst is stored, once");
     Ok(())
 }
