@@ -25,6 +25,8 @@ use brainstorm_proto::audit::{
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+mod record_writer;
+
 /// The chain schema version every payload carries.
 pub const CHAIN_SCHEMA_VERSION: i64 = 2;
 
@@ -281,7 +283,7 @@ pub fn capture_digest(capture: &Capture) -> String {
 
 /// The record's canonical payload: the text that is hashed and stored.
 pub fn canonical_payload(record: &AuditRecord) -> String {
-    record_object(record).to_text()
+    record_writer::record_payload(record)
 }
 
 /// The commitment to a record: `hex(SHA-256(canonical payload))`, known before the record is chained
@@ -310,6 +312,8 @@ pub fn commitment_and_chain_hash(payload: &str, prev_hash: &str) -> (String, Str
     (commitment, digest_hex(&hasher.finalize()))
 }
 
+/// The tree the payload writer must match (`record_writer`), for its tests.
+#[cfg(test)]
 fn record_object(record: &AuditRecord) -> Canonical<'_> {
     let capture_digest = record.capture.as_ref().map(capture_digest).unwrap_or_default();
     // Members in key order (see `ObjectBuilder::build`).
@@ -344,10 +348,12 @@ fn record_object(record: &AuditRecord) -> Canonical<'_> {
         .build()
 }
 
+#[cfg(test)]
 fn empty<'a>() -> Canonical<'a> {
     Canonical::Object(Vec::new())
 }
 
+#[cfg(test)]
 fn principal_object(principal: &Principal) -> Canonical<'_> {
     ObjectBuilder::new()
         .text("auth_method", &principal.auth_method)
@@ -357,6 +363,7 @@ fn principal_object(principal: &Principal) -> Canonical<'_> {
         .build()
 }
 
+#[cfg(test)]
 fn trace_object(trace: &TraceContext) -> Canonical<'_> {
     ObjectBuilder::new()
         .bool("inbound_trusted", trace.inbound_trusted)
@@ -367,6 +374,7 @@ fn trace_object(trace: &TraceContext) -> Canonical<'_> {
         .build()
 }
 
+#[cfg(test)]
 fn policy_object(policy: &PolicyContext) -> Canonical<'_> {
     ObjectBuilder::new()
         .texts("matched_rules", &policy.matched_rules)
@@ -375,6 +383,7 @@ fn policy_object(policy: &PolicyContext) -> Canonical<'_> {
         .build()
 }
 
+#[cfg(test)]
 fn agent_object(agent: &AgentContext) -> Canonical<'_> {
     ObjectBuilder::new()
         .bool("registered", agent.registered)
@@ -387,6 +396,7 @@ fn agent_object(agent: &AgentContext) -> Canonical<'_> {
         .build()
 }
 
+#[cfg(test)]
 fn grant_object(grant: &GrantContext) -> Canonical<'_> {
     ObjectBuilder::new()
         .optional_text("grant_id", grant.grant_id.as_ref())
@@ -395,6 +405,7 @@ fn grant_object(grant: &GrantContext) -> Canonical<'_> {
         .build()
 }
 
+#[cfg(test)]
 fn decision_object(decision: &DecisionPath) -> Canonical<'_> {
     let candidates = decision
         .candidates
@@ -669,6 +680,99 @@ mod tests {
         assert_eq!(canonical_payload(&sample()), expected);
         // Pinned independently (Python's hashlib over the text above): changing the encoding breaks every chain.
         assert_eq!(commitment(&sample()), "cfe8f6fbf37676545af0567938edc6a2be60ff16d35a7109cbd33d958792a487");
+    }
+
+    /// Every member set, with the values that are dropped (empty texts, zeros, false), kept inside
+    /// lists (empty texts, members-less objects) or escaped, and nested objects left empty.
+    fn every_member() -> AuditRecord {
+        let text = |value: &str| value.to_string();
+        AuditRecord {
+            agent: Some(AgentContext {
+                registered: true,
+                owner_id: Some(text("u\"1")),
+                owner_source: text("agent_profile"),
+                identity_source: text("header"),
+                mesh_source: Some(text("")),
+                mesh_hop_count: -2,
+                lifecycle_state: Some(text("active")),
+            }),
+            agent_id: Some(text("agent-\u{1}7")),
+            capture: Some(Capture { prompt: text("hi\n"), completion: text("") }),
+            conversation_id: Some(text("c é")),
+            cost_nanos: i64::MAX,
+            coverage: text("captured"),
+            decision: Some(DecisionPath {
+                selected_model: text("openai/gpt-4o"),
+                score_micros: 7,
+                selection_method: text("alias"),
+                reason: text("tab\there"),
+                complexity_level: 0,
+                complexity_score: i64::MIN,
+                candidates: vec![
+                    CandidateDecision {
+                        model: text("openai/gpt-4o"),
+                        provider: text("openai"),
+                        estimated_cost_nanos: Some(0),
+                        score_micros: 3,
+                        status: text("selected"),
+                        reason: text(""),
+                    },
+                    CandidateDecision::default(),
+                    CandidateDecision { estimated_cost_nanos: Some(-5), ..CandidateDecision::default() },
+                ],
+                steps: vec![DecisionStep { stage: text("route"), result: text("ok"), detail: text("\u{7f}"), elapsed_micros: 12 }],
+            }),
+            endpoint: text("/v1/messages"),
+            grant: Some(GrantContext { grant_id: Some(text("g")), plan_id: None, approval_id: Some(text("a")) }),
+            input_tokens: 1,
+            key_id: Some(text("")),
+            latency_ms: 3,
+            model_executed: text("m"),
+            model_requested: text("auto"),
+            model_resolved: text("r"),
+            occurred_at: text("2026-11-26T21:00:00.000Z"),
+            outcome: text("denied"),
+            output_tokens: 2,
+            policy: Some(PolicyContext {
+                matched_rules: vec![text("b"), text(""), text("a")],
+                deny_rule: Some(text("d")),
+                verdict_id: None,
+            }),
+            principal: Some(Principal { id: text("k"), auth_method: text("api_key"), spiffe_id: Some(text("spiffe://x")), owner_id: None }),
+            provider: text("anthropic"),
+            reason_code: text("tool_firewall_blocked"),
+            request_id: text("req_\u{2028}"),
+            strategy: text("price"),
+            tenant_id: text("t"),
+            trace: Some(TraceContext {
+                trace_id: text("0af7651916cd43dd8448eb211c80319c"),
+                span_id: text("b7ad6b7169203331"),
+                parent_span_id: None,
+                origin: text("generated"),
+                inbound_trusted: false,
+            }),
+            canonical_payload: text("ignored"),
+        }
+    }
+
+    #[test]
+    fn the_payload_writer_writes_what_the_canonical_object_encodes_to() {
+        let empty_nested = AuditRecord {
+            agent: Some(AgentContext::default()),
+            decision: Some(DecisionPath::default()),
+            grant: Some(GrantContext::default()),
+            policy: Some(PolicyContext::default()),
+            principal: Some(Principal::default()),
+            trace: Some(TraceContext::default()),
+            ..sample()
+        };
+        let only_nested = AuditRecord { agent: every_member().agent, trace: every_member().trace, ..AuditRecord::default() };
+        for record in [sample(), every_member(), empty_nested, only_nested, AuditRecord::default()] {
+            let payload = canonical_payload(&record);
+            assert_eq!(payload, record_object(&record).to_text());
+            let value: Value = serde_json::from_str(&payload).unwrap_or_default();
+            assert_eq!(Canonical::from_json(&value).map(|canonical| canonical.to_text()), Ok(payload.clone()), "canonical: {payload}");
+        }
     }
 
     #[test]
