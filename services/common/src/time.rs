@@ -63,6 +63,15 @@ mod tests {
             }
             seconds += 7_919_993; // about three months and a prime, so every field varies
         }
+        // Every day around two century years (2000 leaps, 2100 does not), and years 0 and -1.
+        for day in 10_926..47_541 {
+            let instant = DateTime::from_timestamp(day * 86_400 + 86_399, 999_000_000).unwrap_or_default();
+            assert_eq!(format_timestamp(instant), instant.to_rfc3339_opts(SecondsFormat::Millis, true));
+        }
+        for seconds in [-62_167_219_200, -62_162_035_201, -62_198_755_200, -1, 0, 951_782_400] {
+            let instant = DateTime::from_timestamp(seconds, 0).unwrap_or_default();
+            assert_eq!(format_timestamp(instant), instant.to_rfc3339_opts(SecondsFormat::Millis, true));
+        }
         let leap = DateTime::from_timestamp(1_483_228_799, 1_500_000_000).unwrap_or_default();
         assert_eq!(format_timestamp(leap), leap.to_rfc3339_opts(SecondsFormat::Millis, true));
         let far = DateTime::from_timestamp(253_402_300_800, 0).unwrap_or_default();
