@@ -109,10 +109,10 @@ impl fmt::Display for FixedUsd {
 
 /// Writes `[-]whole.fraction`, the fraction zero-padded to `decimals` digits (none when 0), in one piece.
 pub fn write_fixed(formatter: &mut fmt::Formatter<'_>, negative: bool, whole: u64, fraction: u64, decimals: u32) -> fmt::Result {
-    // Digit by digit into a stack buffer: `write!` with a width runs the formatter's padding for each
-    // part, several times the work, and the answer's cost and latency headers are written on every
-    // request.
-    // 20 digits of a u64, a point, up to 20 decimals (more are not written) and a sign.
+    // Digit by digit into a stack buffer, from the end: `write!` with a width runs the formatter's
+    // padding for each part, several times the work, and the answer's cost and latency headers are
+    // written on every request. Room for 20 digits of a u64, a point, up to 20 decimals (more are not
+    // written) and a sign.
     let mut text = [0u8; 42];
     let mut start = text.len();
     let mut push = |digit: u8| {

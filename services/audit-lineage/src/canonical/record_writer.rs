@@ -193,6 +193,21 @@ impl<'o> Members<'o> {
     /// Member `key` holding one object per item (an item without members as `{}`), left out when there
     /// are none.
     fn objects<T>(&mut self, key: &str, items: &[T], write: impl Fn(&mut Members<'_>, &T)) {
+        self.list(key, items, |out, item| {
+            let mut inner = Members::open(out);
+            write(&mut inner, item);
+            inner.close();
+        });
+    }
+
+    /// Member `key` holding a list of texts (an empty text kept as `""`), left out when there are none.
+    fn texts(&mut self, key: &str, texts: &[String]) {
+        self.list(key, texts, |out, text| write_string(text, out));
+    }
+
+    /// Member `key` holding a list, each item written by `write` (lists keep every item), left out when
+    /// there are none.
+    fn list<T>(&mut self, key: &str, items: &[T], write: impl Fn(&mut Vec<u8>, &T)) {
         if items.is_empty() {
             return;
         }
@@ -202,25 +217,7 @@ impl<'o> Members<'o> {
             if index > 0 {
                 self.out.push(b',');
             }
-            let mut inner = Members::open(self.out);
-            write(&mut inner, item);
-            inner.close();
-        }
-        self.out.push(b']');
-    }
-
-    /// Member `key` holding a list of texts (an empty text kept as `""`), left out when there are none.
-    fn texts(&mut self, key: &str, texts: &[String]) {
-        if texts.is_empty() {
-            return;
-        }
-        self.key(key);
-        self.out.push(b'[');
-        for (index, text) in texts.iter().enumerate() {
-            if index > 0 {
-                self.out.push(b',');
-            }
-            write_string(text, self.out);
+            write(self.out, item);
         }
         self.out.push(b']');
     }
