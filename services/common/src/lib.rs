@@ -1,5 +1,5 @@
 //! Shared plumbing of every Brainstorm service: the error envelope, configuration, store, event bus,
-//! mail outbox, money and time helpers, request-path hash maps, and telemetry.
+//! mail outbox, money, time and text helpers, request-path hash maps, and telemetry.
 
 pub mod bus;
 pub mod collections;
@@ -9,6 +9,7 @@ pub mod money;
 pub mod outbox;
 pub mod store;
 pub mod telemetry;
+pub mod text;
 pub mod time;
 
 pub use error::{ApiError, Recovery};

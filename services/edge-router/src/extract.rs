@@ -51,7 +51,7 @@ where
     }
 
     fn call(&mut self, mut request: Request) -> Self::Future {
-        let request_id = format!("req_{}", uuid::Uuid::now_v7().simple());
+        let request_id = brainstorm_common::text::prefixed_uuid("req_", uuid::Uuid::now_v7());
         // The header value is made now, so the id itself moves into the request (no copy).
         let value = HeaderValue::from_str(&request_id).ok();
         request.extensions_mut().insert(RequestId(request_id));

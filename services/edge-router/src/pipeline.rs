@@ -196,7 +196,7 @@ pub struct AuditFacts {
 
 /// `bytes` (at most 16) random bytes as lowercase hex.
 fn random_hex(bytes: usize) -> String {
-    let mut text = uuid::Uuid::new_v4().simple().to_string();
+    let mut text = brainstorm_common::text::prefixed_uuid("", uuid::Uuid::new_v4());
     text.truncate(bytes.min(16) * 2);
     text
 }
@@ -221,7 +221,7 @@ fn trace_context(request_headers: &HeaderMap) -> TraceContext {
             // Time-ordered like a UUIDv7 (the chain's trace index then grows at its end instead of
             // dirtying a random page per request); the rightmost 7 bytes stay random, which is what
             // W3C Trace Context level 2 samplers rely on.
-            trace_id: uuid::Uuid::now_v7().simple().to_string(),
+            trace_id: brainstorm_common::text::prefixed_uuid("", uuid::Uuid::now_v7()),
             span_id: random_hex(8),
             parent_span_id: None,
             origin: "generated".to_string(),
@@ -729,8 +729,8 @@ async fn guard_whole_reply(
 fn reply_id(request_id: &RequestId, format: ClientFormat) -> String {
     let suffix = request_id.0.trim_start_matches("req_");
     match format {
-        ClientFormat::OpenAi => format!("chatcmpl-{suffix}"),
-        ClientFormat::Anthropic => format!("msg_{suffix}"),
+        ClientFormat::OpenAi => brainstorm_common::text::concat(&["chatcmpl-", suffix]),
+        ClientFormat::Anthropic => brainstorm_common::text::concat(&["msg_", suffix]),
     }
 }
 
@@ -768,7 +768,7 @@ fn route_headers(route: &Route, candidate: &Candidate, failures: &[(String, Upst
     set!(&mut headers, "x-br-upstream-model", &candidate.model);
     set_value!(&mut headers, "x-br-selection-method", header_value::fixed(route.method.as_str()));
     set!(&mut headers, "x-br-route-reason", &route.reason);
-    set_value!(&mut headers, "x-br-models-considered", header_value::shown(route.candidates.len()));
+    headers.insert(const { HeaderName::from_static("x-br-models-considered") }, HeaderValue::from(route.candidates.len()));
     set_value!(&mut headers, "x-model-router-endpoint", header_value::fixed(candidate.provider.id));
     if let Some(entry) = &candidate.entry {
         set_value!(&mut headers, "x-br-quality-tier", header_value::shown(entry.tier));

@@ -6,6 +6,7 @@
 
 use std::sync::LazyLock;
 
+use brainstorm_common::text::{concat, hyphenated_uuid};
 use brainstorm_proto::policy as proto;
 use http::HeaderName;
 use regex::{Regex, RegexBuilder, RegexSet};
@@ -470,12 +471,12 @@ impl FirewallOutcome {
         let resource =
             self.calls.iter().filter(|call| call.action == self.action).map(|call| call.call.name.clone()).collect::<Vec<_>>().join(",");
         Some(proto::Interception {
-            id: uuid::Uuid::now_v7().to_string(),
+            id: hyphenated_uuid(uuid::Uuid::now_v7()),
             tenant_id: tenant_id.to_string(),
             severity: self.action.severity().to_string(),
             actor_id: caller.actor_id.clone(),
             actor_type: caller.actor_type.clone(),
-            resource: format!("tool:{resource}"),
+            resource: concat(&["tool:", &resource]),
             action: self.action.as_str().to_string(),
             verdicts: self.verdicts.iter().map(Verdict::to_proto).collect(),
             request_id: request_id.map(str::to_string),
@@ -587,7 +588,7 @@ impl CompiledFirewall {
                     .verdicts
                     .iter()
                     .find(|verdict| verdict.action == action)
-                    .map(|verdict| format!("{}: {}", verdict.step.as_str(), verdict.reason));
+                    .map(|verdict| concat(&[verdict.step.as_str(), ": ", &verdict.reason]));
             }
             let rewritten = if enforced { inspection.rewritten } else { call.clone() };
             outcome.calls.push(InspectedCall { original_name: call.name.clone(), call: rewritten, action });
@@ -733,13 +734,14 @@ impl CompiledFirewall {
             redacted
         });
         if !secret_kinds.is_empty() {
-            inspection.verdict(Step::SecretRedaction, &name, FirewallAction::Mask, format!("redacted {}", secret_kinds.join(",")));
+            inspection.verdict(Step::SecretRedaction, &name, FirewallAction::Mask, concat(&["redacted ", &secret_kinds.join(",")]));
         }
         if !mask_names.is_empty() {
-            inspection.verdict(Step::MaskPatterns, &name, FirewallAction::Mask, format!("masked {}", mask_names.join(",")));
+            inspection.verdict(Step::MaskPatterns, &name, FirewallAction::Mask, concat(&["masked ", &mask_names.join(",")]));
         }
         if arguments_changed || !secret_kinds.is_empty() || !mask_names.is_empty() {
-            inspection.rewritten.arguments = arguments.to_string();
+            // Straight into a buffer; `to_string` (Display) went through the formatter per piece.
+            inspection.rewritten.arguments = serde_json::to_string(&arguments).unwrap_or_else(|_| arguments.to_string());
         }
         inspection
     }

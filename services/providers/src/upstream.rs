@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use brainstorm_common::collections::HashMap;
 use brainstorm_common::config::EgressProxy;
+use brainstorm_common::text::concat;
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderName};
@@ -220,14 +221,13 @@ impl UpstreamClient {
     fn request(&self, target: &Target<'_>, chat: &ChatRequest) -> Result<Request<Full<Bytes>>, UpstreamError> {
         let base = target.base_url.trim_end_matches('/');
         let (url, body) = match target.provider.format {
-            WireFormat::OpenAi => (format!("{base}/chat/completions"), serde_json::to_vec(&openai::build_request(chat, target.model))),
-            WireFormat::Anthropic => (
-                format!("{base}/v1/messages"),
-                serde_json::to_vec(&anthropic::build_request(chat, target.model, target.default_max_tokens)),
-            ),
+            WireFormat::OpenAi => (concat(&[base, "/chat/completions"]), json_body(&openai::build_request(chat, target.model))),
+            WireFormat::Anthropic => {
+                (concat(&[base, "/v1/messages"]), json_body(&anthropic::build_request(chat, target.model, target.default_max_tokens)))
+            }
             WireFormat::Gemini => {
                 let method = if chat.stream { "streamGenerateContent?alt=sse" } else { "generateContent" };
-                (format!("{base}/v1beta/models/{}:{method}", target.model), serde_json::to_vec(&gemini::build_request(chat)))
+                (concat(&[base, "/v1beta/models/", target.model, ":", method]), json_body(&gemini::build_request(chat)))
             }
         };
         let body = body.map_err(|error| UpstreamError::Decode(error.to_string()))?;
@@ -307,6 +307,14 @@ impl UpstreamClient {
     }
 }
 
+/// A request body as JSON, written into a buffer sized for a typical request (`to_vec` starts at 128
+/// bytes and grew two or three times for one).
+fn json_body(body: &impl serde::Serialize) -> serde_json::Result<Vec<u8>> {
+    let mut buffer = Vec::with_capacity(1024);
+    serde_json::to_writer(&mut buffer, body)?;
+    Ok(buffer)
+}
+
 fn parse_endpoint(url: &str) -> Result<Uri, UpstreamError> {
     let parsed: Uri = url.parse().map_err(|error| UpstreamError::Transport(format!("invalid provider URL `{url}`: {error}")))?;
     if parsed.scheme().is_none() || parsed.authority().is_none() {
@@ -349,7 +357,7 @@ fn with_stream(chat: &ChatRequest, stream: bool) -> std::borrow::Cow<'_, ChatReq
 
 fn authorize(headers: &mut HeaderMap, provider: &Provider, api_key: &str) -> Result<(), UpstreamError> {
     let (name, value) = match provider.auth {
-        AuthStyle::Bearer => (AUTHORIZATION, HeaderValue::try_from(format!("Bearer {api_key}"))),
+        AuthStyle::Bearer => (AUTHORIZATION, HeaderValue::try_from(concat(&["Bearer ", api_key]))),
         AuthStyle::XApiKey => (HeaderName::from_static("x-api-key"), HeaderValue::try_from(api_key)),
         AuthStyle::GoogApiKey => (HeaderName::from_static("x-goog-api-key"), HeaderValue::try_from(api_key)),
         AuthStyle::ApiKeyHeader => (HeaderName::from_static("api-key"), HeaderValue::try_from(api_key)),
