@@ -16,6 +16,11 @@ pub fn prefixed_uuid(prefix: &str, id: uuid::Uuid) -> String {
     concat(&[prefix, id.simple().encode_lower(&mut uuid::Uuid::encode_buffer())])
 }
 
+/// `id` as 32 lowercase hex digits (the UUID's simple form).
+pub fn simple_uuid(id: uuid::Uuid) -> String {
+    prefixed_uuid("", id)
+}
+
 /// `id` in its hyphenated form (`0190c6c0-...`), as `Display` writes it.
 pub fn hyphenated_uuid(id: uuid::Uuid) -> String {
     id.hyphenated().encode_lower(&mut uuid::Uuid::encode_buffer()).to_string()
@@ -37,7 +42,7 @@ mod tests {
     fn uuids_read_as_their_display_forms() {
         let id = uuid::Uuid::now_v7();
         assert_eq!(prefixed_uuid("req_", id), format!("req_{}", id.simple()));
-        assert_eq!(prefixed_uuid("", id), id.simple().to_string());
+        assert_eq!(simple_uuid(id), id.simple().to_string());
         assert_eq!(hyphenated_uuid(id), id.to_string());
     }
 }

@@ -196,7 +196,7 @@ pub struct AuditFacts {
 
 /// `bytes` (at most 16) random bytes as lowercase hex.
 fn random_hex(bytes: usize) -> String {
-    let mut text = brainstorm_common::text::prefixed_uuid("", uuid::Uuid::new_v4());
+    let mut text = brainstorm_common::text::simple_uuid(uuid::Uuid::new_v4());
     text.truncate(bytes.min(16) * 2);
     text
 }
@@ -221,7 +221,7 @@ fn trace_context(request_headers: &HeaderMap) -> TraceContext {
             // Time-ordered like a UUIDv7 (the chain's trace index then grows at its end instead of
             // dirtying a random page per request); the rightmost 7 bytes stay random, which is what
             // W3C Trace Context level 2 samplers rely on.
-            trace_id: brainstorm_common::text::prefixed_uuid("", uuid::Uuid::now_v7()),
+            trace_id: brainstorm_common::text::simple_uuid(uuid::Uuid::now_v7()),
             span_id: random_hex(8),
             parent_span_id: None,
             origin: "generated".to_string(),
