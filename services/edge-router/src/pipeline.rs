@@ -729,8 +729,8 @@ async fn guard_whole_reply(
 fn reply_id(request_id: &RequestId, format: ClientFormat) -> String {
     let suffix = request_id.0.trim_start_matches("req_");
     match format {
-        ClientFormat::OpenAi => brainstorm_common::text::concat(&["chatcmpl-", suffix]),
-        ClientFormat::Anthropic => brainstorm_common::text::concat(&["msg_", suffix]),
+        ClientFormat::OpenAi => ["chatcmpl-", suffix].concat(),
+        ClientFormat::Anthropic => ["msg_", suffix].concat(),
     }
 }
 

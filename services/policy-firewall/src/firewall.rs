@@ -6,7 +6,7 @@
 
 use std::sync::LazyLock;
 
-use brainstorm_common::text::{concat, hyphenated_uuid};
+use brainstorm_common::text::hyphenated_uuid;
 use brainstorm_proto::policy as proto;
 use http::HeaderName;
 use regex::{Regex, RegexBuilder, RegexSet};
@@ -476,7 +476,7 @@ impl FirewallOutcome {
             severity: self.action.severity().to_string(),
             actor_id: caller.actor_id.clone(),
             actor_type: caller.actor_type.clone(),
-            resource: concat(&["tool:", &resource]),
+            resource: ["tool:", &resource].concat(),
             action: self.action.as_str().to_string(),
             verdicts: self.verdicts.iter().map(Verdict::to_proto).collect(),
             request_id: request_id.map(str::to_string),
@@ -588,7 +588,7 @@ impl CompiledFirewall {
                     .verdicts
                     .iter()
                     .find(|verdict| verdict.action == action)
-                    .map(|verdict| concat(&[verdict.step.as_str(), ": ", &verdict.reason]));
+                    .map(|verdict| [verdict.step.as_str(), ": ", &verdict.reason].concat());
             }
             let rewritten = if enforced { inspection.rewritten } else { call.clone() };
             outcome.calls.push(InspectedCall { original_name: call.name.clone(), call: rewritten, action });
@@ -734,10 +734,10 @@ impl CompiledFirewall {
             redacted
         });
         if !secret_kinds.is_empty() {
-            inspection.verdict(Step::SecretRedaction, &name, FirewallAction::Mask, concat(&["redacted ", &secret_kinds.join(",")]));
+            inspection.verdict(Step::SecretRedaction, &name, FirewallAction::Mask, ["redacted ", &secret_kinds.join(",")].concat());
         }
         if !mask_names.is_empty() {
-            inspection.verdict(Step::MaskPatterns, &name, FirewallAction::Mask, concat(&["masked ", &mask_names.join(",")]));
+            inspection.verdict(Step::MaskPatterns, &name, FirewallAction::Mask, ["masked ", &mask_names.join(",")].concat());
         }
         if arguments_changed || !secret_kinds.is_empty() || !mask_names.is_empty() {
             // Straight into a buffer; `to_string` (Display) went through the formatter per piece.

@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 
 use brainstorm_common::money::Usd;
-use brainstorm_common::text::concat;
 
 use crate::catalog::{Model, ModelCatalog, Provider, provider_by_id};
 use crate::chat::{ChatRequest, Usage};
@@ -187,7 +186,7 @@ fn usage_on(input_tokens: u64, request: &ChatRequest, entry: Option<&Model>) -> 
 fn candidate(provider: &'static Provider, model: &str, catalog: &ModelCatalog, pricing: &Pricing<'_>) -> Candidate {
     let entry = catalog.find(provider.id, model).cloned();
     let estimated_cost = entry.as_ref().map(|entry| entry.price.cost(pricing.usage(Some(entry))));
-    Candidate { provider, model: model.to_string(), entry, estimated_cost, id: concat(&[provider.id, "/", model]) }
+    Candidate { provider, model: model.to_string(), entry, estimated_cost, id: [provider.id, "/", model].concat() }
 }
 
 /// Splits a `:floor|:fast|:best|:smart` suffix into the base id and its strategy.

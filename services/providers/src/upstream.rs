@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use brainstorm_common::collections::HashMap;
 use brainstorm_common::config::EgressProxy;
-use brainstorm_common::text::concat;
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderName};
@@ -221,13 +220,13 @@ impl UpstreamClient {
     fn request(&self, target: &Target<'_>, chat: &ChatRequest) -> Result<Request<Full<Bytes>>, UpstreamError> {
         let base = target.base_url.trim_end_matches('/');
         let (url, body) = match target.provider.format {
-            WireFormat::OpenAi => (concat(&[base, "/chat/completions"]), json_body(&openai::build_request(chat, target.model))),
+            WireFormat::OpenAi => ([base, "/chat/completions"].concat(), json_body(&openai::build_request(chat, target.model))),
             WireFormat::Anthropic => {
-                (concat(&[base, "/v1/messages"]), json_body(&anthropic::build_request(chat, target.model, target.default_max_tokens)))
+                ([base, "/v1/messages"].concat(), json_body(&anthropic::build_request(chat, target.model, target.default_max_tokens)))
             }
             WireFormat::Gemini => {
                 let method = if chat.stream { "streamGenerateContent?alt=sse" } else { "generateContent" };
-                (concat(&[base, "/v1beta/models/", target.model, ":", method]), json_body(&gemini::build_request(chat)))
+                ([base, "/v1beta/models/", target.model, ":", method].concat(), json_body(&gemini::build_request(chat)))
             }
         };
         let body = body.map_err(|error| UpstreamError::Decode(error.to_string()))?;
@@ -357,7 +356,7 @@ fn with_stream(chat: &ChatRequest, stream: bool) -> std::borrow::Cow<'_, ChatReq
 
 fn authorize(headers: &mut HeaderMap, provider: &Provider, api_key: &str) -> Result<(), UpstreamError> {
     let (name, value) = match provider.auth {
-        AuthStyle::Bearer => (AUTHORIZATION, HeaderValue::try_from(concat(&["Bearer ", api_key]))),
+        AuthStyle::Bearer => (AUTHORIZATION, HeaderValue::try_from(["Bearer ", api_key].concat())),
         AuthStyle::XApiKey => (HeaderName::from_static("x-api-key"), HeaderValue::try_from(api_key)),
         AuthStyle::GoogApiKey => (HeaderName::from_static("x-goog-api-key"), HeaderValue::try_from(api_key)),
         AuthStyle::ApiKeyHeader => (HeaderName::from_static("api-key"), HeaderValue::try_from(api_key)),
