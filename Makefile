@@ -25,8 +25,8 @@ release: ## build the optimised binary (profile-guided: trains on the benchmark'
 test: ## run every test (starts PostgreSQL when none answers)
 	scripts/test.sh
 
-bench: ## measure added latency, throughput, CPU per request and memory against a mock upstream (report in target/bench/latest.json)
-	bench/run.sh
+bench: ## measure added latency, throughput, CPU per request and memory against a mock upstream (report in target/bench/latest.json; options in BENCH_ARGS)
+	bench/run.sh $(BENCH_ARGS)
 
 lint: ## formatting and clippy with warnings as errors
 	cargo fmt --all --check
