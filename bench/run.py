@@ -133,7 +133,6 @@ def memory_kib(pid):
     return values
 
 
-
 HALT_POLL = "/sys/module/haltpoll/parameters/guest_halt_poll_ns"
 
 
@@ -179,6 +178,7 @@ def set_halt_poll(nanoseconds):
     except OSError as error:
         raise SystemExit(f"bench: cannot set {HALT_POLL} ({error}); it needs root") from error
     return previous
+
 
 class Bench:
     def __init__(self, args):
