@@ -279,12 +279,44 @@ pub struct StreamWriter {
     started: bool,
     finish: Option<FinishReason>,
     usage: Option<Usage>,
+    /// What follows the content in each of this reply's text frames (the delta's end, the choice's
+    /// other members and the chunk's id, model and time: the same in every frame), written once.
+    /// Empty if the chunk did not serialize as `TEXT_FRAME_HEAD` expects: text frames then take
+    /// the general path.
+    text_tail: String,
 }
+
+/// How each text frame begins: `chunk::Chunk`'s members in their serialized order, up to the content.
+const TEXT_FRAME_HEAD: &str = "data: {\"choices\":[{\"delta\":{\"content\":";
 
 impl StreamWriter {
     /// A writer for one reply.
     pub fn new(id: String, model: String, created: i64, include_usage: bool) -> Self {
-        StreamWriter { id, model, created, include_usage, started: false, finish: None, usage: None }
+        let mut writer =
+            StreamWriter { id, model, created, include_usage, started: false, finish: None, usage: None, text_tail: String::new() };
+        // The tail is cut from a real frame with empty content, so it is what serde writes.
+        let empty = writer.chunk(chunk::Delta { content: Some(""), ..chunk::Delta::default() }, None);
+        if let Some(tail) = empty.strip_prefix(TEXT_FRAME_HEAD).and_then(|rest| rest.strip_prefix("\"\"")) {
+            writer.text_tail = tail.to_string();
+        }
+        writer
+    }
+
+    /// A text delta's frame: the head, the content as a JSON string and the reply's tail, without
+    /// serializing the rest of the chunk again (a reply streams one of these per token or so).
+    fn text_frame(&self, text: &str) -> String {
+        if self.text_tail.is_empty() {
+            return self.chunk(chunk::Delta { content: Some(text), ..chunk::Delta::default() }, None);
+        }
+        let mut frame = Vec::with_capacity(TEXT_FRAME_HEAD.len() + text.len() + 2 + self.text_tail.len());
+        frame.extend_from_slice(TEXT_FRAME_HEAD.as_bytes());
+        // A string into a buffer: serializing cannot fail.
+        if serde_json::to_writer(&mut frame, text).is_err() {
+            tracing::error!("a stream frame could not be serialized");
+        }
+        frame.extend_from_slice(self.text_tail.as_bytes());
+        // serde_json writes UTF-8 only; the lossy branch is never taken.
+        String::from_utf8(frame).unwrap_or_else(|error| String::from_utf8_lossy(error.as_bytes()).into_owned())
     }
 
     /// One `data:` frame, serialized straight from borrowed parts (no `Value` tree per chunk).
@@ -313,9 +345,7 @@ impl StreamWriter {
     pub fn write(&mut self, event: &ChatEvent) -> Vec<String> {
         let mut frames = self.begin();
         match event {
-            ChatEvent::TextDelta(text) => {
-                frames.push(self.chunk(chunk::Delta { content: Some(text.as_str()), ..chunk::Delta::default() }, None))
-            }
+            ChatEvent::TextDelta(text) => frames.push(self.text_frame(text)),
             ChatEvent::ToolCallStart { index, id, name } => {
                 let call = chunk::ToolCall {
                     function: chunk::Function { arguments: "", name: Some(name.as_str()) },
@@ -1022,6 +1052,19 @@ mod tests {
             "data: [DONE]\n\n".to_string(),
         ];
         assert_eq!(frames, expected);
+    }
+
+    #[test]
+    fn text_frames_are_the_chunks_serde_writes() {
+        for (id, model) in [("chatcmpl-1", "openai/gpt-4o-mini"), ("chatcmpl-\"quoted\"\\", "m\u{e9}\n/\u{1f600}")] {
+            let writer = StreamWriter::new(id.to_string(), model.to_string(), -3, false);
+            // The tail was cut from a real frame: text frames take the short path.
+            assert!(!writer.text_tail.is_empty());
+            for text in ["", "hello", "h\u{e9}llo \"quoted\" \\ \n\t\u{1}\u{7f}", "\u{2028}\u{1f600}</script>"] {
+                let general = writer.chunk(chunk::Delta { content: Some(text), ..chunk::Delta::default() }, None);
+                assert_eq!(writer.text_frame(text), general, "{text:?}");
+            }
+        }
     }
 
     #[test]
