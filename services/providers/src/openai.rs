@@ -308,15 +308,7 @@ impl StreamWriter {
         if self.text_tail.is_empty() {
             return self.chunk(chunk::Delta { content: Some(text), ..chunk::Delta::default() }, None);
         }
-        let mut frame = Vec::with_capacity(TEXT_FRAME_HEAD.len() + text.len() + 2 + self.text_tail.len());
-        frame.extend_from_slice(TEXT_FRAME_HEAD.as_bytes());
-        // A string into a buffer: serializing cannot fail.
-        if serde_json::to_writer(&mut frame, text).is_err() {
-            tracing::error!("a stream frame could not be serialized");
-        }
-        frame.extend_from_slice(self.text_tail.as_bytes());
-        // serde_json writes UTF-8 only; the lossy branch is never taken.
-        String::from_utf8(frame).unwrap_or_else(|error| String::from_utf8_lossy(error.as_bytes()).into_owned())
+        crate::sse::frame_between(TEXT_FRAME_HEAD, &text, &self.text_tail)
     }
 
     /// One `data:` frame, serialized straight from borrowed parts (no `Value` tree per chunk).

@@ -48,13 +48,18 @@ impl SseParser {
 /// serialized as JSON, and the blank line that ends the event. Straight into one buffer: no
 /// `Value` tree and no second copy per frame.
 pub(crate) fn frame(prefix: &str, data: &impl serde::Serialize) -> String {
-    let mut frame = Vec::with_capacity(256);
+    frame_between(prefix, data, "\n\n")
+}
+
+/// `data` serialized as JSON between `prefix` and `suffix` (which ends the event), in one buffer.
+pub(crate) fn frame_between(prefix: &str, data: &impl serde::Serialize, suffix: &str) -> String {
+    let mut frame = Vec::with_capacity(256.max(prefix.len() + suffix.len() + 64));
     frame.extend_from_slice(prefix.as_bytes());
     // The frames' parts are strings and integers: serializing them into a buffer cannot fail.
     if serde_json::to_writer(&mut frame, data).is_err() {
         tracing::error!("a stream frame could not be serialized");
     }
-    frame.extend_from_slice(b"\n\n");
+    frame.extend_from_slice(suffix.as_bytes());
     // serde_json writes UTF-8 only; the lossy branch is never taken.
     String::from_utf8(frame).unwrap_or_else(|error| String::from_utf8_lossy(error.as_bytes()).into_owned())
 }
