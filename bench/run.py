@@ -107,6 +107,46 @@ def thread_ticks(pid):
     return ticks
 
 
+def thread_switches(pid):
+    """Voluntary and involuntary context switches per thread name of process `pid` (threads of one
+    name summed), from `/proc/PID/task/*/status`: on the gateway's one CPU each switch between the
+    request thread and SQLite's or the writers' thread is kernel time and a colder cache for the next."""
+    switches = {}
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return switches
+    for task in tasks:
+        fields = {}
+        try:
+            with open(f"/proc/{pid}/task/{task}/status") as handle:
+                for line in handle:
+                    name, _, value = line.partition(":")
+                    fields[name] = value.strip()
+        except OSError:
+            continue
+        voluntary, involuntary = switches.get(fields.get("Name"), (0, 0))
+        switches[fields.get("Name")] = (
+            voluntary + int(fields.get("voluntary_ctxt_switches", 0)),
+            involuntary + int(fields.get("nonvoluntary_ctxt_switches", 0)),
+        )
+    return switches
+
+
+def switch_split(before, after, requests):
+    """Per request, each thread name's voluntary and involuntary context switches between two
+    `thread_switches` readings (threads that did not switch left out)."""
+    threads = {}
+    for name, (voluntary, involuntary) in after.items():
+        voluntary_before, involuntary_before = before.get(name, (0, 0))
+        if voluntary - voluntary_before or involuntary - involuntary_before:
+            threads[name] = {
+                "voluntary": round((voluntary - voluntary_before) / requests, 3),
+                "involuntary": round((involuntary - involuntary_before) / requests, 3),
+            }
+    return threads
+
+
 def cpu_split(before, after, requests):
     """Per request, in us: user and kernel time of the whole process and of each thread name, from
     two `thread_ticks` readings (a thread that exited in between is left out of the split)."""
@@ -272,7 +312,7 @@ class Bench:
         """`run`'s result with the CPU per successful request of process `pid`, counted from an idle
         process until it is idle again (the work each request leaves behind is its own)."""
         self.settle(pid)
-        before, threads_before = cpu_seconds(pid), thread_ticks(pid)
+        before, threads_before, switches_before = cpu_seconds(pid), thread_ticks(pid), thread_switches(pid)
         result = run()
         # How long the process stayed busy once the load ended: the chain and ledger writing what the
         # phase left waiting on the bus (a writer that falls behind shows here, and in the peak RSS).
@@ -281,6 +321,7 @@ class Bench:
         result["gateway_cpu_us_per_request"] = round(spent / result["ok"] * 1e6, 1) if result.get("ok") else None
         if result.get("ok"):
             result["cpu_split_us_per_request"] = cpu_split(threads_before, thread_ticks(pid), result["ok"])
+            result["context_switches_per_request"] = switch_split(switches_before, thread_switches(pid), result["ok"])
         return result
 
     def stream_timings(self, base, path, key, body, count, extra_headers=None):
@@ -777,6 +818,12 @@ def table(report):
         if split:
             threads = ", ".join(f"{thread} {times['user']} + {times['kernel']}" for thread, times in sorted(split["threads"].items(), key=lambda item: -sum(item[1].values())))
             lines.append(f"  {name:<24} {split['user']} + {split['kernel']}  ({threads})")
+    lines.append("context switches per request at 2,000 req/s (voluntary / involuntary; by thread):")
+    for name in ("nginx_rate_2000", "b_rate_2000_gateway", "e_full_gateway", "h_edge_rate_2000"):
+        switches = report["phases"].get(name, {}).get("context_switches_per_request")
+        if switches:
+            threads = ", ".join(f"{thread} {counts['voluntary']} / {counts['involuntary']}" for thread, counts in sorted(switches.items()))
+            lines.append(f"  {name:<24} {threads}")
     lines += [
         "",
         f"added latency, sequential: {report['added_latency_ms']}",
