@@ -86,51 +86,51 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
-def thread_ticks(pid):
-    """Clock ticks of user and kernel time per thread name of process `pid` (threads of one name
-    summed: the request thread, SQLite's connection threads, the writers' thread)."""
-    ticks = {}
+def summed_by_thread_name(pid, read):
+    """`read(task_dir)` -> (thread name, tuple of counters) for every thread of process `pid`, the
+    counters of threads of one name summed (the request thread, SQLite's connection threads, the
+    writers' thread); a thread that exits while being read is left out."""
+    totals = {}
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return ticks
+        return totals
     for task in tasks:
         try:
-            with open(f"/proc/{pid}/task/{task}/stat") as handle:
-                text = handle.read()
+            name, counters = read(f"/proc/{pid}/task/{task}")
         except OSError:
             continue
-        name = text[text.index("(") + 1 : text.rindex(")")]
+        previous = totals.get(name, (0,) * len(counters))
+        totals[name] = tuple(total + counter for total, counter in zip(previous, counters))
+    return totals
+
+
+def thread_ticks(pid):
+    """Clock ticks of user and kernel time per thread name of process `pid`."""
+
+    def read(task_dir):
+        with open(f"{task_dir}/stat") as handle:
+            text = handle.read()
         fields = text.rsplit(")", 1)[1].split()
-        user, system = ticks.get(name, (0, 0))
-        ticks[name] = (user + int(fields[11]), system + int(fields[12]))
-    return ticks
+        return text[text.index("(") + 1 : text.rindex(")")], (int(fields[11]), int(fields[12]))
+
+    return summed_by_thread_name(pid, read)
 
 
 def thread_switches(pid):
-    """Voluntary and involuntary context switches per thread name of process `pid` (threads of one
-    name summed), from `/proc/PID/task/*/status`: on the gateway's one CPU each switch between the
-    request thread and SQLite's or the writers' thread is kernel time and a colder cache for the next."""
-    switches = {}
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return switches
-    for task in tasks:
+    """Voluntary and involuntary context switches per thread name of process `pid`, from
+    `/proc/PID/task/*/status`: on the gateway's one CPU each switch between the request thread and
+    SQLite's or the writers' thread is kernel time and a colder cache for the next."""
+
+    def read(task_dir):
         fields = {}
-        try:
-            with open(f"/proc/{pid}/task/{task}/status") as handle:
-                for line in handle:
-                    name, _, value = line.partition(":")
-                    fields[name] = value.strip()
-        except OSError:
-            continue
-        voluntary, involuntary = switches.get(fields.get("Name"), (0, 0))
-        switches[fields.get("Name")] = (
-            voluntary + int(fields.get("voluntary_ctxt_switches", 0)),
-            involuntary + int(fields.get("nonvoluntary_ctxt_switches", 0)),
-        )
-    return switches
+        with open(f"{task_dir}/status") as handle:
+            for line in handle:
+                name, _, value = line.partition(":")
+                fields[name] = value.strip()
+        return fields.get("Name"), (int(fields.get("voluntary_ctxt_switches", 0)), int(fields.get("nonvoluntary_ctxt_switches", 0)))
+
+    return summed_by_thread_name(pid, read)
 
 
 def switch_split(before, after, requests):
