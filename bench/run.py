@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -176,6 +177,53 @@ def memory_kib(pid):
 HALT_POLL = "/sys/module/haltpoll/parameters/guest_halt_poll_ns"
 
 
+# The hardware counters phase j reads, per thread: cycles and instructions in user and in kernel mode.
+COUNTER_EVENTS = ("cycles:u", "instructions:u", "cycles:k", "instructions:k")
+
+
+def counters_available(perf):
+    """Whether `perf stat` counts cycles and instructions here: a VM may not expose the CPU's counters
+    (then `perf stat` prints `<not supported>`)."""
+    if perf is None:
+        return False
+    probe = subprocess.run([perf, "stat", "-x", ",", "-e", ",".join(COUNTER_EVENTS), "true"], capture_output=True, text=True)
+    counts = [line.split(",")[0] for line in probe.stderr.splitlines() if line and not line.startswith("#")]
+    return probe.returncode == 0 and len(counts) == len(COUNTER_EVENTS) and all(count.isdigit() for count in counts)
+
+
+def counter_split(perf_output, requests):
+    """Cycles and instructions per request, user and kernel, by thread name (threads of one name
+    summed), from `perf stat -x , --per-thread` output; with user instructions per cycle."""
+    sums = {}
+    for line in perf_output.splitlines():
+        fields = line.split(",")
+        if len(fields) < 4 or not fields[1].isdigit():
+            continue
+        thread = fields[0].rsplit("-", 1)[0]
+        event = fields[3] if fields[2] == "" else fields[2]
+        if event in COUNTER_EVENTS:
+            sums.setdefault(thread, dict.fromkeys(COUNTER_EVENTS, 0))[event] += int(fields[1])
+    split = {}
+    for thread, counts in sums.items():
+        if counts["cycles:u"] + counts["cycles:k"] < requests:
+            continue  # idle threads
+        split[thread] = {
+            "cycles_user": round(counts["cycles:u"] / requests),
+            "instructions_user": round(counts["instructions:u"] / requests),
+            "cycles_kernel": round(counts["cycles:k"] / requests),
+            "instructions_kernel": round(counts["instructions:k"] / requests),
+            "ipc_user": round(counts["instructions:u"] / counts["cycles:u"], 2) if counts["cycles:u"] else None,
+        }
+    total = lambda key: sum(thread[key] for thread in split.values())
+    return {
+        "cycles_user": total("cycles_user"),
+        "cycles_kernel": total("cycles_kernel"),
+        "instructions_user": total("instructions_user"),
+        "instructions_kernel": total("instructions_kernel"),
+        "threads": split,
+    }
+
+
 def read_text(path):
     """A small system file's text, stripped (None when it cannot be read)."""
     try:
@@ -228,6 +276,8 @@ class Bench:
         self.work = tempfile.mkdtemp(prefix="brainstorm-bench-")
         self.processes = []
         self.report = {"phases": {}, "cpu_count": self.cpus, "pinning": None}
+        perf = shutil.which("perf")
+        self.perf = perf if not getattr(args, "no_counters", False) and counters_available(perf) else None
 
     def pin(self, command, cpus):
         return ["taskset", "-c", cpus, *command] if self.pinned and cpus else command
@@ -322,6 +372,31 @@ class Bench:
         if result.get("ok"):
             result["cpu_split_us_per_request"] = cpu_split(threads_before, thread_ticks(pid), result["ok"])
             result["context_switches_per_request"] = switch_split(switches_before, thread_switches(pid), result["ok"])
+        return result
+
+    def counted(self, pid, url, key, body):
+        """Phase j: cycles and instructions per request of process `pid`'s threads (`perf stat
+        --per-thread`) over one `--seconds` phase at 2,000 req/s after `--warmup` seconds unmeasured,
+        counted from an idle process until it is idle again. A separate run, never a timed one: in a
+        VM each switch of a counted thread saves and restores the counters through the hypervisor,
+        which inflates the CPU time of the run that counts (about 1.7 times here)."""
+        if self.args.warmup > 0:
+            self.oha(url, key, body, duration=self.args.warmup, connections=32, rate=2000)
+        self.settle(pid)
+        output = os.path.join(self.work, f"counters-{pid}.csv")
+        counting = subprocess.Popen(
+            [self.perf, "stat", "-x", ",", "--per-thread", "-e", ",".join(COUNTER_EVENTS), "-p", str(pid), "-o", output],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        time.sleep(0.2)
+        result = self.oha(url, key, body, duration=self.args.seconds, connections=32, rate=2000)
+        self.settle(pid)
+        counting.send_signal(signal.SIGINT)
+        counting.wait(timeout=30)
+        if result.get("ok"):
+            with open(output) as handle:
+                result["counters_per_request"] = counter_split(handle.read(), result["ok"])
         return result
 
     def stream_timings(self, base, path, key, body, count, extra_headers=None):
@@ -472,6 +547,9 @@ class Bench:
         phases["e_full_gateway"]["stages"] = guardian["stages"]
         # The targets' "more than 10,000 req/s on one core" is for the full pipeline: flat out with it.
         phases["e_full_max_64c_gateway"] = self.warmed(gateway.pid, gateway_url, full_key, full_body, connections=64)
+        if self.perf:
+            log("phase j: hardware counters, full pipeline at 2,000 req/s")
+            phases["j_full_counted_gateway"] = self.counted(gateway.pid, gateway_url, full_key, full_body)
         stage_cost = {}
         previous = phases["e_minimal_gateway"].get("gateway_cpu_us_per_request")
         for stage, name in (("key budget and rate limit", "e_budget_gateway"), ("guardrails on the prompt", "e_guardrails_gateway"), ("tool firewall on the reply", "e_full_gateway")):
@@ -517,8 +595,24 @@ class Bench:
             "paced_streams": ratio("d_paced_stream_gateway", "nginx_paced_stream"),
         }
 
+        self.report["hardware_counters"] = self.counters_summary()
         self.report["targets"] = targets(self.report)
         self.report["near_mock_limit"] = near_mock_limit(self.report)
+
+    def counters_summary(self):
+        """Phase j's figures side by side: the full pipeline's and nginx's cycles per request at 2,000
+        req/s and their ratio (user + kernel, all threads), or why there are none."""
+        if self.perf is None:
+            return "skipped: no perf, no hardware counters here, or --no-counters"
+        phases = self.report["phases"]
+        gateway = phases.get("j_full_counted_gateway", {}).get("counters_per_request")
+        nginx = phases.get("j_nginx_counted", {}).get("counters_per_request")
+        cycles = lambda counts: counts["cycles_user"] + counts["cycles_kernel"] if counts else None
+        return {
+            "full_pipeline_at_2000": gateway,
+            "nginx_at_2000": nginx,
+            "cycles_vs_nginx": round(cycles(gateway) / cycles(nginx), 2) if gateway and nginx and cycles(nginx) else None,
+        }
 
     def rate_and_max(self, prefix, pid, url, key, body):
         """`<prefix>_rate_2000` (32 connections at 2,000 req/s) and `<prefix>_max_64c` (64 connections
@@ -604,6 +698,9 @@ http {{
                     f"http://127.0.0.1:{paced_port}", "/v1/messages", None, paced_body, paced_count, ANTHROPIC_HEADERS
                 ),
             )
+            if self.perf:
+                log("phase j: hardware counters, nginx at 2,000 req/s")
+                phases["j_nginx_counted"] = self.counted(process.pid, url, PROVIDER_KEY, body)
             self.report["nginx"] = "nginx 1 worker on CPU 0 (its CPU per request is in the table)"
         finally:
             process.terminate()
@@ -824,6 +921,20 @@ def table(report):
         if switches:
             threads = ", ".join(f"{thread} {counts['voluntary']} / {counts['involuntary']}" for thread, counts in sorted(switches.items()))
             lines.append(f"  {name:<24} {threads}")
+    counters = report.get("hardware_counters")
+    lines.append("cycles per request at 2,000 req/s (phase j, perf stat; user + kernel, user instructions per cycle; by thread):")
+    if isinstance(counters, dict):
+        for name in ("nginx_at_2000", "full_pipeline_at_2000"):
+            counts = counters.get(name)
+            if counts:
+                threads = ", ".join(
+                    f"{thread} {c['cycles_user']} + {c['cycles_kernel']} (IPC {c['ipc_user']})"
+                    for thread, c in sorted(counts["threads"].items(), key=lambda item: -(item[1]["cycles_user"] + item[1]["cycles_kernel"]))
+                )
+                lines.append(f"  {name:<24} {counts['cycles_user']} + {counts['cycles_kernel']}  ({threads})")
+        lines.append(f"  full pipeline's cycles as a multiple of nginx's: {counters.get('cycles_vs_nginx')}")
+    else:
+        lines.append(f"  {counters}")
     lines += [
         "",
         f"added latency, sequential: {report['added_latency_ms']}",
@@ -869,6 +980,7 @@ def main():
     parser.add_argument("--streams", type=int, default=1000, help="sequential streamed requests per streaming phase (paced ones: a tenth, at most 100)")
     parser.add_argument("--callgrind-requests", type=int, default=3000)
     parser.add_argument("--no-callgrind", action="store_true", help="skip phase i (instructions per request under callgrind)")
+    parser.add_argument("--no-counters", action="store_true", help="skip phase j (cycles and instructions per request from the CPU's counters, with perf)")
     parser.add_argument("--output", default=os.path.join(ROOT, "target", "bench", "latest.json"))
     parser.add_argument(
         "--guest-halt-poll-ns",

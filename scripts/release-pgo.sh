@@ -56,7 +56,7 @@ if [ ! -f "$profile" ]; then
   echo "release: training (the benchmark's phases, a few seconds each)" >&2
   rm -rf "$raw"
   python3 bench/run.py --gateway "$instrumented" --mock "$target/release/mock-upstream" --oha "$oha" \
-    --seconds 2 --warmup 1 --repeats 1 --sequential 500 --streams 300 --no-callgrind --output "$pgo/training.json" >&2
+    --seconds 2 --warmup 1 --repeats 1 --sequential 500 --streams 300 --no-callgrind --no-counters --output "$pgo/training.json" >&2
   rm -rf "$pgo/profiles"
   mkdir -p "$pgo/profiles"
   "$profdata" merge -o "$profile.partial" "$raw"
