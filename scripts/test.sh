@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything `make test` runs: unit and store tests on both engines, end-to-end tests of the binary
-# in both shapes, the Kafka bus on a real broker, the official SDKs against the gateway, and the
-# deployment checks.
+# in both shapes, the Kafka bus on a real broker, the official SDKs against the gateway, the
+# deployment checks, and the benchmark harness's own unit tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export BR_TEST_POSTGRES_URL="$(scripts/ensure-postgres.sh)"
@@ -15,6 +15,8 @@ drop_test_databases() {
 drop_test_databases
 trap drop_test_databases EXIT
 
+echo "== benchmark harness (its parsing helpers)"
+python3 -m unittest discover -s bench -p 'test_*.py'
 echo "== cargo build (binary)"
 cargo build -p brainstorm -p brainstorm-mock-upstream
 echo "== cargo test (unit, store suites on SQLite and PostgreSQL, end-to-end in both shapes)"

@@ -1,0 +1,69 @@
+"""Unit tests of the benchmark's parsing helpers (`make test` runs them; no gateway needed)."""
+
+import os
+import stat
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import run  # noqa: E402
+
+# `perf stat -x , --per-thread` output: thread-tid, count, unit, event, run time, share, metric.
+PERF_OUTPUT = """# started on Fri Nov 27 16:21:12 2026
+
+brainstorm-7,3000000,,cycles:u,3634631728,100.00,,
+sqlx-sqlite-wor-9,400000,,cycles:u,3634631728,100.00,,
+sqlx-sqlite-wor-10,200000,,cycles:u,3634631728,100.00,,
+sqlx-sqlite-wor-11,3,,cycles:u,3634631728,100.00,,
+brainstorm-7,1500000,,instructions:u,3634907709,100.00,0.50,insn per cycle
+sqlx-sqlite-wor-9,700000,,instructions:u,3634907709,100.00,1.75,insn per cycle
+sqlx-sqlite-wor-10,200000,,instructions:u,3634907709,100.00,1.00,insn per cycle
+brainstorm-7,1000000,,cycles:k,3635101439,100.00,,
+sqlx-sqlite-wor-9,<not counted>,,cycles:k,0,0.00,,
+brainstorm-7,250000,,instructions:k,3635229608,100.00,0.25,insn per cycle
+"""
+
+
+class CounterSplit(unittest.TestCase):
+    def test_counts_per_request_by_thread_name(self):
+        split = run.counter_split(PERF_OUTPUT, 10)
+        gateway = split["threads"]["brainstorm"]
+        self.assertEqual(gateway, {"cycles_user": 300000, "instructions_user": 150000, "cycles_kernel": 100000, "instructions_kernel": 25000, "ipc_user": 0.5})
+        # Threads of one name are summed; a thread name may itself contain dashes.
+        sqlite = split["threads"]["sqlx-sqlite-wor"]
+        self.assertEqual((sqlite["cycles_user"], sqlite["instructions_user"], sqlite["cycles_kernel"]), (60000, 90000, 0))
+        self.assertEqual(sqlite["ipc_user"], 1.5)
+        self.assertEqual((split["cycles_user"], split["cycles_kernel"], split["instructions_user"]), (360000, 100000, 240000))
+
+    def test_idle_threads_are_left_out(self):
+        # A thread that spent fewer cycles than there were requests did no work in the phase.
+        split = run.counter_split("idle-1,5,,cycles:u,1,100.00,,\nidle-1,5,,instructions:u,1,100.00,,\n", 10)
+        self.assertEqual(split["threads"], {})
+        self.assertEqual(split["cycles_user"], 0)
+
+
+class CountersAvailable(unittest.TestCase):
+    def fake_perf(self, printed):
+        """A `perf` that prints `printed` on stderr as `perf stat -x ,` would."""
+        directory = tempfile.mkdtemp()
+        path = os.path.join(directory, "perf")
+        with open(path, "w") as handle:
+            handle.write("#!/bin/sh\ncat >&2 <<'END'\n" + printed + "END\n")
+        os.chmod(path, os.stat(path).st_mode | stat.S_IEXEC)
+        return path
+
+    def test_counts_mean_available(self):
+        printed = "".join(f"{count},,{event},1000,100.00,,\n" for count, event in zip((1, 2, 3, 4), run.COUNTER_EVENTS))
+        self.assertTrue(run.counters_available(self.fake_perf(printed)))
+
+    def test_a_vm_without_counters_is_not(self):
+        printed = "".join(f"<not supported>,,{event},0,100.00,,\n" for event in run.COUNTER_EVENTS)
+        self.assertFalse(run.counters_available(self.fake_perf(printed)))
+
+    def test_no_perf_is_not(self):
+        self.assertFalse(run.counters_available(None))
+
+
+if __name__ == "__main__":
+    unittest.main()
