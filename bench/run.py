@@ -393,10 +393,16 @@ class Bench:
         result = self.oha(url, key, body, duration=self.args.seconds, connections=32, rate=2000)
         self.settle(pid)
         counting.send_signal(signal.SIGINT)
-        counting.wait(timeout=30)
-        if result.get("ok"):
-            with open(output) as handle:
-                result["counters_per_request"] = counter_split(handle.read(), result["ok"])
+        try:
+            counting.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            counting.kill()
+            counting.wait()
+        counts = read_text(output)
+        if result.get("ok") and counts:
+            result["counters_per_request"] = counter_split(counts, result["ok"])
+        else:
+            log(f"phase j: perf stat counted nothing for process {pid}")
         return result
 
     def stream_timings(self, base, path, key, body, count, extra_headers=None):
