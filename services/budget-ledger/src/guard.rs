@@ -372,19 +372,25 @@ impl RemainingView {
     /// and `X-RateLimit-Remaining`, each only when it applies.
     pub fn headers(&self) -> Vec<(&'static str, String)> {
         let mut headers = Vec::with_capacity(4);
+        self.each_header(|name, value| headers.push((name, value.to_string())));
+        headers
+    }
+
+    /// `headers`, each name and value handed to `put` as it is made (a value is written where it
+    /// goes, without a `String` of its own).
+    pub fn each_header(&self, mut put: impl FnMut(&'static str, &dyn std::fmt::Display)) {
         if let Some(remaining) = self.budget_remaining() {
-            headers.push(("x-br-budget-remaining", remaining.format_fixed(6)));
+            put("x-br-budget-remaining", &remaining.fixed(6));
         }
         if let Some(warning) = self.warning() {
-            headers.push(("x-br-budget-warning", warning));
+            put("x-br-budget-warning", &warning);
         }
         if let Some(tokens) = self.tokens_remaining() {
-            headers.push(("x-br-tokens-remaining", tokens.to_string()));
+            put("x-br-tokens-remaining", &tokens);
         }
         if let Some(remaining) = self.rate_limit_remaining {
-            headers.push(("x-ratelimit-remaining", remaining.to_string()));
+            put("x-ratelimit-remaining", &remaining);
         }
-        headers
     }
 }
 

@@ -157,9 +157,11 @@ async fn budget_context(
 }
 
 fn budget_headers(headers: &mut HeaderMap, remaining: &RemainingView) {
-    for (name, value) in remaining.headers() {
-        put(headers, HeaderName::from_static(name), &value);
-    }
+    remaining.each_header(|name, value| {
+        if let Some(value) = header_value::shown(value) {
+            headers.insert(HeaderName::from_static(name), value);
+        }
+    });
 }
 
 fn tokens(usage: Usage) -> i64 {
@@ -180,7 +182,7 @@ pub struct AuditFacts {
     reason: String,
     candidates: Vec<String>,
     /// Headers the guardian stages add (guardrail status, ...).
-    guardian_headers: Vec<(HeaderName, String)>,
+    guardian_headers: Vec<(HeaderName, HeaderValue)>,
     /// `X-BR-Guardian-Status`: on, off, warned, approved or blocked.
     guardian_status: &'static str,
     /// Time spent in the guardian stages before the response started.
@@ -411,9 +413,7 @@ fn seal(
                 }
             }
             for (name, value) in guardian_headers {
-                if let Ok(value) = HeaderValue::from_str(&value) {
-                    response.headers_mut().insert(name, value);
-                }
+                response.headers_mut().insert(name, value);
             }
             Ok(response)
         }
@@ -424,7 +424,7 @@ fn seal(
                 }
             }
             for (name, value) in guardian_headers {
-                error.push_header(name, &value);
+                error.push_header_value(name, value);
             }
             Err(error)
         }
@@ -576,10 +576,10 @@ async fn complete_inner(
         // The request offers a tool the firewall downgrades on: cheapest candidates first.
         route.candidates.sort_by_key(|candidate| candidate.estimated_cost.map_or(i64::MAX, Usd::nanos));
         route.reason = format!("{}; downgraded: the request offers tool `{tool}`", route.reason);
-        facts.guardian_headers.push((HeaderName::from_static("x-br-tool-firewall-status"), "downgrade".to_string()));
-        facts
-            .guardian_headers
-            .push((HeaderName::from_static("x-br-tool-firewall-reason"), format!("deny_list: `{tool}` downgrades the request")));
+        facts.guardian_headers.push((HeaderName::from_static("x-br-tool-firewall-status"), HeaderValue::from_static("downgrade")));
+        if let Ok(reason) = HeaderValue::try_from(format!("deny_list: `{tool}` downgrades the request")) {
+            facts.guardian_headers.push((HeaderName::from_static("x-br-tool-firewall-reason"), reason));
+        }
     }
     facts.model_resolved = route.candidates.first().map(|first| first.id().to_string()).unwrap_or_default();
     facts.strategy = route.strategy.clone();
@@ -1137,7 +1137,7 @@ impl RelayState {
             Ok(Some(result)) => {
                 if result.action != brainstorm_policy_firewall::ScanAction::Pass {
                     for (name, value) in result.headers() {
-                        self.pending.push_back(Bytes::from(format!(": {name}={value}\n\n")));
+                        self.pending.push_back(sse_comment(&name, &value));
                     }
                 }
                 if let Some(error) = result.api_error() {
@@ -1170,7 +1170,7 @@ impl RelayState {
         let verdict = guard.inspect(calls, &mut report).await;
         for (name, value) in &report.headers {
             // Headers are gone by now: the firewall's verdict travels as SSE comments.
-            self.pending.push_back(Bytes::from(format!(": {name}={value}\n\n")));
+            self.pending.push_back(sse_comment(name, value));
         }
         match verdict {
             Ok(ToolVerdict::Calls(calls)) => {
@@ -1190,6 +1190,11 @@ impl RelayState {
             }
         }
     }
+}
+
+/// A header as an SSE comment line (`: name=value`), for a stream whose headers are already sent.
+fn sse_comment(name: &HeaderName, value: &HeaderValue) -> Bytes {
+    Bytes::from(format!(": {name}={}\n\n", String::from_utf8_lossy(value.as_bytes())))
 }
 
 /// Streams `events` to the client in its format. Frames are produced as events arrive: the client's

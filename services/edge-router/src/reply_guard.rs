@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use axum::http::HeaderName;
+use axum::http::{HeaderName, HeaderValue};
 use brainstorm_common::ApiError;
 use brainstorm_policy_firewall::firewall::Step;
 use brainstorm_policy_firewall::{ApprovalContext, FirewallAction, FirewallMode, Guardian, ToolCall, ToolCaller, approval_required_error};
@@ -38,9 +38,18 @@ pub enum ToolVerdict {
 /// The headers and status the guard adds to a response.
 #[derive(Debug, Default)]
 pub struct GuardReport {
-    pub headers: Vec<(HeaderName, String)>,
+    pub headers: Vec<(HeaderName, HeaderValue)>,
     /// `blocked`, `approved` or `warned` when the guard acted; None leaves the guardian status as is.
     pub status: Option<&'static str>,
+}
+
+impl GuardReport {
+    /// Adds header `name` with `text` (left out when the text is no valid header value).
+    fn add(&mut self, name: &'static str, text: &str) {
+        if let Ok(value) = HeaderValue::from_str(text) {
+            self.headers.push((HeaderName::from_static(name), value));
+        }
+    }
 }
 
 impl ReplyGuard {
@@ -80,10 +89,10 @@ impl ReplyGuard {
             .await?;
         report.headers.extend(outcome.headers());
         if let Some(denied) = outcome.verdicts.iter().find(|verdict| verdict.step == Step::SemanticPolicy) {
-            report.headers.push((HeaderName::from_static("x-br-policy-denied"), denied.reason.clone()));
+            report.add("x-br-policy-denied", &denied.reason);
         }
         if let Some(held) = outcome.approvals.first() {
-            report.headers.push((HeaderName::from_static("x-br-policy-match"), held.rule_id.clone()));
+            report.add("x-br-policy-match", &held.rule_id);
         }
         if !outcome.enforced {
             if outcome.action != FirewallAction::Pass {
@@ -101,10 +110,10 @@ impl ReplyGuard {
             let approval = resolution.approval.unwrap_or_default();
             if !resolution.allowed {
                 report.status = Some("blocked");
-                report.headers.push((HeaderName::from_static("x-br-approval-id"), approval.id.clone()));
+                report.add("x-br-approval-id", &approval.id);
                 return Err(approval_required_error(&approval));
             }
-            report.headers.push((HeaderName::from_static("x-br-approval-id"), approval.id.clone()));
+            report.add("x-br-approval-id", &approval.id);
             report.status = Some("approved");
         }
         if report.status.is_none() && outcome.action != FirewallAction::Pass {

@@ -6,7 +6,7 @@
 
 use std::borrow::Borrow;
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 
 use brainstorm_proto::policy::{AnomalyAlert, Baseline, MetricStats};
 
@@ -136,12 +136,43 @@ impl Welford {
     }
 }
 
+/// One series: its running statistics, and whether its last value was anomalous (an alert was
+/// raised for the episode that value belongs to).
+#[derive(Debug, Clone, Copy, Default)]
+struct Series {
+    stats: Welford,
+    in_episode: bool,
+}
+
+impl Series {
+    /// Tests a value against the baseline, then learns it; the alert when it opens an episode.
+    fn observe(&mut self, key: SeriesRef<'_>, value: f64, timestamp: &str) -> Option<AnomalyAlert> {
+        let stats = &mut self.stats;
+        let std_dev = stats.alert_std_dev();
+        let sigma = (value - stats.mean) / std_dev;
+        let anomalous = stats.count >= MIN_SAMPLES && sigma > SIGMA_THRESHOLD;
+        // An alert opens an episode; the episode's later anomalous values raise nothing.
+        let alert = (anomalous && !self.in_episode).then(|| AnomalyAlert {
+            entity_type: key.entity_type.to_string(),
+            entity_id: key.entity_id.to_string(),
+            metric: key.metric.to_string(),
+            current_value: value,
+            threshold: stats.mean + SIGMA_THRESHOLD * std_dev,
+            mean: stats.mean,
+            std_dev,
+            sigma,
+            timestamp: timestamp.to_string(),
+        });
+        self.in_episode = anomalous;
+        stats.push(value);
+        alert
+    }
+}
+
 /// One tenant's detector: series baselines and recent alerts.
 #[derive(Debug, Default)]
 pub struct Detector {
-    series: BTreeMap<SeriesKey, Welford>,
-    /// Series whose last value was anomalous (an alert was raised for the episode).
-    episodes: BTreeSet<SeriesKey>,
+    series: BTreeMap<SeriesKey, Series>,
     alerts: VecDeque<AnomalyAlert>,
 }
 
@@ -151,41 +182,17 @@ impl Detector {
         self.observe_ref(key.as_ref(), value, timestamp)
     }
 
-    /// `observe` with a borrowed key: a known series is found without copying its key, which is
-    /// built only for a new series or an alert.
+    /// `observe` with a borrowed key: a known series is found by one search without copying its
+    /// key, which is built only for a new series or an alert.
     pub fn observe_ref(&mut self, key: SeriesRef<'_>, value: f64, timestamp: &str) -> Option<AnomalyAlert> {
         if !value.is_finite() {
             return None;
         }
         let search: &dyn SeriesParts = &key;
-        if !self.series.contains_key(search) {
-            self.series.insert(key.to_key(), Welford::default());
-        }
-        let series = self.series.get_mut(search)?; // inserted above
-        let std_dev = series.alert_std_dev();
-        let sigma = (value - series.mean) / std_dev;
-        let anomalous = series.count >= MIN_SAMPLES && sigma > SIGMA_THRESHOLD;
-        if !anomalous {
-            self.episodes.remove(search);
-        }
-        // An alert opens an episode; the episode's later anomalous values raise nothing.
-        let alert = if anomalous && !self.episodes.contains(search) {
-            self.episodes.insert(key.to_key());
-            Some(AnomalyAlert {
-                entity_type: key.entity_type.to_string(),
-                entity_id: key.entity_id.to_string(),
-                metric: key.metric.to_string(),
-                current_value: value,
-                threshold: series.mean + SIGMA_THRESHOLD * std_dev,
-                mean: series.mean,
-                std_dev,
-                sigma,
-                timestamp: timestamp.to_string(),
-            })
-        } else {
-            None
+        let alert = match self.series.get_mut(search) {
+            Some(series) => series.observe(key, value, timestamp),
+            None => self.series.entry(key.to_key()).or_default().observe(key, value, timestamp),
         };
-        series.push(value);
         if let Some(alert) = &alert {
             if self.alerts.len() == MAX_ALERTS {
                 self.alerts.pop_front();
@@ -210,7 +217,7 @@ impl Detector {
     }
 
     pub fn stats(&self, key: &SeriesKey) -> Option<MetricStats> {
-        self.series.get(key).map(Welford::stats)
+        self.series.get(key).map(|series| series.stats.stats())
     }
 
     /// Every baseline, for export.
@@ -221,11 +228,11 @@ impl Detector {
                 entity_type: key.entity_type.clone(),
                 entity_id: key.entity_id.clone(),
                 metric: key.metric.clone(),
-                count: series.count,
-                mean: series.mean,
-                m2: series.m2,
-                min: series.min,
-                max: series.max,
+                count: series.stats.count,
+                mean: series.stats.mean,
+                m2: series.stats.m2,
+                min: series.stats.min,
+                max: series.stats.max,
             })
             .collect()
     }
@@ -248,8 +255,9 @@ impl Detector {
                 entity_id: baseline.entity_id.clone(),
                 metric: baseline.metric.clone(),
             };
-            let series = Welford { count: baseline.count, mean: baseline.mean, m2: baseline.m2, min: baseline.min, max: baseline.max };
-            self.series.insert(key, series);
+            let stats = Welford { count: baseline.count, mean: baseline.mean, m2: baseline.m2, min: baseline.min, max: baseline.max };
+            // An imported baseline starts outside any episode: its next anomalous value alerts.
+            self.series.insert(key, Series { stats, in_episode: false });
         }
         Ok(baselines.len())
     }
@@ -337,6 +345,17 @@ mod tests {
         assert!(detector.observe(key("cost_usd"), 10.0, "t3").is_none(), "back within the threshold: the episode ends");
         assert!(detector.observe(key("cost_usd"), 400.0, "t4").is_some(), "a new spike is a new episode");
         assert_eq!(detector.alerts(10).len(), 2);
+    }
+
+    #[test]
+    fn an_imported_baseline_starts_outside_any_episode() -> Result<(), String> {
+        let mut detector = learned(&[10.0, 11.0, 9.0, 10.0, 12.0, 8.0, 10.0, 11.0, 9.0, 10.0]);
+        assert!(detector.observe(key("cost_usd"), 40.0, "t1").is_some(), "the shift opens an episode");
+        let baselines = detector.baselines();
+        detector.import(&baselines)?;
+        assert_eq!(detector.stats(&key("cost_usd")).map(|stats| stats.count), Some(11), "the import kept the statistics");
+        assert!(detector.observe(key("cost_usd"), 400.0, "t2").is_some(), "after an import, a spike alerts again");
+        Ok(())
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::sync::LazyLock;
 
 use brainstorm_common::text::hyphenated_uuid;
 use brainstorm_proto::policy as proto;
-use http::HeaderName;
+use http::{HeaderName, HeaderValue};
 use regex::{Regex, RegexBuilder, RegexSet};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -445,13 +445,14 @@ pub struct FirewallOutcome {
 
 impl FirewallOutcome {
     /// `X-BR-Tool-Firewall-Status` (the action), `-Reason`, and `-Mode` when not enforcing.
-    pub fn headers(&self) -> Vec<(HeaderName, String)> {
-        let mut headers = vec![(HeaderName::from_static("x-br-tool-firewall-status"), self.action.as_str().to_string())];
-        if let Some(reason) = &self.reason {
-            headers.push((HeaderName::from_static("x-br-tool-firewall-reason"), reason.clone()));
+    pub fn headers(&self) -> Vec<(HeaderName, HeaderValue)> {
+        let mut headers = Vec::with_capacity(3);
+        headers.push((HeaderName::from_static("x-br-tool-firewall-status"), HeaderValue::from_static(self.action.as_str())));
+        if let Some(reason) = self.reason.as_deref().and_then(|reason| HeaderValue::from_str(reason).ok()) {
+            headers.push((HeaderName::from_static("x-br-tool-firewall-reason"), reason));
         }
         if !self.enforced {
-            headers.push((HeaderName::from_static("x-br-tool-firewall-mode"), self.mode.as_str().to_string()));
+            headers.push((HeaderName::from_static("x-br-tool-firewall-mode"), HeaderValue::from_static(self.mode.as_str())));
         }
         headers
     }

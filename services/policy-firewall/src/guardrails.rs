@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use brainstorm_common::error::{ApiError, Recovery};
 use brainstorm_proto::policy as proto;
-use http::{HeaderName, StatusCode};
+use http::{HeaderName, HeaderValue, StatusCode};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -382,24 +382,26 @@ impl ScanResult {
     }
 
     /// `X-BR-Guardrail-Status` (pass/warn/block; `log` reports pass), `-Action`, `-Reason`,
-    /// `-PII-Warning` and `X-BR-Intent-Risk`.
-    pub fn headers(&self) -> Vec<(HeaderName, String)> {
+    /// `-PII-Warning` and `X-BR-Intent-Risk` (a reason or warning that is no valid header value is
+    /// left out, as the answer would leave it out).
+    pub fn headers(&self) -> Vec<(HeaderName, HeaderValue)> {
         let status = match self.action {
             ScanAction::Block => "block",
             ScanAction::Warn => "warn",
             ScanAction::Log | ScanAction::Pass => "pass",
         };
-        let mut headers = vec![
-            (HeaderName::from_static("x-br-guardrail-status"), status.to_string()),
-            (HeaderName::from_static("x-br-guardrail-action"), self.action.as_str().to_string()),
-        ];
-        if let Some(reason) = &self.reason {
-            headers.push((HeaderName::from_static("x-br-guardrail-reason"), reason.clone()));
+        let mut headers = Vec::with_capacity(5);
+        headers.push((HeaderName::from_static("x-br-guardrail-status"), HeaderValue::from_static(status)));
+        headers.push((HeaderName::from_static("x-br-guardrail-action"), HeaderValue::from_static(self.action.as_str())));
+        let texts = [("x-br-guardrail-reason", self.reason.as_deref()), ("x-br-guardrail-pii-warning", self.pii_warning.as_deref())];
+        for (name, text) in texts {
+            if let Some(value) = text.and_then(|text| HeaderValue::from_str(text).ok()) {
+                headers.push((HeaderName::from_static(name), value));
+            }
         }
-        if let Some(warning) = &self.pii_warning {
-            headers.push((HeaderName::from_static("x-br-guardrail-pii-warning"), warning.clone()));
+        if let Ok(risk) = HeaderValue::try_from(format!("{:.2}", self.intent_risk())) {
+            headers.push((HeaderName::from_static("x-br-intent-risk"), risk));
         }
-        headers.push((HeaderName::from_static("x-br-intent-risk"), format!("{:.2}", self.intent_risk())));
         headers
     }
 
@@ -429,7 +431,7 @@ impl ScanResult {
             wait_ms: None,
         };
         for (name, value) in self.headers() {
-            error.push_header(name, &value);
+            error.push_header_value(name, value);
         }
         Some(error)
     }
@@ -624,7 +626,11 @@ mod tests {
     #[test]
     fn intent_risk_is_the_strongest_builtin_signal() {
         let header = |result: &ScanResult| {
-            result.headers().into_iter().find(|(name, _)| name.as_str() == "x-br-intent-risk").map(|(_, value)| value)
+            result
+                .headers()
+                .into_iter()
+                .find(|(name, _)| name.as_str() == "x-br-intent-risk")
+                .map(|(_, value)| value.to_str().unwrap_or_default().to_string())
         };
         let calm = scan("Please summarise this quarterly report in three bullet points.", &enabled(&["builtin", "pii"]));
         assert_eq!(header(&calm).as_deref(), Some("0.00"));
