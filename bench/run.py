@@ -224,6 +224,36 @@ def counter_split(perf_output, requests):
     }
 
 
+# Callgrind numbers a dump's threads, it does not name them: a symbol only each thread's code holds
+# tells which of the gateway's threads a dump is (the first marker found counts). The request thread
+# is the main thread (the single-threaded runtime of a gateway pinned to one CPU) or a worker of the
+# multi-threaded one; the writers' thread runs the chain's consumer; each SQLite connection's thread
+# runs sqlx's connection worker (the other threads only send it statements).
+THREAD_MARKERS = (
+    ("requests", "brainstorm::main"),
+    ("writers", "AuditConsumer::run"),
+    ("requests", "scheduler::multi_thread::worker"),
+    ("sqlite", "sqlx_sqlite::connection::worker::ConnectionWorker::establish"),
+)
+
+
+def callgrind_thread(annotated):
+    """Which thread (requests, writers, sqlite, other) a dump is, and its instruction total, from
+    `callgrind_annotate --inclusive=yes` output of that dump (total None when it has none)."""
+    total = next((int(line.split()[0].replace(",", "")) for line in annotated.splitlines() if "PROGRAM TOTALS" in line), None)
+    thread = next((name for name, marker in THREAD_MARKERS if marker in annotated), "other")
+    return thread, total
+
+
+def thread_split(dumps, requests):
+    """Instructions per request by thread, from `(thread, total)` pairs of one count's dumps (threads
+    of one kind summed; threads that ran fewer instructions than there were requests left out)."""
+    sums = {}
+    for thread, total in dumps:
+        sums[thread] = sums.get(thread, 0) + (total or 0)
+    return {thread: round(total / requests) for thread, total in sorted(sums.items()) if total >= requests}
+
+
 def read_text(path):
     """A small system file's text, stripped (None when it cannot be read)."""
     try:
@@ -715,9 +745,10 @@ http {{
         """Phase i: instructions per request, counted by callgrind on a fresh `up` (the minimal pipeline,
         then the full one as phase e runs it; 8 connections; counting zeroed and switched on after a
         warm-up, off and dumped once the consumers have written the counted requests). Unlike times,
-        the count repeats on a noisy machine, so commits compare by it. SHA-256 runs in software
-        under valgrind (it hides the CPU's SHA extensions), so hashing weighs more here than natively.
-        Skipped without valgrind or with --no-callgrind."""
+        the count repeats on a noisy machine, so commits compare by it. Each count is also split by
+        thread (the request thread, SQLite's connection threads, the writers' thread). SHA-256 runs in
+        software under valgrind (it hides the CPU's SHA extensions), so hashing weighs more here than
+        natively. Skipped without valgrind or with --no-callgrind."""
         valgrind, control = shutil.which("valgrind"), shutil.which("callgrind_control")
         if self.args.no_callgrind or valgrind is None or control is None or shutil.which("callgrind_annotate") is None:
             self.report["instructions_per_request"] = "skipped: no valgrind" if not self.args.no_callgrind else "skipped: --no-callgrind"
@@ -728,7 +759,7 @@ http {{
         os.makedirs(out_dir)
         gateway = self.start(
             "gateway-callgrind",
-            [valgrind, "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out_dir}/callgrind.out.%p",
+            [valgrind, "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes", f"--callgrind-out-file={out_dir}/callgrind.out.%p",
              self.args.gateway, "up", "--listen", f"127.0.0.1:{port}", "--data-dir", os.path.join(self.work, "data-callgrind")],
             "0",
             {"BR_PROVIDER_OPENAI_BASE_URL": f"{mock}/v1", "RUST_LOG": "warn", "BR_MAIL_OUTBOX": os.path.join(self.work, "outbox")},
@@ -739,8 +770,12 @@ http {{
         url = f"{base}/v1/chat/completions"
         counted = self.args.callgrind_requests
 
-        def count(request_key, body):
-            """Instructions of `counted` requests after 500 warm-up ones (None if any failed)."""
+        counts, by_thread = {}, {}
+
+        def count(stage, request_key, body):
+            """Instructions per request of `counted` requests after 500 warm-up ones, in all and by
+            thread (one dump per thread: --separate-threads), as `stage` (None if any failed)."""
+            counts[stage] = by_thread[stage] = None
             self.oha(url, request_key, body, requests=500, connections=8)
             time.sleep(2)
             subprocess.run([control, "-z", str(gateway.pid)], check=True, capture_output=True)
@@ -752,23 +787,28 @@ http {{
             before = set(os.listdir(out_dir))
             subprocess.run([control, "-d", str(gateway.pid)], check=True, capture_output=True)
             files = [os.path.join(out_dir, name) for name in sorted(set(os.listdir(out_dir)) - before)]
-            summary = subprocess.run(["callgrind_annotate", *files], capture_output=True, text=True).stdout if files else ""
-            total = next((int(line.split()[0].replace(",", "")) for line in summary.splitlines() if "PROGRAM TOTALS" in line), None)
-            return round(total / counted) if total is not None and phase["ok"] == counted else None
+            dumps = [
+                callgrind_thread(subprocess.run(["callgrind_annotate", "--inclusive=yes", "--auto=no", file], capture_output=True, text=True).stdout)
+                for file in files
+            ]
+            if dumps and all(total is not None for _, total in dumps) and phase["ok"] == counted:
+                counts[stage] = round(sum(total for _, total in dumps) / counted)
+                by_thread[stage] = thread_split(dumps, counted)
 
-        counts = {"minimal": count(key, routed)}
+        count("minimal", key, routed)
         # The stages added one at a time as phase e adds them (a key with a budget and a rate limit,
         # guardrails on the prompt, the tool firewall on a reply that calls a tool), so each stage's
         # cost shows by a count that repeats where phase e's times move by more than a stage costs.
         full_key = full_pipeline_key(base, key)
-        counts["budget"] = count(full_key, routed)
+        count("budget", full_key, routed)
         call(f"{base}/v1/guardrails/config", {"enabled": True, "mode": "block"}, key, method="PUT")
-        counts["guardrails"] = count(full_key, routed)
+        count("guardrails", full_key, routed)
         guardian = self.enable_guardian(base, key)
-        counts["full"] = count(full_key, dict(routed, **guardian["body"]))
+        count("full", full_key, dict(routed, **guardian["body"]))
         gateway.terminate()
         gateway.wait(timeout=120)
         self.report["instructions_per_request"] = counts
+        self.report["instructions_per_request_by_thread"] = by_thread
         stages = {}
         for stage, before, after in (
             ("key budget and rate limit", "minimal", "budget"),
@@ -963,6 +1003,7 @@ def table(report):
         f"distributed edge (phase h): {report.get('distributed_edge')}",
         f"instructions per request, callgrind, minimal pipeline, each stage added, full pipeline (phase i; repeatable, SHA-256 in software): {report.get('instructions_per_request')}",
         f"instructions each stage adds per request (phase i): {report.get('stage_instructions_per_request')}",
+        f"instructions per request by thread, full pipeline (phase i): {(report.get('instructions_per_request_by_thread') or {}).get('full')}",
         f"flat-out phases within 20% of the mock's own throughput (may be bound by the load CPUs, not the proxy): {report.get('near_mock_limit') or 'none'}",
         "",
         "targets (reported, not asserted; nginx's figures above are this machine's floor):",

@@ -43,6 +43,31 @@ class CounterSplit(unittest.TestCase):
         self.assertEqual(split["cycles_user"], 0)
 
 
+
+def annotated(total, *functions):
+    """`callgrind_annotate --inclusive=yes` output of one dump: its total and some functions."""
+    lines = [f"{total:,} (100.0%)  PROGRAM TOTALS", "", "Ir  file:function"]
+    lines += [f"{total:,} (99.00%)  /src/x.rs:{function} [/bin/brainstorm]" for function in functions]
+    return "\n".join(lines) + "\n"
+
+
+class CallgrindThreads(unittest.TestCase):
+    def test_each_dump_is_named_by_its_thread_code(self):
+        self.assertEqual(run.callgrind_thread(annotated(5000, "std::rt::lang_start", "brainstorm::main")), ("requests", 5000))
+        # The writers and the request thread send statements through sqlx too; only SQLite's own
+        # threads run the connection worker.
+        writers = annotated(300, "brainstorm_audit_lineage::consumer::AuditConsumer::run::{{closure}}", "sqlx_sqlite::connection::worker::ConnectionWorker::execute")
+        self.assertEqual(run.callgrind_thread(writers), ("writers", 300))
+        sqlite = annotated(700, "sqlx_sqlite::connection::worker::ConnectionWorker::establish::{{closure}}::{{closure}}", "sqlite3VdbeExec")
+        self.assertEqual(run.callgrind_thread(sqlite), ("sqlite", 700))
+        self.assertEqual(run.callgrind_thread(annotated(40, "start_thread")), ("other", 40))
+        self.assertEqual(run.callgrind_thread("no totals here"), ("other", None))
+
+    def test_threads_of_a_kind_are_summed_per_request_and_idle_ones_left_out(self):
+        dumps = [("requests", 5000), ("sqlite", 700), ("sqlite", 300), ("writers", 300), ("other", 9)]
+        self.assertEqual(run.thread_split(dumps, 10), {"requests": 500, "sqlite": 100, "writers": 30})
+
+
 class CountersAvailable(unittest.TestCase):
     def fake_perf(self, printed):
         """A `perf` that prints `printed` on stderr as `perf stat -x ,` would."""
