@@ -21,7 +21,7 @@ use brainstorm_providers::routing::{self, Candidate, Resolution, Route, RouteErr
 use brainstorm_providers::upstream::{EventStream, Target, UpstreamError};
 use brainstorm_providers::{anthropic, openai};
 use futures::StreamExt;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use crate::EdgeState;
 use crate::auth::{Caller, CallerIdentity, Refused};
@@ -843,10 +843,8 @@ fn reply_response(
 fn answer(reply: &ChatReply, headers: HeaderMap, format: ClientFormat, cost_usd: Value, strategy: &str) -> Response {
     match format {
         ClientFormat::OpenAi => {
-            let mut extra = Map::new();
-            extra.insert("cost_usd".to_string(), cost_usd);
-            extra.insert("routing_strategy".to_string(), json!(strategy));
-            json_response(headers, &openai::render_reply(reply, chrono::Utc::now().timestamp(), extra))
+            let extra = openai::UsageExtra { cost_usd: &cost_usd, routing_strategy: strategy };
+            json_response(headers, &openai::render_reply(reply, chrono::Utc::now().timestamp(), Some(extra)))
         }
         ClientFormat::Anthropic => json_response(headers, &anthropic::render_reply(reply)),
     }

@@ -20,7 +20,7 @@ use brainstorm_proto::ServiceResult;
 use brainstorm_proto::policy::{KillSwitchSnapshot, PolicyEvent, PolicyFirewallClient, TenantRef, policy_event};
 use tokio::time::Instant;
 
-use crate::killswitch::{KillSwitchDecision, KillSwitchState, RequestFacts, check, is_guarded_path};
+use crate::killswitch::{KillSwitchDecision, KillSwitchState, RequestFacts, decide, is_guarded_path};
 
 /// The spec's cache TTL of kill-switch state.
 pub const KILL_SWITCH_TTL: Duration = Duration::from_millis(500);
@@ -76,7 +76,15 @@ pub struct GateView {
 impl GateView {
     /// The decision for a request.
     pub fn check(&self, request: &RequestFacts<'_>) -> KillSwitchDecision {
-        if self.scopes_enforced { check(&self.state, request) } else { check(&self.state.without_scopes(), request) }
+        if !is_guarded_path(request.path) {
+            return KillSwitchDecision::Allow;
+        }
+        self.decide(request)
+    }
+
+    /// `check` for a request whose path is already known to be guarded.
+    fn decide(&self, request: &RequestFacts<'_>) -> KillSwitchDecision {
+        if self.scopes_enforced { decide(&self.state, request) } else { decide(&self.state.without_scopes(), request) }
     }
 }
 
@@ -111,7 +119,7 @@ impl KillSwitchGate {
         if !is_guarded_path(request.path) {
             return KillSwitchDecision::Allow;
         }
-        self.view(tenant_id).await.check(request)
+        self.view(tenant_id).await.decide(request)
     }
 
     /// The state to decide on: cached while fresh (refreshed ahead in the background once half its

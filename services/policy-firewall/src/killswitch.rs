@@ -233,6 +233,12 @@ pub fn check(state: &KillSwitchState, request: &RequestFacts<'_>) -> KillSwitchD
     if !is_guarded_path(request.path) {
         return KillSwitchDecision::Allow;
     }
+    decide(state, request)
+}
+
+/// `check` for a request whose path is already known to be guarded (the gate asks before it reads
+/// the state; the path check is a scan of the path, twice per request otherwise).
+pub(crate) fn decide(state: &KillSwitchState, request: &RequestFacts<'_>) -> KillSwitchDecision {
     if state.tenant_active {
         let reason = state.tenant_reason.clone().unwrap_or_else(|| "kill switch active".to_string());
         return KillSwitchDecision::Blocked { scope: BlockScope::Tenant, reason };

@@ -3,7 +3,7 @@
 
 use std::borrow::Cow;
 
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use crate::chat::fields::{
     optional_bool, optional_number_in, optional_positive_u32, optional_string, required_array, required_string, stop_list,
@@ -187,7 +187,7 @@ pub struct RenderedReply<'a> {
     created: i64,
     model: &'a str,
     choices: [RenderedChoice<'a>; 1],
-    usage: RenderedUsage,
+    usage: RenderedUsage<'a>,
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -229,16 +229,26 @@ struct RenderedFunction<'a> {
 }
 
 #[derive(Debug, serde::Serialize)]
-struct RenderedUsage {
+struct RenderedUsage<'a> {
     prompt_tokens: u64,
     completion_tokens: u64,
     total_tokens: u64,
-    #[serde(flatten)]
-    extra: Map<String, Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cost_usd: Option<&'a Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    routing_strategy: Option<&'a str>,
 }
 
-/// A `chat.completion` for the client; `usage_extra` adds fields such as `cost_usd`.
-pub fn render_reply(reply: &ChatReply, created: i64, usage_extra: Map<String, Value>) -> RenderedReply<'_> {
+/// What the gateway adds to a reply's `usage`: the request's cost in dollars (null when the model has
+/// no price) and the routing strategy that chose the model.
+#[derive(Debug, Clone, Copy)]
+pub struct UsageExtra<'a> {
+    pub cost_usd: &'a Value,
+    pub routing_strategy: &'a str,
+}
+
+/// A `chat.completion` for the client; `usage_extra` adds the gateway's members to its `usage`.
+pub fn render_reply<'a>(reply: &'a ChatReply, created: i64, usage_extra: Option<UsageExtra<'a>>) -> RenderedReply<'a> {
     let text = reply.text();
     let tool_calls: Vec<RenderedToolCall<'_>> = reply
         .parts
@@ -264,7 +274,8 @@ pub fn render_reply(reply: &ChatReply, created: i64, usage_extra: Map<String, Va
             prompt_tokens: reply.usage.input_tokens,
             completion_tokens: reply.usage.output_tokens,
             total_tokens: reply.usage.input_tokens + reply.usage.output_tokens,
-            extra: usage_extra,
+            cost_usd: usage_extra.map(|extra| extra.cost_usd),
+            routing_strategy: usage_extra.map(|extra| extra.routing_strategy),
         },
     }
 }
@@ -1174,9 +1185,9 @@ mod tests {
             finish: FinishReason::ToolCalls,
             usage: Usage { input_tokens: 1, output_tokens: 2 },
         };
-        let mut extra = Map::new();
-        extra.insert("cost_usd".to_string(), json!(0.5));
-        let rendered = serde_json::to_value(render_reply(&reply, 7, extra)).unwrap_or_default();
+        let cost = json!(0.5);
+        let rendered = serde_json::to_value(render_reply(&reply, 7, Some(UsageExtra { cost_usd: &cost, routing_strategy: "price" })))
+            .unwrap_or_default();
         assert_eq!(rendered["object"], "chat.completion");
         assert_eq!(rendered["choices"][0]["message"]["role"], "assistant");
         assert_eq!(rendered["choices"][0]["message"]["content"], Value::Null);
@@ -1185,6 +1196,7 @@ mod tests {
         assert_eq!(rendered["choices"][0]["finish_reason"], "tool_calls");
         assert_eq!(rendered["usage"]["total_tokens"], 3);
         assert_eq!(rendered["usage"]["cost_usd"], 0.5);
+        assert_eq!(rendered["usage"]["routing_strategy"], "price");
         let body = serde_json::to_vec(&rendered).unwrap_or_default();
         assert_eq!(parse_reply(&body).map(|parsed| parsed.parts), Ok(reply.parts));
     }
@@ -1229,7 +1241,7 @@ mod tests {
             finish: FinishReason::Stop,
             usage: Usage { input_tokens: 1, output_tokens: 2 },
         };
-        let rendered = serde_json::to_value(render_reply(&reply, 7, Map::new())).unwrap_or_default();
+        let rendered = serde_json::to_value(render_reply(&reply, 7, None)).unwrap_or_default();
         assert_eq!(rendered["choices"][0]["message"], json!({"role": "assistant", "content": "hello"}));
         assert_eq!(rendered["usage"], json!({"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}));
         assert_eq!(rendered["created"], 7);
