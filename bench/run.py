@@ -240,7 +240,9 @@ THREAD_MARKERS = (
 def callgrind_thread(annotated):
     """Which thread (requests, writers, sqlite, other) a dump is, and its instruction total, from
     `callgrind_annotate --inclusive=yes` output of that dump (total None when it has none)."""
-    total = next((int(line.split()[0].replace(",", "")) for line in annotated.splitlines() if "PROGRAM TOTALS" in line), None)
+    # An empty dump's total is printed as `.`.
+    figure = next((line.split()[0].replace(",", "") for line in annotated.splitlines() if "PROGRAM TOTALS" in line), None)
+    total = None if figure is None else int(figure) if figure.isdigit() else 0
     thread = next((name for name, marker in THREAD_MARKERS if marker in annotated), "other")
     return thread, total
 

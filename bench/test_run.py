@@ -62,6 +62,7 @@ class CallgrindThreads(unittest.TestCase):
         self.assertEqual(run.callgrind_thread(sqlite), ("sqlite", 700))
         self.assertEqual(run.callgrind_thread(annotated(40, "start_thread")), ("other", 40))
         self.assertEqual(run.callgrind_thread("no totals here"), ("other", None))
+        self.assertEqual(run.callgrind_thread(".           PROGRAM TOTALS (calculated)\n"), ("other", 0))
 
     def test_threads_of_a_kind_are_summed_per_request_and_idle_ones_left_out(self):
         dumps = [("requests", 5000), ("sqlite", 700), ("sqlite", 300), ("writers", 300), ("other", 9)]
