@@ -228,12 +228,13 @@ def counter_split(perf_output, requests):
 # tells which of the gateway's threads a dump is (the first marker found counts). The request thread
 # is the main thread (the single-threaded runtime of a gateway pinned to one CPU) or a worker of the
 # multi-threaded one; the writers' thread runs the chain's consumer; each SQLite connection's thread
-# runs sqlx's connection worker (the other threads only send it statements).
+# runs SQLite itself (the other threads only send it statements; sqlx's worker functions may be
+# inlined away in a profile-guided build, SQLite's C functions are not).
 THREAD_MARKERS = (
     ("requests", "brainstorm::main"),
     ("writers", "AuditConsumer::run"),
     ("requests", "scheduler::multi_thread::worker"),
-    ("sqlite", "sqlx_sqlite::connection::worker::ConnectionWorker::establish"),
+    ("sqlite", "sqlite3_step"),
 )
 
 

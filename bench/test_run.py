@@ -55,10 +55,10 @@ class CallgrindThreads(unittest.TestCase):
     def test_each_dump_is_named_by_its_thread_code(self):
         self.assertEqual(run.callgrind_thread(annotated(5000, "std::rt::lang_start", "brainstorm::main")), ("requests", 5000))
         # The writers and the request thread send statements through sqlx too; only SQLite's own
-        # threads run the connection worker.
+        # threads run SQLite.
         writers = annotated(300, "brainstorm_audit_lineage::consumer::AuditConsumer::run::{{closure}}", "sqlx_sqlite::connection::worker::ConnectionWorker::execute")
         self.assertEqual(run.callgrind_thread(writers), ("writers", 300))
-        sqlite = annotated(700, "sqlx_sqlite::connection::worker::ConnectionWorker::establish::{{closure}}::{{closure}}", "sqlite3VdbeExec")
+        sqlite = annotated(700, "sqlx_sqlite::connection::worker::ConnectionWorker::execute", "sqlite3_step", "sqlite3VdbeExec")
         self.assertEqual(run.callgrind_thread(sqlite), ("sqlite", 700))
         self.assertEqual(run.callgrind_thread(annotated(40, "start_thread")), ("other", 40))
         self.assertEqual(run.callgrind_thread("no totals here"), ("other", None))
