@@ -224,6 +224,64 @@ def counter_split(perf_output, requests):
     }
 
 
+# Phase k samples the CPU time itself, by the kernel's timer (a software event): it needs no hardware
+# counters, so it profiles natively on a VM that hides them, where phase j cannot count.
+PROFILE_HZ = 4999
+
+
+def profiler_available(perf, work):
+    """Whether `perf record -e cpu-clock` can sample here (perf installed and allowed to)."""
+    if perf is None:
+        return False
+    output = os.path.join(work, "probe.perf.data")
+    probe = subprocess.run([perf, "record", "-q", "-e", "cpu-clock", "-o", output, "--", "true"], capture_output=True, text=True)
+    return probe.returncode == 0 and os.path.exists(output)
+
+
+def object_kind(shared_object, program):
+    """What a sampled shared object is: the kernel, the profiled program's own code, libc, or other."""
+    if shared_object.startswith("[kernel"):
+        return "kernel"
+    if shared_object == program:
+        return "program"
+    if shared_object.startswith("libc.so") or shared_object.startswith("libc-"):
+        return "libc"
+    return "other"
+
+
+def time_shares(by_thread_and_object, top_symbols, program, cpu_us_per_request):
+    """Phase k's figures from two `perf report --stdio -g none -n -t ;` outputs (sorted by
+    `comm,dso` and by `sym`): each thread's and each kind of code's share of the sampled CPU time, in
+    percent and, where the phase's CPU per request is known, in us per request; the top symbols."""
+    samples, threads, kinds = 0, {}, {}
+    for line in by_thread_and_object.splitlines():
+        fields = [field.strip() for field in line.split(";")]
+        if line.startswith("#") or len(fields) != 4 or not fields[1].isdigit():
+            continue
+        count, thread, kind = int(fields[1]), fields[2], object_kind(fields[3], program)
+        samples += count
+        threads[thread] = threads.get(thread, 0) + count
+        kinds[kind] = kinds.get(kind, 0) + count
+    if samples == 0:
+        return None
+    share = lambda count: round(100 * count / samples, 1)
+    per_request = lambda count: round(cpu_us_per_request * count / samples, 1) if cpu_us_per_request else None
+    symbols = []
+    for line in top_symbols.splitlines():
+        # The symbol is the last field, whatever it holds.
+        fields = [field.strip() for field in line.split(";", 2)]
+        if line.startswith("#") or len(fields) != 3 or not fields[1].isdigit():
+            continue
+        symbols.append([fields[2], share(int(fields[1]))])
+    return {
+        "samples": samples,
+        "threads_percent": {name: share(count) for name, count in sorted(threads.items(), key=lambda item: -item[1])},
+        "kinds_percent": {name: share(count) for name, count in sorted(kinds.items(), key=lambda item: -item[1])},
+        "kinds_us_per_request": {name: per_request(count) for name, count in sorted(kinds.items(), key=lambda item: -item[1])},
+        "top_symbols_percent": sorted(symbols, key=lambda item: -item[1])[:15],
+    }
+
+
 # Callgrind numbers a dump's threads, it does not name them: a symbol only each thread's code holds
 # tells which of the gateway's threads a dump is (the first marker found counts). The request thread
 # is the main thread (the single-threaded runtime of a gateway pinned to one CPU) or a worker of the
@@ -311,6 +369,7 @@ class Bench:
         self.report = {"phases": {}, "cpu_count": self.cpus, "pinning": None}
         perf = shutil.which("perf")
         self.perf = perf if not getattr(args, "no_counters", False) and counters_available(perf) else None
+        self.profiler = perf if not getattr(args, "no_profile", False) and profiler_available(perf, self.work) else None
 
     def pin(self, command, cpus):
         return ["taskset", "-c", cpus, *command] if self.pinned and cpus else command
@@ -436,6 +495,45 @@ class Bench:
             result["counters_per_request"] = counter_split(counts, result["ok"])
         else:
             log(f"phase j: perf stat counted nothing for process {pid}")
+        return result
+
+    def profiled(self, pid, url, key, body, program):
+        """Phase k: where process `pid`'s CPU time goes, sampled by `perf record -e cpu-clock` (the
+        kernel's timer, PROFILE_HZ times a second, no hardware counters needed) over one `--seconds`
+        phase at 2,000 req/s after `--warmup` seconds unmeasured: by thread, by kind of code (the
+        kernel, `program`'s own, libc, other) and by symbol. A run of its own: sampling adds a little
+        CPU time of its own, so no timed figure is taken from it."""
+        if self.args.warmup > 0:
+            self.oha(url, key, body, duration=self.args.warmup, connections=32, rate=2000)
+        output = os.path.join(self.work, f"profile-{pid}.perf.data")
+        recording = {}
+
+        def run():
+            recording["process"] = subprocess.Popen(
+                [self.profiler, "record", "-q", "-e", "cpu-clock", "-F", str(PROFILE_HZ), "-p", str(pid), "-o", output],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            time.sleep(0.2)
+            return self.oha(url, key, body, duration=self.args.seconds, connections=32, rate=2000)
+
+        result = self.measured(pid, run)
+        recording["process"].send_signal(signal.SIGINT)
+        try:
+            recording["process"].wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            recording["process"].kill()
+            recording["process"].wait()
+        report = lambda sort: subprocess.run(
+            [self.profiler, "report", "-i", output, "--stdio", "-g", "none", "-n", "-t", ";", "--sort", sort],
+            capture_output=True,
+            text=True,
+        ).stdout
+        shares = time_shares(report("comm,dso"), report("sym"), program, result.get("gateway_cpu_us_per_request")) if os.path.exists(output) else None
+        if shares:
+            result["time_profile"] = shares
+        else:
+            log(f"phase k: perf record sampled nothing of process {pid}")
         return result
 
     def stream_timings(self, base, path, key, body, count, extra_headers=None):
@@ -589,6 +687,9 @@ class Bench:
         if self.perf:
             log("phase j: hardware counters, full pipeline at 2,000 req/s")
             phases["j_full_counted_gateway"] = self.counted(gateway.pid, gateway_url, full_key, full_body)
+        if self.profiler:
+            log("phase k: where the time goes (perf record -e cpu-clock), full pipeline at 2,000 req/s")
+            phases["k_full_profiled_gateway"] = self.profiled(gateway.pid, gateway_url, full_key, full_body, os.path.basename(args.gateway))
         stage_cost = {}
         previous = phases["e_minimal_gateway"].get("gateway_cpu_us_per_request")
         for stage, name in (("key budget and rate limit", "e_budget_gateway"), ("guardrails on the prompt", "e_guardrails_gateway"), ("tool firewall on the reply", "e_full_gateway")):
@@ -635,6 +736,11 @@ class Bench:
         }
 
         self.report["hardware_counters"] = self.counters_summary()
+        self.report["time_profile"] = (
+            {name: phases.get(phase, {}).get("time_profile") for name, phase in (("full_pipeline_at_2000", "k_full_profiled_gateway"), ("nginx_at_2000", "k_nginx_profiled"))}
+            if self.profiler
+            else "skipped: no perf, perf record not allowed here, or --no-profile"
+        )
         self.report["targets"] = targets(self.report)
         self.report["near_mock_limit"] = near_mock_limit(self.report)
 
@@ -740,6 +846,9 @@ http {{
             if self.perf:
                 log("phase j: hardware counters, nginx at 2,000 req/s")
                 phases["j_nginx_counted"] = self.counted(process.pid, url, PROVIDER_KEY, body)
+            if self.profiler:
+                log("phase k: where the time goes (perf record -e cpu-clock), nginx at 2,000 req/s")
+                phases["k_nginx_profiled"] = self.profiled(process.pid, url, PROVIDER_KEY, body, os.path.basename(nginx))
             self.report["nginx"] = "nginx 1 worker on CPU 0 (its CPU per request is in the table)"
         finally:
             process.terminate()
@@ -984,6 +1093,17 @@ def table(report):
         lines.append(f"  full pipeline's cycles as a multiple of nginx's: {counters.get('cycles_vs_nginx')}")
     else:
         lines.append(f"  {counters}")
+    profile = report.get("time_profile")
+    lines.append("where the time goes at 2,000 req/s (phase k, perf record -e cpu-clock; by kind of code, us per request, and the top symbols):")
+    if isinstance(profile, dict):
+        for name in ("nginx_at_2000", "full_pipeline_at_2000"):
+            shares = profile.get(name)
+            if shares:
+                kinds = ", ".join(f"{kind} {us}" for kind, us in shares["kinds_us_per_request"].items())
+                symbols = ", ".join(f"{symbol} {percent}%" for symbol, percent in shares["top_symbols_percent"][:5])
+                lines.append(f"  {name:<24} {kinds}; {symbols}")
+    else:
+        lines.append(f"  {profile}")
     lines += [
         "",
         f"added latency, sequential: {report['added_latency_ms']}",
@@ -1031,6 +1151,7 @@ def main():
     parser.add_argument("--callgrind-requests", type=int, default=3000)
     parser.add_argument("--no-callgrind", action="store_true", help="skip phase i (instructions per request under callgrind)")
     parser.add_argument("--no-counters", action="store_true", help="skip phase j (cycles and instructions per request from the CPU's counters, with perf)")
+    parser.add_argument("--no-profile", action="store_true", help="skip phase k (where the CPU time goes, sampled with perf record -e cpu-clock)")
     parser.add_argument("--output", default=os.path.join(ROOT, "target", "bench", "latest.json"))
     parser.add_argument(
         "--guest-halt-poll-ns",

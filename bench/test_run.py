@@ -91,5 +91,72 @@ class CountersAvailable(unittest.TestCase):
         self.assertFalse(run.counters_available(None))
 
 
+# `perf report --stdio -g none -n -t ;` output, sorted by `comm,dso` and by `sym`.
+BY_THREAD_AND_OBJECT = """# Samples: 2K of event 'cpu-clock'
+#
+# Overhead;Samples;Command        ;Shared Object
+ 50.00% ;1000;brainstorm     ;brainstorm
+ 30.00% ;600;brainstorm     ;[kernel.kallsyms]
+ 10.00% ;200;sqlx-sqlite-wor;[kernel.kallsyms]
+  5.00% ;100;brainstorm     ;libc.so.6
+  5.00% ;100;brainstorm     ;[vdso]
+
+"""
+TOP_SYMBOLS = """# Overhead;Samples;Symbol
+ 20.00% ;400;[k] _raw_spin_unlock_irqrestore
+  5.00% ;100;[.] __memmove_avx_unaligned_erms
+  1.00% ;20;[.] serde_json::ser::format_escaped_str_contents; with a semicolon
+"""
+
+
+class TimeShares(unittest.TestCase):
+    def test_shares_by_thread_and_kind_of_code_and_per_request(self):
+        shares = run.time_shares(BY_THREAD_AND_OBJECT, TOP_SYMBOLS, "brainstorm", 200.0)
+        self.assertEqual(shares["samples"], 2000)
+        self.assertEqual(shares["threads_percent"], {"brainstorm": 90.0, "sqlx-sqlite-wor": 10.0})
+        self.assertEqual(shares["kinds_percent"], {"kernel": 40.0, "program": 50.0, "libc": 5.0, "other": 5.0})
+        self.assertEqual(list(shares["kinds_percent"]), ["program", "kernel", "libc", "other"])
+        self.assertEqual(shares["kinds_us_per_request"], {"program": 100.0, "kernel": 80.0, "libc": 10.0, "other": 10.0})
+        # A symbol may hold the separator: it is the last field, whole.
+        self.assertEqual(
+            shares["top_symbols_percent"],
+            [
+                ["[k] _raw_spin_unlock_irqrestore", 20.0],
+                ["[.] __memmove_avx_unaligned_erms", 5.0],
+                ["[.] serde_json::ser::format_escaped_str_contents; with a semicolon", 1.0],
+            ],
+        )
+
+    def test_nothing_sampled_is_no_profile_and_an_unknown_cost_no_times(self):
+        self.assertIsNone(run.time_shares("# Overhead;Samples;Command;Shared Object\n", "", "brainstorm", 100.0))
+        self.assertIsNone(run.time_shares(BY_THREAD_AND_OBJECT, "", "brainstorm", None)["kinds_us_per_request"]["program"])
+
+    def test_kinds_of_code(self):
+        self.assertEqual(run.object_kind("[kernel.kallsyms]", "nginx"), "kernel")
+        self.assertEqual(run.object_kind("nginx", "nginx"), "program")
+        self.assertEqual(run.object_kind("libc.so.6", "nginx"), "libc")
+        self.assertEqual(run.object_kind("[vdso]", "nginx"), "other")
+        self.assertEqual(run.object_kind("brainstorm", "nginx"), "other")
+
+
+class ProfilerAvailable(unittest.TestCase):
+    def fake_perf(self, script):
+        directory = tempfile.mkdtemp()
+        path = os.path.join(directory, "perf")
+        with open(path, "w") as handle:
+            handle.write("#!/bin/sh\n" + script)
+        os.chmod(path, os.stat(path).st_mode | stat.S_IEXEC)
+        return path
+
+    def test_a_recording_means_available(self):
+        # `perf record ... -o FILE -- true`: FILE is the argument after -o.
+        writes = self.fake_perf('while [ "$1" != "-o" ]; do shift; done; touch "$2"\n')
+        self.assertTrue(run.profiler_available(writes, tempfile.mkdtemp()))
+
+    def test_a_refusal_or_no_perf_means_unavailable(self):
+        self.assertFalse(run.profiler_available(self.fake_perf("echo 'not allowed' >&2; exit 255\n"), tempfile.mkdtemp()))
+        self.assertFalse(run.profiler_available(None, tempfile.mkdtemp()))
+
+
 if __name__ == "__main__":
     unittest.main()
