@@ -252,7 +252,8 @@ def object_kind(shared_object, program):
 def time_shares(by_thread_and_object, top_symbols, program, cpu_us_per_request):
     """Phase k's figures from two `perf report --stdio -g none -n -t ;` outputs (sorted by
     `comm,dso` and by `sym`): each thread's and each kind of code's share of the sampled CPU time, in
-    percent and, where the phase's CPU per request is known, in us per request; the top symbols."""
+    percent and, where the load's timed CPU per request is known, in us per request of it; the top
+    symbols."""
     samples, threads, kinds = 0, {}, {}
     for line in by_thread_and_object.splitlines():
         fields = [field.strip() for field in line.split(";")]
@@ -497,12 +498,13 @@ class Bench:
             log(f"phase j: perf stat counted nothing for process {pid}")
         return result
 
-    def profiled(self, pid, url, key, body, program):
+    def profiled(self, pid, url, key, body, program, timed_cpu_us_per_request):
         """Phase k: where process `pid`'s CPU time goes, sampled by `perf record -e cpu-clock` (the
         kernel's timer, PROFILE_HZ times a second, no hardware counters needed) over one `--seconds`
         phase at 2,000 req/s after `--warmup` seconds unmeasured: by thread, by kind of code (the
-        kernel, `program`'s own, libc, other) and by symbol. A run of its own: sampling adds a little
-        CPU time of its own, so no timed figure is taken from it."""
+        kernel, `program`'s own, libc, other) and by symbol. A run of its own: in a VM each sample is a
+        timer interrupt through the hypervisor, which adds CPU time (a fifth to two fifths), so the
+        shares are given in us per request of `timed_cpu_us_per_request`, the same load's timed run."""
         if self.args.warmup > 0:
             self.oha(url, key, body, duration=self.args.warmup, connections=32, rate=2000)
         output = os.path.join(self.work, f"profile-{pid}.perf.data")
@@ -529,7 +531,7 @@ class Bench:
             capture_output=True,
             text=True,
         ).stdout
-        shares = time_shares(report("comm,dso"), report("sym"), program, result.get("gateway_cpu_us_per_request")) if os.path.exists(output) else None
+        shares = time_shares(report("comm,dso"), report("sym"), program, timed_cpu_us_per_request) if os.path.exists(output) else None
         if shares:
             result["time_profile"] = shares
         else:
@@ -689,7 +691,9 @@ class Bench:
             phases["j_full_counted_gateway"] = self.counted(gateway.pid, gateway_url, full_key, full_body)
         if self.profiler:
             log("phase k: where the time goes (perf record -e cpu-clock), full pipeline at 2,000 req/s")
-            phases["k_full_profiled_gateway"] = self.profiled(gateway.pid, gateway_url, full_key, full_body, os.path.basename(args.gateway))
+            phases["k_full_profiled_gateway"] = self.profiled(
+                gateway.pid, gateway_url, full_key, full_body, os.path.basename(args.gateway), phases["e_full_gateway"].get("gateway_cpu_us_per_request")
+            )
         stage_cost = {}
         previous = phases["e_minimal_gateway"].get("gateway_cpu_us_per_request")
         for stage, name in (("key budget and rate limit", "e_budget_gateway"), ("guardrails on the prompt", "e_guardrails_gateway"), ("tool firewall on the reply", "e_full_gateway")):
@@ -848,7 +852,9 @@ http {{
                 phases["j_nginx_counted"] = self.counted(process.pid, url, PROVIDER_KEY, body)
             if self.profiler:
                 log("phase k: where the time goes (perf record -e cpu-clock), nginx at 2,000 req/s")
-                phases["k_nginx_profiled"] = self.profiled(process.pid, url, PROVIDER_KEY, body, os.path.basename(nginx))
+                phases["k_nginx_profiled"] = self.profiled(
+                    process.pid, url, PROVIDER_KEY, body, os.path.basename(nginx), phases["nginx_rate_2000"].get("gateway_cpu_us_per_request")
+                )
             self.report["nginx"] = "nginx 1 worker on CPU 0 (its CPU per request is in the table)"
         finally:
             process.terminate()
