@@ -224,6 +224,17 @@ def counter_split(perf_output, requests):
     }
 
 
+def stop_perf(process, timeout=60):
+    """Stops a `perf stat` or `perf record` attached to a process (SIGINT: it writes its output and
+    exits), killing it if it has not within `timeout` seconds."""
+    process.send_signal(signal.SIGINT)
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 # Phase k samples the CPU time itself, by the kernel's timer (a software event): it needs no hardware
 # counters, so it profiles natively on a VM that hides them, where phase j cannot count.
 PROFILE_HZ = 4999
@@ -485,12 +496,7 @@ class Bench:
         time.sleep(0.2)
         result = self.oha(url, key, body, duration=self.args.seconds, connections=32, rate=2000)
         self.settle(pid)
-        counting.send_signal(signal.SIGINT)
-        try:
-            counting.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            counting.kill()
-            counting.wait()
+        stop_perf(counting)
         counts = read_text(output)
         if result.get("ok") and counts:
             result["counters_per_request"] = counter_split(counts, result["ok"])
@@ -520,12 +526,7 @@ class Bench:
             return self.oha(url, key, body, duration=self.args.seconds, connections=32, rate=2000)
 
         result = self.measured(pid, run)
-        recording["process"].send_signal(signal.SIGINT)
-        try:
-            recording["process"].wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            recording["process"].kill()
-            recording["process"].wait()
+        stop_perf(recording["process"])
         report = lambda sort: subprocess.run(
             [self.profiler, "report", "-i", output, "--stdio", "-g", "none", "-n", "-t", ";", "--sort", sort],
             capture_output=True,
