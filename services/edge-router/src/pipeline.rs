@@ -758,9 +758,9 @@ impl std::fmt::Display for Efficiency {
 }
 
 fn route_headers(route: &Route, candidate: &Candidate, failures: &[(String, UpstreamError)], chat: &ChatRequest) -> HeaderMap {
-    // An answer carries about thirty headers (routing, cost, budget, evidence): room for them at
+    // An answer carries up to about forty headers (routing, cost, budget, evidence): room for them at
     // once instead of growing the map three times.
-    let mut headers = HeaderMap::with_capacity(32);
+    let mut headers = HeaderMap::with_capacity(40);
     set!(&mut headers, "x-br-routed-model", candidate.id());
     if let Some(first) = route.candidates.first() {
         set!(&mut headers, "x-br-resolved-model", first.id());

@@ -68,26 +68,93 @@ async fn store_batches(
     flush: Arc<Notify>,
 ) {
     while let Some(first) = receiver.recv().await {
-        let mut interceptions = vec![first];
-        let deadline = tokio::time::Instant::now() + linger;
-        while interceptions.len() < MAX_BATCH {
-            tokio::select! {
-                received = tokio::time::timeout_at(deadline, receiver.recv()) => match received {
-                    Ok(Some(interception)) => interceptions.push(interception),
-                    Ok(None) | Err(_) => break,
-                },
-                () = flush.notified() => {
-                    while interceptions.len() < MAX_BATCH && let Ok(interception) = receiver.try_recv() {
-                        interceptions.push(interception);
-                    }
-                    break;
-                }
-            }
-        }
+        let mut interceptions = Vec::with_capacity(MAX_BATCH);
+        interceptions.push(first);
+        gather(&mut receiver, &mut interceptions, linger, &flush).await;
         let count = interceptions.len();
         if let Err(error) = client.record_interceptions(InterceptionBatch { interceptions }).await {
             tracing::warn!(%error, count, "could not record a batch of firewall interceptions");
         }
         waiting.fetch_sub(count as u64, Ordering::Relaxed);
+    }
+}
+
+/// Adds to `interceptions` what arrives within `linger` of the first (up to `MAX_BATCH`), or until
+/// `flush` is notified. Interceptions arriving during the linger do not wake the task one by one: it
+/// takes what is waiting, sleeps out the linger, and takes what came (one wake-up per batch).
+async fn gather(receiver: &mut mpsc::Receiver<Interception>, interceptions: &mut Vec<Interception>, linger: Duration, flush: &Notify) {
+    let deadline = tokio::time::Instant::now() + linger;
+    take_waiting(receiver, interceptions);
+    if interceptions.len() < MAX_BATCH {
+        tokio::select! {
+            () = tokio::time::sleep_until(deadline) => {}
+            () = flush.notified() => {}
+        }
+        take_waiting(receiver, interceptions);
+    }
+}
+
+/// Adds the interceptions already queued, without waiting (up to `MAX_BATCH` in all).
+fn take_waiting(receiver: &mut mpsc::Receiver<Interception>, interceptions: &mut Vec<Interception>) {
+    while interceptions.len() < MAX_BATCH
+        && let Ok(interception) = receiver.try_recv()
+    {
+        interceptions.push(interception);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn interception(request_id: &str) -> Interception {
+        Interception { request_id: Some(request_id.to_string()), ..Interception::default() }
+    }
+
+    #[tokio::test]
+    async fn a_batch_takes_what_arrives_within_the_linger() {
+        let (sender, mut receiver) = mpsc::channel(16);
+        let flush = Notify::new();
+        sender.send(interception("req_1")).await.unwrap();
+        let late = sender.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            late.send(interception("req_2")).await.unwrap();
+        });
+        let mut batch = Vec::new();
+        gather(&mut receiver, &mut batch, Duration::from_millis(300), &flush).await;
+        let ids: Vec<_> = batch.iter().filter_map(|interception| interception.request_id.as_deref()).collect();
+        assert_eq!(ids, ["req_1", "req_2"]);
+    }
+
+    #[tokio::test]
+    async fn a_flush_ends_the_linger_and_takes_what_waits() {
+        let (sender, mut receiver) = mpsc::channel(16);
+        let flush = Notify::new();
+        for id in ["req_1", "req_2"] {
+            sender.send(interception(id)).await.unwrap();
+        }
+        // A flush asked before the batch lingers is kept (a permit) and ends the linger at once.
+        flush.notify_one();
+        let mut batch = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), gather(&mut receiver, &mut batch, Duration::from_secs(3600), &flush))
+            .await
+            .expect("the flush ends an hour's linger");
+        assert_eq!(batch.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_batch_stops_at_its_maximum() {
+        let (sender, mut receiver) = mpsc::channel(MAX_BATCH + 10);
+        for index in 0..MAX_BATCH + 10 {
+            sender.send(interception(&format!("req_{index}"))).await.unwrap();
+        }
+        let mut batch = Vec::new();
+        // A full batch does not linger: an hour's linger would time this out.
+        tokio::time::timeout(Duration::from_secs(5), gather(&mut receiver, &mut batch, Duration::from_secs(3600), &Notify::new()))
+            .await
+            .expect("a full batch goes at once");
+        assert_eq!(batch.len(), MAX_BATCH);
+        assert_eq!(receiver.len(), 10);
     }
 }
