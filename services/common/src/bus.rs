@@ -171,30 +171,20 @@ async fn gather(
     linger: std::time::Duration,
     stop: std::pin::Pin<&mut impl Future<Output = ()>>,
 ) -> Result<(Vec<Delivery>, bool), BusError> {
-    let deadline = tokio::time::Instant::now() + linger;
     let mut deliveries = vec![first];
-    let mut stopped = false;
-    take_waiting(subscription, &mut deliveries, max)?;
-    if deliveries.len() < max {
-        tokio::select! {
-            () = tokio::time::sleep_until(deadline) => {}
-            () = stop => stopped = true,
-        }
-        take_waiting(subscription, &mut deliveries, max)?;
-    }
+    let stopped = crate::batch::gather(&mut deliveries, max, linger, stop, waiting(subscription)).await?;
     Ok((deliveries, stopped))
 }
 
 /// Adds the deliveries already waiting to `deliveries`, without waiting (up to `max` in all).
 fn take_waiting(subscription: &mut dyn Subscription, deliveries: &mut Vec<Delivery>, max: usize) -> Result<(), BusError> {
+    crate::batch::take_waiting(deliveries, max, waiting(subscription))
+}
+
+/// One delivery already waiting on `subscription`, without waiting for one.
+fn waiting(subscription: &mut dyn Subscription) -> impl FnMut() -> Result<Option<Delivery>, BusError> + '_ {
     use futures::FutureExt;
-    while deliveries.len() < max {
-        match subscription.next().now_or_never() {
-            Some(delivery) => deliveries.push(delivery?),
-            None => break,
-        }
-    }
-    Ok(())
+    move || subscription.next().now_or_never().transpose()
 }
 
 /// How a consumer batches its deliveries.

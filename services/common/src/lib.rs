@@ -1,6 +1,7 @@
 //! Shared plumbing of every Brainstorm service: the error envelope, configuration, store, event bus,
 //! mail outbox, money, time and text helpers, request-path hash maps, and telemetry.
 
+pub mod batch;
 pub mod bus;
 pub mod collections;
 pub mod config;

@@ -6,10 +6,12 @@
 //! full (the service unreachable for long), new interceptions are dropped and counted: the request's
 //! audit record, chained separately, still says what the firewall did.
 
+use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use brainstorm_common::batch;
 use brainstorm_proto::policy::{Interception, InterceptionBatch, PolicyFirewallClient};
 use tokio::sync::{Notify, mpsc};
 
@@ -68,8 +70,7 @@ async fn store_batches(
     flush: Arc<Notify>,
 ) {
     while let Some(first) = receiver.recv().await {
-        let mut interceptions = Vec::with_capacity(MAX_BATCH);
-        interceptions.push(first);
+        let mut interceptions = vec![first];
         gather(&mut receiver, &mut interceptions, linger, &flush).await;
         let count = interceptions.len();
         if let Err(error) = client.record_interceptions(InterceptionBatch { interceptions }).await {
@@ -80,27 +81,11 @@ async fn store_batches(
 }
 
 /// Adds to `interceptions` what arrives within `linger` of the first (up to `MAX_BATCH`), or until
-/// `flush` is notified. Interceptions arriving during the linger do not wake the task one by one: it
-/// takes what is waiting, sleeps out the linger, and takes what came (one wake-up per batch).
+/// `flush` is notified: one wake-up per batch (`batch::gather`).
 async fn gather(receiver: &mut mpsc::Receiver<Interception>, interceptions: &mut Vec<Interception>, linger: Duration, flush: &Notify) {
-    let deadline = tokio::time::Instant::now() + linger;
-    take_waiting(receiver, interceptions);
-    if interceptions.len() < MAX_BATCH {
-        tokio::select! {
-            () = tokio::time::sleep_until(deadline) => {}
-            () = flush.notified() => {}
-        }
-        take_waiting(receiver, interceptions);
-    }
-}
-
-/// Adds the interceptions already queued, without waiting (up to `MAX_BATCH` in all).
-fn take_waiting(receiver: &mut mpsc::Receiver<Interception>, interceptions: &mut Vec<Interception>) {
-    while interceptions.len() < MAX_BATCH
-        && let Ok(interception) = receiver.try_recv()
-    {
-        interceptions.push(interception);
-    }
+    let flushed = flush.notified();
+    tokio::pin!(flushed);
+    let Ok(_flushed) = batch::gather(interceptions, MAX_BATCH, linger, flushed, || Ok::<_, Infallible>(receiver.try_recv().ok())).await;
 }
 
 #[cfg(test)]
