@@ -10,10 +10,11 @@ fi
 # The gateway as shipped: the profile-guided release build of `make release` (the plain release build
 # where llvm-profdata is missing, or with BR_PGO=0); the mock upstream is a plain release build.
 gateway="$(scripts/release-pgo.sh)"
-cargo build --release -p brainstorm-mock-upstream
+# The mock upstream and phase l's stack-relay (the gateway's HTTP stack alone): plain release builds.
+cargo build --release -p brainstorm-mock-upstream -p brainstorm-stack-relay
 target="${CARGO_TARGET_DIR:-target}"
 case "$gateway" in
   */pgo/use/*) build="release, profile-guided (scripts/release-pgo.sh)" ;;
   *) build="release, without profile-guided optimisation" ;;
 esac
-exec python3 bench/run.py --gateway "$gateway" --build "$build" --mock "$target/release/mock-upstream" --oha "$oha" "$@"
+exec python3 bench/run.py --gateway "$gateway" --build "$build" --mock "$target/release/mock-upstream" --relay "$target/release/stack-relay" --oha "$oha" "$@"
