@@ -739,11 +739,14 @@ class Bench:
             "edge_alone_at_2000": ratio("h_edge_rate_2000", "nginx_rate_2000"),
             "stack_relay_at_2000": ratio("stack_rate_2000", "nginx_rate_2000"),
             "stack_relay_flat_out": ratio("stack_max_64c", "nginx_max_64c"),
+            "stack_relay_axum_at_2000": ratio("stack_axum_rate_2000", "nginx_rate_2000"),
+            "stack_relay_axum_flat_out": ratio("stack_axum_max_64c", "nginx_max_64c"),
             "whole_streams": ratio("d_stream_gateway", "nginx_stream"),
             "paced_streams": ratio("d_paced_stream_gateway", "nginx_paced_stream"),
         }
-        # What the gateway's own work costs above its HTTP stack alone (phase l), at the same rate.
-        above = lambda name: round(cpu[name] - cpu["stack_rate_2000"], 1) if cpu.get(name) is not None and cpu.get("stack_rate_2000") is not None else None
+        # What the gateway's own work costs above its HTTP stack alone with axum (phase l), at the same rate.
+        floor = cpu.get("stack_axum_rate_2000")
+        above = lambda name: round(cpu[name] - floor, 1) if cpu.get(name) is not None and floor is not None else None
         self.report["cpu_above_stack_us_per_request"] = {"up_at_2000": above("b_rate_2000_gateway"), "full_pipeline_at_2000": above("e_full_gateway")}
 
         self.report["hardware_counters"] = self.counters_summary()
@@ -954,27 +957,30 @@ http {{
 
     def stack_floor(self, mock, body):
         """Phase l: the gateway's HTTP stack alone, `stack-relay` (bench/stack-relay: tokio's runtime as
-        the gateway chooses it, hyper's HTTP/1.1 server, hyper-util's pooled client, TCP_NODELAY,
-        jemalloc) relaying to the mock on CPU 0 and measured as nginx is: what a request costs on this
-        stack before any of the gateway's own work, the floor a gateway built on it can reach.
+        the gateway chooses it, hyper-util's pooled client, TCP_NODELAY, jemalloc) relaying to the mock
+        on CPU 0, measured as nginx is: served by hyper's HTTP/1.1 server alone (`stack_*`), then through
+        `axum::serve` and a `Router` as the gateway's edge is (`stack_axum_*`). What a request costs on
+        this stack before any of the gateway's own work: the floor a gateway built on it can reach.
         Skipped without --relay."""
         if not self.args.relay:
             self.report["stack_relay"] = "skipped: no --relay"
             return
-        port = free_port()
-        base = f"http://127.0.0.1:{port}"
-        process = self.start("stack-relay", [self.args.relay, "--listen", f"127.0.0.1:{port}", "--upstream", mock.replace("http://", "")], "0", {"RUST_LOG": "warn"})
-        try:
-            # The relay has no endpoint of its own: the mock's journal, through it, says it serves.
-            wait_http(f"{base}/__mock/requests")
-            log("phase l: the gateway's HTTP stack alone (stack-relay), a plain reverse proxy to the mock")
-            self.rate_and_max("stack", process.pid, f"{base}/v1/chat/completions", PROVIDER_KEY, body)
-            phases = self.report["phases"]
-            self.report["stack_added_latency_ms_at_2000"] = added_latency(phases["stack_rate_2000"], phases["b_rate_2000_direct"])
-            self.report["stack_relay"] = "stack-relay on CPU 0: tokio, hyper's HTTP/1.1 server, hyper-util's pooled client, jemalloc; no gateway work"
-        finally:
-            process.terminate()
-            process.wait(timeout=10)
+        phases = self.report["phases"]
+        for via, prefix in (("hyper", "stack"), ("axum", "stack_axum")):
+            port = free_port()
+            base = f"http://127.0.0.1:{port}"
+            command = [self.args.relay, "--listen", f"127.0.0.1:{port}", "--upstream", mock.replace("http://", ""), "--via", via]
+            process = self.start(f"stack-relay-{via}", command, "0", {"RUST_LOG": "warn"})
+            try:
+                # The relay has no endpoint of its own: the mock's journal, through it, says it serves.
+                wait_http(f"{base}/__mock/requests")
+                log(f"phase l: the gateway's HTTP stack alone (stack-relay via {via}), a plain reverse proxy to the mock")
+                self.rate_and_max(prefix, process.pid, f"{base}/v1/chat/completions", PROVIDER_KEY, body)
+                self.report[f"{prefix}_added_latency_ms_at_2000"] = added_latency(phases[f"{prefix}_rate_2000"], phases["b_rate_2000_direct"])
+            finally:
+                process.terminate()
+                process.wait(timeout=10)
+        self.report["stack_relay"] = "stack-relay on CPU 0 (tokio, hyper-util's pooled client, jemalloc; no gateway work): via hyper's server alone (stack_*), via axum::serve and a Router (stack_axum_*)"
 
     def distributed_edge(self, mock, routed):
         """Phase h: the edge alone (`serve edge-router` on CPU 0) with the five services in one
@@ -1105,13 +1111,13 @@ def table(report):
             cpu_text = f"; CPU {cpu:.1f} us/req" if cpu is not None else ""
             lines.append(f"{name:<26} TTFB p50 {phase['ttfb_p50_ms']:.3f} ms, p99 {phase['ttfb_p99_ms']:.3f} ms; last byte p50 {phase['ttlb_p50_ms']:.3f} ms{cpu_text}")
     lines += ["", "where the CPU goes at 2,000 req/s (us per request, user + kernel; by thread):"]
-    for name in ("nginx_rate_2000", "stack_rate_2000", "b_rate_2000_gateway", "e_full_gateway", "h_edge_rate_2000"):
+    for name in ("nginx_rate_2000", "stack_rate_2000", "stack_axum_rate_2000", "b_rate_2000_gateway", "e_full_gateway", "h_edge_rate_2000"):
         split = report["phases"].get(name, {}).get("cpu_split_us_per_request")
         if split:
             threads = ", ".join(f"{thread} {times['user']} + {times['kernel']}" for thread, times in sorted(split["threads"].items(), key=lambda item: -sum(item[1].values())))
             lines.append(f"  {name:<24} {split['user']} + {split['kernel']}  ({threads})")
     lines.append("context switches per request at 2,000 req/s (voluntary / involuntary; by thread):")
-    for name in ("nginx_rate_2000", "stack_rate_2000", "b_rate_2000_gateway", "e_full_gateway", "h_edge_rate_2000"):
+    for name in ("nginx_rate_2000", "stack_rate_2000", "stack_axum_rate_2000", "b_rate_2000_gateway", "e_full_gateway", "h_edge_rate_2000"):
         switches = report["phases"].get(name, {}).get("context_switches_per_request")
         if switches:
             threads = ", ".join(f"{thread} {counts['voluntary']} / {counts['involuntary']}" for thread, counts in sorted(switches.items()))
@@ -1155,8 +1161,9 @@ def table(report):
         f"gateway CPU per request (us): {report['cpu_us_per_request']}",
         f"runs of the headline phases (us; the median counts): { {name: phase['cpu_us_per_request_runs'] for name, phase in report['phases'].items() if 'cpu_us_per_request_runs' in phase} }",
         f"CPU per request as a multiple of nginx's in this run: {report.get('cpu_vs_nginx')}",
-        f"the gateway's HTTP stack alone (phase l): {report.get('stack_relay', 'not measured')}; added latency at 2000 req/s {report.get('stack_added_latency_ms_at_2000')}",
-        f"CPU per request above that stack (us): {report.get('cpu_above_stack_us_per_request')}",
+        f"the gateway's HTTP stack alone (phase l): {report.get('stack_relay', 'not measured')}",
+        f"  its added latency at 2000 req/s, hyper alone: {report.get('stack_added_latency_ms_at_2000')}; with axum: {report.get('stack_axum_added_latency_ms_at_2000')}",
+        f"CPU per request above that stack with axum (us): {report.get('cpu_above_stack_us_per_request')}",
         f"RSS: idle {report['idle_rss_mib']} MiB, peak {report['peak_rss_mib']} MiB",
         f"seconds busy after each measured phase's load ended (writers catching up; 0.2 is idle at once): "
         f"{ {name: phase['catch_up_s'] for name, phase in report['phases'].items() if 'catch_up_s' in phase} }",

@@ -29,17 +29,27 @@ const HOP_BY_HOP: [HeaderName; 4] = [header::CONNECTION, header::TE, header::TRA
 const KEEP_ALIVE: &str = "keep-alive";
 const PROXY_CONNECTION: &str = "proxy-connection";
 
-/// Forwards every request to one upstream (plain HTTP), as nginx's `proxy_pass` to a keepalive pool.
-#[derive(Clone)]
-pub struct Relay {
-    client: Client<HttpConnector, Incoming>,
+/// Forwards every request to one upstream (plain HTTP), as nginx's `proxy_pass` to a keepalive pool;
+/// `B` is the request body type of the server in front (hyper's own, or axum's).
+pub struct Relay<B = Incoming> {
+    client: Client<HttpConnector, B>,
     upstream: Arc<Authority>,
     host: HeaderValue,
 }
 
-impl Relay {
+impl<B> Clone for Relay<B> {
+    fn clone(&self) -> Self {
+        Relay { client: self.client.clone(), upstream: self.upstream.clone(), host: self.host.clone() }
+    }
+}
+
+impl<B> Relay<B>
+where
+    B: hyper::body::Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     /// A relay to `upstream` (`host:port`), with the pool the gateway's upstream client keeps.
-    pub fn new(upstream: Authority) -> Result<Relay, http::header::InvalidHeaderValue> {
+    pub fn new(upstream: Authority) -> Result<Relay<B>, http::header::InvalidHeaderValue> {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         let client = Client::builder(TokioExecutor::new())
@@ -51,7 +61,31 @@ impl Relay {
         Ok(Relay { client, upstream: Arc::new(upstream), host })
     }
 
-    /// Serves `listener` until the task is dropped: one HTTP/1.1 connection task per client.
+    /// `request` sent upstream with its path and query, its headers less the hop-by-hop ones and the
+    /// upstream's `Host`; the answer streamed back, or 502 when the upstream cannot be reached.
+    pub async fn forward(&self, request: Request<B>) -> Response<RelayBody> {
+        let (mut parts, body) = request.into_parts();
+        let path = parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
+        parts.uri = match Uri::builder().scheme(Scheme::HTTP).authority(self.upstream.as_ref().clone()).path_and_query(path).build() {
+            Ok(uri) => uri,
+            Err(error) => return failure(StatusCode::BAD_REQUEST, &format!("cannot relay this target: {error}")),
+        };
+        strip_hop_by_hop(&mut parts.headers);
+        parts.headers.insert(header::HOST, self.host.clone());
+        match self.client.request(Request::from_parts(parts, body)).await {
+            Ok(response) => {
+                let (mut parts, body) = response.into_parts();
+                strip_hop_by_hop(&mut parts.headers);
+                Response::from_parts(parts, Either::Left(body))
+            }
+            Err(error) => failure(StatusCode::BAD_GATEWAY, &format!("upstream unreachable: {error}")),
+        }
+    }
+}
+
+impl Relay<Incoming> {
+    /// Serves `listener` with hyper's HTTP/1.1 server until the task is dropped: one connection task
+    /// per client, no framework between it and `forward`.
     pub async fn serve(self, listener: TcpListener) -> std::io::Result<()> {
         loop {
             let (stream, _) = match listener.accept().await {
@@ -78,26 +112,26 @@ impl Relay {
             });
         }
     }
+}
 
-    /// `request` sent upstream with its path and query, its headers less the hop-by-hop ones and the
-    /// upstream's `Host`; the answer streamed back, or 502 when the upstream cannot be reached.
-    pub async fn forward(&self, request: Request<Incoming>) -> Response<RelayBody> {
-        let (mut parts, body) = request.into_parts();
-        let path = parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
-        parts.uri = match Uri::builder().scheme(Scheme::HTTP).authority(self.upstream.as_ref().clone()).path_and_query(path).build() {
-            Ok(uri) => uri,
-            Err(error) => return failure(StatusCode::BAD_REQUEST, &format!("cannot relay this target: {error}")),
-        };
-        strip_hop_by_hop(&mut parts.headers);
-        parts.headers.insert(header::HOST, self.host.clone());
-        match self.client.request(Request::from_parts(parts, body)).await {
-            Ok(response) => {
-                let (mut parts, body) = response.into_parts();
-                strip_hop_by_hop(&mut parts.headers);
-                Response::from_parts(parts, Either::Left(body))
+impl Relay<axum::body::Body> {
+    /// Serves `listener` as the gateway serves its edge: `axum::serve` (hyper-util's server, which
+    /// tells HTTP/1.1 from HTTP/2) with `TCP_NODELAY`, and an axum `Router` whose fallback forwards, so
+    /// the difference from `serve` is what axum costs a request.
+    pub async fn serve_axum(self, listener: TcpListener) -> std::io::Result<()> {
+        use axum::serve::ListenerExt;
+        let listener = listener.tap_io(|stream| {
+            if let Err(error) = stream.set_nodelay(true) {
+                tracing::debug!(%error, "cannot set TCP_NODELAY");
             }
-            Err(error) => failure(StatusCode::BAD_GATEWAY, &format!("upstream unreachable: {error}")),
-        }
+        });
+        let forward = move |request: Request<axum::body::Body>| {
+            let relay = self.clone();
+            async move { relay.forward(request).await }
+        };
+        // The completions path is a matched route, as on the gateway's edge; anything else falls back.
+        let router = axum::Router::new().route("/v1/chat/completions", axum::routing::post(forward.clone())).fallback(forward);
+        axum::serve(listener, router).await
     }
 }
 

@@ -1,23 +1,42 @@
-//! `stack-relay --listen ADDR --upstream HOST:PORT`: relays every request to the upstream until SIGINT
-//! or SIGTERM (the library's `Relay`), on the runtime the gateway would choose (one CPU: tokio's
-//! single-threaded scheduler) and with the gateway's allocator.
+//! `stack-relay --listen ADDR --upstream HOST:PORT [--via hyper|axum]`: relays every request to the
+//! upstream until SIGINT or SIGTERM (the library's `Relay`), served by hyper alone or through axum as
+//! the gateway's edge is, on the runtime the gateway would choose (one CPU: tokio's single-threaded
+//! scheduler) and with the gateway's allocator.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use brainstorm_stack_relay::Relay;
+use futures::FutureExt;
 use http::uri::Authority;
 use tracing_subscriber::EnvFilter;
 
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-const USAGE: &str = "usage: stack-relay --listen ADDR --upstream HOST:PORT";
+const USAGE: &str = "usage: stack-relay --listen ADDR --upstream HOST:PORT [--via hyper|axum]";
+
+/// The server in front of the relay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via {
+    /// hyper's HTTP/1.1 server and nothing else.
+    Hyper,
+    /// `axum::serve` and a `Router`, as the gateway's edge.
+    Axum,
+}
+
+/// What the command line asks for.
+#[derive(Debug)]
+struct Arguments {
+    listen: SocketAddr,
+    upstream: Authority,
+    via: Via,
+}
 
 fn main() -> ExitCode {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
-    let (listen, upstream) = match arguments(std::env::args().skip(1)) {
+    let Arguments { listen, upstream, via } = match arguments(std::env::args().skip(1)) {
         Ok(parsed) => parsed,
         Err(message) => {
             tracing::error!("{message}; {USAGE}");
@@ -34,13 +53,6 @@ fn main() -> ExitCode {
         }
     };
     runtime.block_on(async move {
-        let relay = match Relay::new(upstream) {
-            Ok(relay) => relay,
-            Err(error) => {
-                tracing::error!(%error, "the upstream is not a valid Host header");
-                return ExitCode::from(2);
-            }
-        };
         let listener = match tokio::net::TcpListener::bind(listen).await {
             Ok(listener) => listener,
             Err(error) => {
@@ -48,8 +60,19 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
+        let served = match via {
+            Via::Hyper => Relay::new(upstream).map(|relay| relay.serve(listener).boxed()),
+            Via::Axum => Relay::new(upstream).map(|relay| relay.serve_axum(listener).boxed()),
+        };
+        let served = match served {
+            Ok(served) => served,
+            Err(error) => {
+                tracing::error!(%error, "the upstream is not a valid Host header");
+                return ExitCode::from(2);
+            }
+        };
         tokio::select! {
-            result = relay.serve(listener) => match result {
+            result = served => match result {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(error) => {
                     tracing::error!(%error, "relay stopped");
@@ -61,18 +84,25 @@ fn main() -> ExitCode {
     })
 }
 
-/// `--listen` and `--upstream`, each required once.
-fn arguments(mut words: impl Iterator<Item = String>) -> Result<(SocketAddr, Authority), String> {
-    let (mut listen, mut upstream) = (None, None);
+/// `--listen` and `--upstream`, each required; `--via`, hyper unless told.
+fn arguments(mut words: impl Iterator<Item = String>) -> Result<Arguments, String> {
+    let (mut listen, mut upstream, mut via) = (None, None, Via::Hyper);
     while let Some(word) = words.next() {
         let value = words.next().ok_or_else(|| format!("{word} needs a value"))?;
         match word.as_str() {
             "--listen" => listen = Some(value.parse::<SocketAddr>().map_err(|error| format!("--listen {value}: {error}"))?),
             "--upstream" => upstream = Some(value.parse::<Authority>().map_err(|error| format!("--upstream {value}: {error}"))?),
+            "--via" => {
+                via = match value.as_str() {
+                    "hyper" => Via::Hyper,
+                    "axum" => Via::Axum,
+                    _ => return Err(format!("--via {value}: hyper or axum")),
+                }
+            }
             _ => return Err(format!("unknown argument {word}")),
         }
     }
-    Ok((listen.ok_or("--listen is required")?, upstream.ok_or("--upstream is required")?))
+    Ok(Arguments { listen: listen.ok_or("--listen is required")?, upstream: upstream.ok_or("--upstream is required")?, via })
 }
 
 async fn stopped() {
@@ -95,15 +125,21 @@ async fn stopped() {
 mod tests {
     use super::*;
 
-    fn parse(words: &[&str]) -> Result<(SocketAddr, Authority), String> {
+    fn parse(words: &[&str]) -> Result<Arguments, String> {
         arguments(words.iter().map(|word| (*word).to_string()))
     }
 
     #[test]
     fn both_addresses_are_required_and_checked() {
-        let (listen, upstream) = parse(&["--listen", "127.0.0.1:8080", "--upstream", "127.0.0.1:9100"]).unwrap();
-        assert_eq!(listen.port(), 8080);
-        assert_eq!(upstream.as_str(), "127.0.0.1:9100");
+        let parsed = parse(&["--listen", "127.0.0.1:8080", "--upstream", "127.0.0.1:9100"]).unwrap();
+        assert_eq!(parsed.listen.port(), 8080);
+        assert_eq!(parsed.upstream.as_str(), "127.0.0.1:9100");
+        assert_eq!(parsed.via, Via::Hyper);
+        assert_eq!(parse(&["--via", "axum", "--listen", "127.0.0.1:8080", "--upstream", "h:1"]).unwrap().via, Via::Axum);
+        assert!(
+            parse(&["--via", "nginx", "--listen", "127.0.0.1:8080", "--upstream", "h:1"])
+                .is_err_and(|error| error.contains("hyper or axum"))
+        );
         assert!(parse(&["--listen", "127.0.0.1:8080"]).is_err_and(|error| error.contains("--upstream")));
         assert!(parse(&["--listen", "nowhere", "--upstream", "127.0.0.1:9100"]).is_err());
         assert!(parse(&["--listen"]).is_err_and(|error| error.contains("needs a value")));
