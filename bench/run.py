@@ -935,6 +935,10 @@ http {{
         count("full", full_key, dict(routed, **guardian["body"]))
         gateway.terminate()
         gateway.wait(timeout=120)
+        # Phase l's relay under the same count: what the HTTP stack alone runs per request.
+        if self.args.relay:
+            for via in ("hyper", "axum"):
+                counts[f"stack_relay_{via}"] = self.relay_instructions(valgrind, control, mock, via, dict(routed, model=routed["model"].split("/", 1)[-1]))
         self.report["instructions_per_request"] = counts
         self.report["instructions_per_request_by_thread"] = by_thread
         stages = {}
@@ -945,6 +949,40 @@ http {{
         ):
             stages[stage] = counts[after] - counts[before] if counts[after] is not None and counts[before] is not None else None
         self.report["stage_instructions_per_request"] = stages
+
+    def relay_instructions(self, valgrind, control, mock, via, body):
+        """Instructions per request of phase l's relay (`--via` hyper or axum) under callgrind, counted
+        as phase i counts the gateway (500 requests to warm up, then `--callgrind-requests` at 8
+        connections); None when a request failed."""
+        port = free_port()
+        out_dir = os.path.join(self.work, f"callgrind-relay-{via}")
+        os.makedirs(out_dir)
+        relay = self.start(
+            f"stack-relay-callgrind-{via}",
+            [valgrind, "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out_dir}/callgrind.out.%p",
+             self.args.relay, "--listen", f"127.0.0.1:{port}", "--upstream", mock.replace("http://", ""), "--via", via],
+            "0",
+            {"RUST_LOG": "warn"},
+        )
+        try:
+            base = f"http://127.0.0.1:{port}"
+            wait_http(f"{base}/__mock/requests", timeout=180)
+            url, counted = f"{base}/v1/chat/completions", self.args.callgrind_requests
+            self.oha(url, PROVIDER_KEY, body, requests=500, connections=8)
+            subprocess.run([control, "-z", str(relay.pid)], check=True, capture_output=True)
+            subprocess.run([control, "-i", "on", str(relay.pid)], check=True, capture_output=True)
+            phase = self.oha(url, PROVIDER_KEY, body, requests=counted, connections=8)
+            subprocess.run([control, "-i", "off", str(relay.pid)], check=True, capture_output=True)
+            before = set(os.listdir(out_dir))
+            subprocess.run([control, "-d", str(relay.pid)], check=True, capture_output=True)
+            files = [os.path.join(out_dir, name) for name in sorted(set(os.listdir(out_dir)) - before)]
+            totals = [callgrind_thread(subprocess.run(["callgrind_annotate", "--auto=no", file], capture_output=True, text=True).stdout)[1] for file in files]
+            if not totals or any(total is None for total in totals) or phase["ok"] != counted:
+                return None
+            return round(sum(totals) / counted)
+        finally:
+            relay.terminate()
+            relay.wait(timeout=120)
 
     def prepare_tenant(self, base, name, providers):
         """Registers tenant `name` on gateway `base` with the mock's key for `providers`, graduated
