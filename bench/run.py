@@ -327,6 +327,18 @@ def thread_split(dumps, requests):
     return {thread: round(total / requests) for thread, total in sorted(sums.items()) if total >= requests}
 
 
+def executable(path):
+    """Whether `path` names an executable file (phase l's relay may not have been built)."""
+    return bool(path) and os.path.isfile(path) and os.access(path, os.X_OK)
+
+
+def cpu_above(cpu, floor, phases):
+    """CPU per request of each named phase (`phases`: label to phase name) above phase `floor`'s, in
+    us, from `cpu` (phase name to us per request); None where either was not measured."""
+    base = cpu.get(floor)
+    return {label: round(cpu[name] - base, 1) if cpu.get(name) is not None and base is not None else None for label, name in phases.items()}
+
+
 def read_text(path):
     """A small system file's text, stripped (None when it cannot be read)."""
     try:
@@ -744,10 +756,7 @@ class Bench:
             "whole_streams": ratio("d_stream_gateway", "nginx_stream"),
             "paced_streams": ratio("d_paced_stream_gateway", "nginx_paced_stream"),
         }
-        # What the gateway's own work costs above its HTTP stack alone with axum (phase l), at the same rate.
-        floor = cpu.get("stack_axum_rate_2000")
-        above = lambda name: round(cpu[name] - floor, 1) if cpu.get(name) is not None and floor is not None else None
-        self.report["cpu_above_stack_us_per_request"] = {"up_at_2000": above("b_rate_2000_gateway"), "full_pipeline_at_2000": above("e_full_gateway")}
+        self.report["cpu_above_stack_us_per_request"] = cpu_above(cpu, "stack_axum_rate_2000", {"up_at_2000": "b_rate_2000_gateway", "full_pipeline_at_2000": "e_full_gateway"})
 
         self.report["hardware_counters"] = self.counters_summary()
         self.report["time_profile"] = (
@@ -936,7 +945,7 @@ http {{
         gateway.terminate()
         gateway.wait(timeout=120)
         # Phase l's relay under the same count: what the HTTP stack alone runs per request.
-        if self.args.relay:
+        if executable(self.args.relay):
             for via in ("hyper", "axum"):
                 counts[f"stack_relay_{via}"] = self.relay_instructions(valgrind, control, mock, via, dict(routed, model=routed["model"].split("/", 1)[-1]))
         self.report["instructions_per_request"] = counts
@@ -1000,8 +1009,8 @@ http {{
         `axum::serve` and a `Router` as the gateway's edge is (`stack_axum_*`). What a request costs on
         this stack before any of the gateway's own work: the floor a gateway built on it can reach.
         Skipped without --relay."""
-        if not self.args.relay:
-            self.report["stack_relay"] = "skipped: no --relay"
+        if not executable(self.args.relay):
+            self.report["stack_relay"] = f"skipped: no stack-relay binary at --relay ({self.args.relay})"
             return
         phases = self.report["phases"]
         for via, prefix in (("hyper", "stack"), ("axum", "stack_axum")):

@@ -157,6 +157,25 @@ class ProfilerAvailable(unittest.TestCase):
         self.assertFalse(run.profiler_available(self.fake_perf("echo 'not allowed' >&2; exit 255\n"), tempfile.mkdtemp()))
         self.assertFalse(run.profiler_available(None, tempfile.mkdtemp()))
 
+class StackFloor(unittest.TestCase):
+    def test_cpu_above_the_stack_per_phase_and_none_where_unmeasured(self):
+        cpu = {"stack_axum_rate_2000": 87.5, "e_full_gateway": 210.0, "b_rate_2000_gateway": None}
+        above = run.cpu_above(cpu, "stack_axum_rate_2000", {"full": "e_full_gateway", "up": "b_rate_2000_gateway", "edge": "h_edge_rate_2000"})
+        self.assertEqual(above, {"full": 122.5, "up": None, "edge": None})
+        self.assertEqual(run.cpu_above({"e_full_gateway": 210.0}, "stack_axum_rate_2000", {"full": "e_full_gateway"}), {"full": None})
+
+    def test_a_missing_or_unbuilt_relay_is_not_executable(self):
+        with tempfile.TemporaryDirectory() as directory:
+            relay = os.path.join(directory, "stack-relay")
+            self.assertFalse(run.executable(None))
+            self.assertFalse(run.executable(relay))
+            with open(relay, "w") as handle:
+                handle.write("#!/bin/sh\n")
+            self.assertFalse(run.executable(relay))
+            os.chmod(relay, stat.S_IRWXU)
+            self.assertTrue(run.executable(relay))
+            self.assertFalse(run.executable(directory))
+
 
 if __name__ == "__main__":
     unittest.main()
