@@ -913,21 +913,9 @@ http {{
             """Instructions per request of `counted` requests after 500 warm-up ones, in all and by
             thread (one dump per thread: --separate-threads), as `stage` (None if any failed)."""
             counts[stage] = by_thread[stage] = None
-            self.oha(url, request_key, body, requests=500, connections=8)
-            time.sleep(2)
-            subprocess.run([control, "-z", str(gateway.pid)], check=True, capture_output=True)
-            subprocess.run([control, "-i", "on", str(gateway.pid)], check=True, capture_output=True)
-            phase = self.oha(url, request_key, body, requests=counted, connections=8)
-            # The chain, ledger and anomaly consumers finish the counted requests' batches (25 ms linger).
-            time.sleep(3)
-            subprocess.run([control, "-i", "off", str(gateway.pid)], check=True, capture_output=True)
-            before = set(os.listdir(out_dir))
-            subprocess.run([control, "-d", str(gateway.pid)], check=True, capture_output=True)
-            files = [os.path.join(out_dir, name) for name in sorted(set(os.listdir(out_dir)) - before)]
-            dumps = [
-                callgrind_thread(subprocess.run(["callgrind_annotate", "--inclusive=yes", "--auto=no", file], capture_output=True, text=True).stdout)
-                for file in files
-            ]
+            # The pauses: the warm-up's writes settle; the chain, ledger and anomaly consumers finish
+            # the counted requests' batches (their linger) before counting stops.
+            phase, dumps = self.callgrind_dumps(control, gateway.pid, out_dir, url, request_key, body, settle_s=2, drain_s=3)
             if dumps and all(total is not None for _, total in dumps) and phase["ok"] == counted:
                 counts[stage] = round(sum(total for _, total in dumps) / counted)
                 by_thread[stage] = thread_split(dumps, counted)
@@ -959,6 +947,27 @@ http {{
             stages[stage] = counts[after] - counts[before] if counts[after] is not None and counts[before] is not None else None
         self.report["stage_instructions_per_request"] = stages
 
+    def callgrind_dumps(self, control, pid, out_dir, url, key, body, *, settle_s, drain_s):
+        """One count of phase i on process `pid`, running under callgrind with its dumps in `out_dir`:
+        500 requests to warm up, `settle_s` seconds, counting zeroed and switched on for
+        `--callgrind-requests` requests at 8 connections, `drain_s` seconds, counting off and dumped.
+        Returns the counted load's result and each new dump's `(thread, total)` (`callgrind_thread`)."""
+        self.oha(url, key, body, requests=500, connections=8)
+        time.sleep(settle_s)
+        subprocess.run([control, "-z", str(pid)], check=True, capture_output=True)
+        subprocess.run([control, "-i", "on", str(pid)], check=True, capture_output=True)
+        phase = self.oha(url, key, body, requests=self.args.callgrind_requests, connections=8)
+        time.sleep(drain_s)
+        subprocess.run([control, "-i", "off", str(pid)], check=True, capture_output=True)
+        before = set(os.listdir(out_dir))
+        subprocess.run([control, "-d", str(pid)], check=True, capture_output=True)
+        files = [os.path.join(out_dir, name) for name in sorted(set(os.listdir(out_dir)) - before)]
+        dumps = [
+            callgrind_thread(subprocess.run(["callgrind_annotate", "--inclusive=yes", "--auto=no", file], capture_output=True, text=True).stdout)
+            for file in files
+        ]
+        return phase, dumps
+
     def relay_instructions(self, valgrind, control, mock, via, body):
         """Instructions per request of phase l's relay (`--via` hyper or axum) under callgrind, counted
         as phase i counts the gateway (500 requests to warm up, then `--callgrind-requests` at 8
@@ -976,16 +985,9 @@ http {{
         try:
             base = f"http://127.0.0.1:{port}"
             wait_http(f"{base}/__mock/requests", timeout=180)
-            url, counted = f"{base}/v1/chat/completions", self.args.callgrind_requests
-            self.oha(url, PROVIDER_KEY, body, requests=500, connections=8)
-            subprocess.run([control, "-z", str(relay.pid)], check=True, capture_output=True)
-            subprocess.run([control, "-i", "on", str(relay.pid)], check=True, capture_output=True)
-            phase = self.oha(url, PROVIDER_KEY, body, requests=counted, connections=8)
-            subprocess.run([control, "-i", "off", str(relay.pid)], check=True, capture_output=True)
-            before = set(os.listdir(out_dir))
-            subprocess.run([control, "-d", str(relay.pid)], check=True, capture_output=True)
-            files = [os.path.join(out_dir, name) for name in sorted(set(os.listdir(out_dir)) - before)]
-            totals = [callgrind_thread(subprocess.run(["callgrind_annotate", "--auto=no", file], capture_output=True, text=True).stdout)[1] for file in files]
+            counted = self.args.callgrind_requests
+            phase, dumps = self.callgrind_dumps(control, relay.pid, out_dir, f"{base}/v1/chat/completions", PROVIDER_KEY, body, settle_s=0, drain_s=0)
+            totals = [total for _, total in dumps]
             if not totals or any(total is None for total in totals) or phase["ok"] != counted:
                 return None
             return round(sum(totals) / counted)
