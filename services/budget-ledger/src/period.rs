@@ -42,6 +42,15 @@ impl Period {
         }
     }
 
+    /// Where the period containing `now` starts (midnight UTC of its first day).
+    pub fn start_at(self, now: DateTime<Utc>) -> DateTime<Utc> {
+        let date = now.date_naive();
+        match self {
+            Period::Daily => midnight(date),
+            Period::Monthly => date.with_day(1).map_or_else(|| midnight(date), midnight),
+        }
+    }
+
     /// Where the period containing `now` ends (exclusive).
     pub fn end_after(self, now: DateTime<Utc>) -> DateTime<Utc> {
         let date = now.date_naive();
@@ -132,6 +141,9 @@ mod tests {
         // An instant with an offset is keyed by its UTC date.
         assert_eq!(Period::Daily.key_at(at("2026-11-23T00:30:00+02:00")), "2026-11-22");
         assert_eq!(Period::Daily.end_after(now), at("2026-11-23T00:00:00Z"));
+        assert_eq!(Period::Daily.start_at(now), at("2026-11-22T00:00:00Z"));
+        assert_eq!(Period::Monthly.start_at(now), at("2026-11-01T00:00:00Z"));
+        assert_eq!(Period::Monthly.start_at(at("2026-12-01T00:00:00Z")), at("2026-12-01T00:00:00Z"));
         assert_eq!(Period::Monthly.end_after(at("2026-12-05T10:00:00Z")), at("2027-01-01T00:00:00Z"));
     }
 

@@ -294,14 +294,13 @@ impl BudgetLedgerService for BudgetLedgerServiceImpl {
                 let period = Period::parse(&budget.period).ok_or_else(|| {
                     ServiceError::invalid("invalid_budget_period", format!("budget period `{}` is not daily or monthly", budget.period))
                 })?;
-                let period_key = period.key_at(now);
-                let spent = self.store.key_spend(tenant_id, key_id, period, &period_key).await.map_err(store_failure)?;
+                let spent = self.store.key_spend(tenant_id, key_id, period, now).await.map_err(store_failure)?;
                 Some(KeyBudgetStatus {
                     limit_nanos: budget.limit_nanos,
                     period: period.as_str().to_string(),
                     spent_nanos: spent,
                     remaining_nanos: remaining(budget.limit_nanos, spent),
-                    period_key,
+                    period_key: period.key_at(now),
                 })
             }
             _ => None,

@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use brainstorm_common::store::{Database, statement_chunks};
-use brainstorm_common::time::parse_timestamp;
+use brainstorm_common::time::{format_timestamp, parse_timestamp};
 use brainstorm_proto::budget::{
     AgentBudget, AgentBudgetExhausted, AlertConfig, AlertRecord, CounterTotal, Settlement, TenantLimits, UsageGroup,
 };
@@ -299,20 +299,17 @@ impl BudgetStore {
         sqlx::query_scalar(sql).bind(tenant_id).bind(period_key).fetch_one(self.database.pool()).await
     }
 
-    /// An API key's spend in one period.
-    pub async fn key_spend(&self, tenant_id: &str, key_id: &str, period: Period, period_key: &str) -> StoreResult<i64> {
-        let (first_day, last_day) = match period {
-            Period::Daily => (period_key.to_string(), period_key.to_string()),
-            Period::Monthly => month_days(period_key),
-        };
+    /// An API key's spend in the period containing `now`. Found through the tenant's time index: a
+    /// period is a range of `occurred_at` (written by `format_timestamp`, so text order is time order).
+    pub async fn key_spend(&self, tenant_id: &str, key_id: &str, period: Period, now: DateTime<Utc>) -> StoreResult<i64> {
         sqlx::query_scalar(
             "SELECT CAST(COALESCE(SUM(cost_nanos), 0) AS BIGINT) FROM budget_settlements \
-             WHERE tenant_id = $1 AND key_id = $2 AND day_key >= $3 AND day_key <= $4",
+             WHERE tenant_id = $1 AND occurred_at >= $2 AND occurred_at < $3 AND key_id = $4",
         )
         .bind(tenant_id)
+        .bind(format_timestamp(period.start_at(now)))
+        .bind(format_timestamp(period.end_after(now)))
         .bind(key_id)
-        .bind(first_day)
-        .bind(last_day)
         .fetch_one(self.database.pool())
         .await
     }
@@ -331,7 +328,9 @@ impl BudgetStore {
         rows.iter().map(|row| Ok((row.try_get("day_key")?, row.try_get("spent")?))).collect()
     }
 
-    /// Per-agent figures from `first_day` on; `today` selects today's spend and conversations.
+    /// Per-agent figures from the start of `first_day` (a day key) on; `today` selects today's spend
+    /// and conversations. The days are found through the tenant's time index (`occurred_at` starts
+    /// with its day key, so every settlement of `first_day` or later sorts at or after it).
     pub async fn agent_stats(&self, tenant_id: &str, first_day: &str, today: &str) -> StoreResult<Vec<AgentStats>> {
         let rows = sqlx::query(
             "SELECT agent_id, CAST(COALESCE(SUM(cost_nanos), 0) AS BIGINT) AS total_spend, COUNT(*) AS requests, \
@@ -339,7 +338,7 @@ impl BudgetStore {
              CAST(COALESCE(SUM(latency_ms), 0) AS BIGINT) AS total_latency, \
              CAST(COALESCE(SUM(CASE WHEN day_key = $4 THEN cost_nanos ELSE 0 END), 0) AS BIGINT) AS spent_today, \
              COUNT(DISTINCT CASE WHEN day_key = $4 THEN conversation_id END) AS active_conversations \
-             FROM budget_settlements WHERE tenant_id = $1 AND agent_id IS NOT NULL AND day_key >= $2 \
+             FROM budget_settlements WHERE tenant_id = $1 AND occurred_at >= $2 AND agent_id IS NOT NULL \
              GROUP BY agent_id ORDER BY agent_id",
         )
         .bind(tenant_id)

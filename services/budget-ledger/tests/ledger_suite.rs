@@ -146,6 +146,10 @@ async fn settlements_are_recorded_once_and_feed_the_status(database: Database) -
     harness.settle(settlement(&tenant, 100 * CENT, now - ChronoDuration::days(3))).await?;
     // Last month: in neither period.
     harness.settle(settlement(&tenant, 40 * CENT, now - ChronoDuration::days(25))).await?;
+    // The month's edges, to the millisecond: its first instant counts, the one before does not.
+    let edge = |text: &str| brainstorm_common::time::parse_timestamp(text).ok_or("bad instant");
+    harness.settle(settlement(&tenant, 7 * CENT, edge("2026-11-01T00:00:00.000Z")?)).await?;
+    harness.settle(settlement(&tenant, 11 * CENT, edge("2026-10-31T23:59:59.999Z")?)).await?;
     harness.settle(settlement(&new_tenant(), 999 * CENT, now)).await?;
 
     let status = harness
@@ -166,10 +170,10 @@ async fn settlements_are_recorded_once_and_feed_the_status(database: Database) -
     let monthly = status.monthly.ok_or("no monthly")?;
     assert_eq!(
         (monthly.spent_nanos, monthly.limit_nanos, monthly.remaining_nanos, monthly.period_key.as_str()),
-        (150 * CENT, None, None, "2026-11")
+        (157 * CENT, None, None, "2026-11")
     );
     let key = status.key_budget.ok_or("no key budget")?;
-    assert_eq!((key.spent_nanos, key.remaining_nanos, key.period.as_str(), key.period_key.as_str()), (130 * CENT, 0, "monthly", "2026-11"));
+    assert_eq!((key.spent_nanos, key.remaining_nanos, key.period.as_str(), key.period_key.as_str()), (137 * CENT, 0, "monthly", "2026-11"));
 
     let invalid = harness.settle(Settlement { cost_nanos: -1, ..settlement(&tenant, 0, now) }).await;
     assert_eq!(invalid.err().map(|error| error.kind), Some(ErrorKind::InvalidArgument));
