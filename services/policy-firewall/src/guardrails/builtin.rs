@@ -117,6 +117,11 @@ fn direct_matches(text: &str, findings: &mut Vec<Finding>) {
         tracing::error!("built-in guardrail patterns failed to compile");
         return;
     };
+    // Nearly every text matches nothing: the set's plain `is_match` answers that in about half the
+    // time of the overlapping search `matches` needs to name every pattern that matched.
+    if !set.is_match(text) {
+        return;
+    }
     for index in set.matches(text).iter() {
         if let Some(pattern) = PATTERNS.get(index) {
             findings.push(Finding::new(pattern.match_type, pattern.subtype, super::BUILTIN, pattern.confidence));
