@@ -153,6 +153,10 @@ fn detect(text: &str, findings: &mut Vec<Finding>, wanted: impl Fn(&Detector) ->
         tracing::error!("built-in pii detectors failed to compile");
         return;
     };
+    // Most texts hold no personal data: `is_match` says so in about half the time of `matches`.
+    if !compiled.set.is_match(text) {
+        return;
+    }
     let mut claimed: Vec<Range<usize>> = Vec::new();
     for index in compiled.set.matches(text).iter() {
         let (Some(detector), Some(regex)) = (DETECTORS.get(index), compiled.regexes.get(index)) else { continue };
