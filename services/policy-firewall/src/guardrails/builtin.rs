@@ -1,5 +1,5 @@
 //! The `builtin` scanner: prompt-injection and jailbreak phrasing, including instructions smuggled in
-//! base64. Patterns are compiled once into a `RegexSet`, so a text is scanned in one pass.
+//! base64. Patterns are compiled once into a `RegexSet`, so a clean text is scanned in one pass.
 
 use std::sync::LazyLock;
 
@@ -117,12 +117,7 @@ fn direct_matches(text: &str, findings: &mut Vec<Finding>) {
         tracing::error!("built-in guardrail patterns failed to compile");
         return;
     };
-    // Nearly every text matches nothing: the set's plain `is_match` answers that in about half the
-    // time of the overlapping search `matches` needs to name every pattern that matched.
-    if !set.is_match(text) {
-        return;
-    }
-    for index in set.matches(text).iter() {
+    for index in super::matching_patterns(set, text) {
         if let Some(pattern) = PATTERNS.get(index) {
             findings.push(Finding::new(pattern.match_type, pattern.subtype, super::BUILTIN, pattern.confidence));
         }
