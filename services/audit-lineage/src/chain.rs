@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use brainstorm_common::time::{format_timestamp, parse_timestamp};
+use brainstorm_common::time::normalise_timestamp;
 use brainstorm_proto::audit::{BrokenLink, Capture, ChainReport, ProvenanceCheck, ProvenanceSummary};
 use serde::{Deserialize, Serialize};
 
@@ -133,7 +133,7 @@ pub fn row_integrity(row: &ChainRow) -> Result<DecodedPayload, BreakReason> {
     let decoded = decode_payload(&row.payload).map_err(|_| BreakReason::MalformedRow)?;
     let trace_id = decoded.record.trace.as_ref().map(|trace| trace.trace_id.as_str()).unwrap_or_default();
     // The column holds the payload's instant normalised the way every timestamp is stored.
-    let occurred_at = parse_timestamp(&decoded.record.occurred_at).map(format_timestamp).unwrap_or_default();
+    let occurred_at = normalise_timestamp(&decoded.record.occurred_at).unwrap_or_default();
     let columns_agree = decoded.record.request_id == row.request_id
         && decoded.record.tenant_id == row.tenant_id
         && occurred_at == row.occurred_at

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use brainstorm_common::store::{Database, store_failure as common_store_failure};
-use brainstorm_common::time::{format_timestamp, parse_timestamp};
+use brainstorm_common::time::{format_timestamp, normalise_timestamp, parse_timestamp};
 use brainstorm_proto::audit::*;
 use brainstorm_proto::{ErrorKind, ServiceError, ServiceResult};
 use chrono::{DateTime, Duration, Utc};
@@ -98,7 +98,7 @@ fn required<'a>(field: &str, value: &'a str) -> ServiceResult<&'a str> {
 
 /// The record's `occurred_at` normalised the one way timestamps are stored.
 fn normalised_time(text: &str) -> ServiceResult<String> {
-    parse_timestamp(text).map(format_timestamp).ok_or_else(|| invalid_time(text))
+    normalise_timestamp(text).ok_or_else(|| invalid_time(text))
 }
 
 /// The error for an `occurred_at` that is not an RFC 3339 instant.

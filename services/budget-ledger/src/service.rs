@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use brainstorm_common::collections::HashMap;
 use brainstorm_common::money::Usd;
 use brainstorm_common::store::Database;
-use brainstorm_common::time::{format_timestamp, parse_timestamp};
+use brainstorm_common::time::{format_timestamp, normalise_timestamp};
 use brainstorm_proto::budget::*;
 use brainstorm_proto::{ServiceError, ServiceResult};
 use chrono::{DateTime, Duration, NaiveDate, Utc};
@@ -490,8 +490,7 @@ impl BudgetLedgerService for BudgetLedgerServiceImpl {
         let instant = |field: &str, value: Option<&str>, default: DateTime<Utc>| -> ServiceResult<String> {
             match value {
                 None => Ok(format_timestamp(default)),
-                Some(text) => parse_timestamp(text)
-                    .map(format_timestamp)
+                Some(text) => normalise_timestamp(text)
                     .ok_or_else(|| ServiceError::invalid("invalid_timestamp", format!("{field} is not an RFC 3339 instant"))),
             }
         };

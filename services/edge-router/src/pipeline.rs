@@ -125,10 +125,16 @@ fn route_error(error: RouteError) -> ApiError {
 }
 
 /// The agent a request is attributed to: `X-BR-Agent-Id`, else `X-User-Id`, else the body's `user`.
+/// (Request headers are looked up by a `HeaderName` made at compile time, here and below: a lookup
+/// by text parses and validates the name on every request.)
 fn agent_of(request_headers: &HeaderMap, body_user: Option<&str>) -> Option<String> {
-    let header =
-        |name: &str| request_headers.get(name).and_then(|value| value.to_str().ok()).map(str::trim).filter(|value| !value.is_empty());
-    header("x-br-agent-id").or_else(|| header("x-user-id")).or(body_user).map(|agent| agent.chars().take(128).collect())
+    let header = |name: &HeaderName| {
+        request_headers.get(name).and_then(|value| value.to_str().ok()).map(str::trim).filter(|value| !value.is_empty())
+    };
+    header(&const { HeaderName::from_static("x-br-agent-id") })
+        .or_else(|| header(&const { HeaderName::from_static("x-user-id") }))
+        .or(body_user)
+        .map(|agent| agent.chars().take(128).collect())
 }
 
 async fn budget_context(
@@ -149,7 +155,7 @@ async fn budget_context(
         context = context.with_agent(agent_id.to_string(), budget.as_ref());
     }
     context.conversation_id = request_headers
-        .get("x-conversation-id")
+        .get(&const { HeaderName::from_static("x-conversation-id") })
         .and_then(|value| value.to_str().ok())
         .map(str::to_string)
         .or_else(|| body_conversation_id.map(str::to_string));
@@ -205,12 +211,13 @@ fn random_hex(bytes: usize) -> String {
 
 /// The W3C trace context: the caller's `traceparent` continued, or a new trace.
 fn trace_context(request_headers: &HeaderMap) -> TraceContext {
-    let incoming = request_headers.get("traceparent").and_then(|value| value.to_str().ok()).and_then(|value| {
-        let parts: Vec<&str> = value.trim().split('-').collect();
-        let valid =
-            parts.len() == 4 && parts[1].len() == 32 && parts[2].len() == 16 && parts[1].bytes().all(|byte| byte.is_ascii_hexdigit());
-        valid.then(|| (parts[1].to_lowercase(), parts[2].to_lowercase()))
-    });
+    let incoming =
+        request_headers.get(&const { HeaderName::from_static("traceparent") }).and_then(|value| value.to_str().ok()).and_then(|value| {
+            let parts: Vec<&str> = value.trim().split('-').collect();
+            let valid =
+                parts.len() == 4 && parts[1].len() == 32 && parts[2].len() == 16 && parts[1].bytes().all(|byte| byte.is_ascii_hexdigit());
+            valid.then(|| (parts[1].to_lowercase(), parts[2].to_lowercase()))
+        });
     match incoming {
         Some((trace_id, parent)) => TraceContext {
             trace_id,
@@ -365,7 +372,10 @@ fn seal(
             ..DecisionPath::default()
         }),
         coverage: "captured".to_string(),
-        conversation_id: request_headers.get("x-conversation-id").and_then(|value| value.to_str().ok()).map(str::to_string),
+        conversation_id: request_headers
+            .get(&const { HeaderName::from_static("x-conversation-id") })
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_string),
         ..AuditRecord::default()
     };
     let guardian_headers = std::mem::take(&mut facts.guardian_headers);
@@ -487,7 +497,7 @@ async fn complete_inner(
     // the tenant's security configuration anyway).
     let guardian_off = caller.identity.permissions.contains("security.write")
         && request_headers
-            .get("x-br-guardian")
+            .get(&const { HeaderName::from_static("x-br-guardian") })
             .and_then(|value| value.to_str().ok())
             .is_some_and(|value| value.eq_ignore_ascii_case("off"));
     facts.guardian_status = if guardian_off { "off" } else { "on" };
