@@ -327,6 +327,24 @@ def thread_split(dumps, requests):
     return {thread: round(total / requests) for thread, total in sorted(sums.items()) if total >= requests}
 
 
+def paced_stream_events(paced, body):
+    """How many SSE events one stream of the paced mock (Anthropic's wire format) sends for `body`
+    (its model without the provider prefix), read straight from the mock; None if it fails."""
+    import http.client
+
+    host, port = paced.replace("http://", "").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        connection.request("POST", "/v1/messages", json.dumps(dict(body, model=body["model"].split("/", 1)[-1])), {"content-type": "application/json", **ANTHROPIC_HEADERS})
+        response = connection.getresponse()
+        data = response.read()
+        return sum(1 for line in data.splitlines() if line.startswith(b"event:")) if response.status == 200 else None
+    except OSError:
+        return None
+    finally:
+        connection.close()
+
+
 def executable(path):
     """Whether `path` names an executable file (phase l's relay may not have been built)."""
     return bool(path) and os.path.isfile(path) and os.access(path, os.X_OK)
@@ -737,7 +755,7 @@ class Bench:
         self.nginx_floor(mock, body, paced, paced_direct_body, paced_count)
         self.stack_floor(mock, body)
         self.distributed_edge(mock, routed)
-        self.instructions(mock, routed)
+        self.instructions(mock, paced, routed, paced_body)
         cpu = {name: phase.get("gateway_cpu_us_per_request") for name, phase in phases.items() if "gateway_cpu_us_per_request" in phase}
         self.report["cpu_us_per_request"] = cpu
         # CPU per request as a multiple of nginx's in the same run: machines of one kind differ by more
@@ -878,14 +896,15 @@ http {{
         finally:
             process.terminate()
 
-    def instructions(self, mock, routed):
+    def instructions(self, mock, paced, routed, paced_body):
         """Phase i: instructions per request, counted by callgrind on a fresh `up` (the minimal pipeline,
         then the full one as phase e runs it; 8 connections; counting zeroed and switched on after a
-        warm-up, off and dumped once the consumers have written the counted requests). Unlike times,
-        the count repeats on a noisy machine, so commits compare by it. Each count is also split by
-        thread (the request thread, SQLite's connection threads, the writers' thread). SHA-256 runs in
-        software under valgrind (it hides the CPU's SHA extensions), so hashing weighs more here than
-        natively. Skipped without valgrind or with --no-callgrind."""
+        warm-up, off and dumped once the consumers have written the counted requests), and per paced
+        stream (phase d's, one client). Unlike times, the count repeats on a noisy machine, so commits
+        compare by it. Each count is also split by thread (the request thread, SQLite's connection
+        threads, the writers' thread). SHA-256 runs in software under valgrind (it hides the CPU's SHA
+        extensions), so hashing weighs more here than natively. Skipped without valgrind or with
+        --no-callgrind."""
         valgrind, control = shutil.which("valgrind"), shutil.which("callgrind_control")
         if self.args.no_callgrind or valgrind is None or control is None or shutil.which("callgrind_annotate") is None:
             self.report["instructions_per_request"] = "skipped: no valgrind" if not self.args.no_callgrind else "skipped: --no-callgrind"
@@ -899,11 +918,16 @@ http {{
             [valgrind, "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes", f"--callgrind-out-file={out_dir}/callgrind.out.%p",
              self.args.gateway, "up", "--listen", f"127.0.0.1:{port}", "--data-dir", os.path.join(self.work, "data-callgrind")],
             "0",
-            {"BR_PROVIDER_OPENAI_BASE_URL": f"{mock}/v1", "RUST_LOG": "warn", "BR_MAIL_OUTBOX": os.path.join(self.work, "outbox")},
+            {
+                "BR_PROVIDER_OPENAI_BASE_URL": f"{mock}/v1",
+                "BR_PROVIDER_ANTHROPIC_BASE_URL": paced,
+                "RUST_LOG": "warn",
+                "BR_MAIL_OUTBOX": os.path.join(self.work, "outbox"),
+            },
         )
         base = f"http://127.0.0.1:{port}"
         wait_http(f"{base}/health", timeout=180)
-        key = self.prepare_tenant(base, "bench-callgrind", ("openai",))
+        key = self.prepare_tenant(base, "bench-callgrind", ("openai", "anthropic"))
         url = f"{base}/v1/chat/completions"
         counted = self.args.callgrind_requests
 
@@ -915,12 +939,32 @@ http {{
             counts[stage] = by_thread[stage] = None
             # The pauses: the warm-up's writes settle; the chain, ledger and anomaly consumers finish
             # the counted requests' batches (their linger) before counting stops.
-            phase, dumps = self.callgrind_dumps(control, gateway.pid, out_dir, url, request_key, body, settle_s=2, drain_s=3)
+            load = lambda n: self.oha(url, request_key, body, requests=n, connections=8)
+            phase, dumps = self.callgrind_dumps(control, gateway.pid, out_dir, load, warmup=500, counted=counted, settle_s=2, drain_s=3)
             if dumps and all(total is not None for _, total in dumps) and phase["ok"] == counted:
                 counts[stage] = round(sum(total for _, total in dumps) / counted)
                 by_thread[stage] = thread_split(dumps, counted)
 
         count("minimal", key, routed)
+        # A paced stream as phase d sends it (Anthropic's events upstream, one wake-up per event, OpenAI
+        # chunks to the client, one client at a time): what a streamed request costs, by thread, with
+        # how many events the mock sent it.
+        streams = max(1, min(200, counted // 15))
+        events = paced_stream_events(paced, paced_body)
+        phase, dumps = self.callgrind_dumps(
+            control, gateway.pid, out_dir, lambda n: self.stream_timings(base, "/v1/chat/completions", key, paced_body, n),
+            warmup=20, counted=streams, settle_s=2, drain_s=3,
+        )
+        if dumps and all(total is not None for _, total in dumps) and phase["ok"] == streams:
+            per_stream = round(sum(total for _, total in dumps) / streams)
+            self.report["instructions_per_paced_stream"] = {
+                "streams": streams,
+                "upstream_events": events,
+                "total": per_stream,
+                "by_thread": thread_split(dumps, streams),
+            }
+        else:
+            self.report["instructions_per_paced_stream"] = None
         # The stages added one at a time as phase e adds them (a key with a budget and a rate limit,
         # guardrails on the prompt, the tool firewall on a reply that calls a tool), so each stage's
         # cost shows by a count that repeats where phase e's times move by more than a stage costs.
@@ -947,16 +991,17 @@ http {{
             stages[stage] = counts[after] - counts[before] if counts[after] is not None and counts[before] is not None else None
         self.report["stage_instructions_per_request"] = stages
 
-    def callgrind_dumps(self, control, pid, out_dir, url, key, body, *, settle_s, drain_s):
+    def callgrind_dumps(self, control, pid, out_dir, load, *, warmup, counted, settle_s, drain_s):
         """One count of phase i on process `pid`, running under callgrind with its dumps in `out_dir`:
-        500 requests to warm up, `settle_s` seconds, counting zeroed and switched on for
-        `--callgrind-requests` requests at 8 connections, `drain_s` seconds, counting off and dumped.
-        Returns the counted load's result and each new dump's `(thread, total)` (`callgrind_thread`)."""
-        self.oha(url, key, body, requests=500, connections=8)
+        `load(warmup)` to warm up, `settle_s` seconds, counting zeroed and switched on for
+        `load(counted)`, `drain_s` seconds, counting off and dumped. `load(n)` sends n requests and
+        returns a result with `ok`. Returns the counted load's result and each new dump's
+        `(thread, total)` (`callgrind_thread`)."""
+        load(warmup)
         time.sleep(settle_s)
         subprocess.run([control, "-z", str(pid)], check=True, capture_output=True)
         subprocess.run([control, "-i", "on", str(pid)], check=True, capture_output=True)
-        phase = self.oha(url, key, body, requests=self.args.callgrind_requests, connections=8)
+        phase = load(counted)
         time.sleep(drain_s)
         subprocess.run([control, "-i", "off", str(pid)], check=True, capture_output=True)
         before = set(os.listdir(out_dir))
@@ -986,7 +1031,8 @@ http {{
             base = f"http://127.0.0.1:{port}"
             wait_http(f"{base}/__mock/requests", timeout=180)
             counted = self.args.callgrind_requests
-            phase, dumps = self.callgrind_dumps(control, relay.pid, out_dir, f"{base}/v1/chat/completions", PROVIDER_KEY, body, settle_s=0, drain_s=0)
+            load = lambda n: self.oha(f"{base}/v1/chat/completions", PROVIDER_KEY, body, requests=n, connections=8)
+            phase, dumps = self.callgrind_dumps(control, relay.pid, out_dir, load, warmup=500, counted=counted, settle_s=0, drain_s=0)
             totals = [total for _, total in dumps]
             if not totals or any(total is None for total in totals) or phase["ok"] != counted:
                 return None
@@ -1222,6 +1268,7 @@ def table(report):
         f"instructions per request, callgrind, minimal pipeline, each stage added, full pipeline (phase i; repeatable, SHA-256 in software): {report.get('instructions_per_request')}",
         f"instructions each stage adds per request (phase i): {report.get('stage_instructions_per_request')}",
         f"instructions per request by thread, full pipeline (phase i): {(report.get('instructions_per_request_by_thread') or {}).get('full')}",
+        f"instructions per paced stream, minimal pipeline (phase i; the upstream events of one stream, in all, by thread): {report.get('instructions_per_paced_stream')}",
         f"flat-out phases within 20% of the mock's own throughput (may be bound by the load CPUs, not the proxy): {report.get('near_mock_limit') or 'none'}",
         "",
         "targets (reported, not asserted; nginx's figures above are this machine's floor):",

@@ -177,5 +177,45 @@ class StackFloor(unittest.TestCase):
             self.assertFalse(run.executable(directory))
 
 
+
+class PacedStreamEvents(unittest.TestCase):
+    """The events of one paced stream, read from a stand-in upstream on loopback."""
+
+    def serve(self, status, body):
+        import http.server
+        import threading
+
+        seen = {}
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 (the standard library's name)
+                seen["path"] = self.path
+                seen["body"] = self.rfile.read(int(self.headers["content-length"]))
+                self.send_response(status)
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *_):
+                pass
+
+        server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        self.addCleanup(server.server_close)
+        self.addCleanup(server.shutdown)
+        return f"http://127.0.0.1:{server.server_address[1]}", seen
+
+    def test_counts_event_lines_and_asks_for_the_model_without_its_provider(self):
+        stream = b"event: message_start\ndata: {}\n\nevent: content_block_delta\ndata: {\"x\": \"event: no\"}\n\nevent: message_stop\ndata: {}\n\n"
+        base, seen = self.serve(200, stream)
+        self.assertEqual(run.paced_stream_events(base, {"model": "anthropic/claude-haiku-4-5", "stream": True}), 3)
+        self.assertEqual(seen["path"], "/v1/messages")
+        self.assertIn(b'"model": "claude-haiku-4-5"', seen["body"])
+
+    def test_a_refusal_or_no_upstream_counts_nothing(self):
+        base, _ = self.serve(500, b"no")
+        self.assertIsNone(run.paced_stream_events(base, {"model": "anthropic/x"}))
+        self.assertIsNone(run.paced_stream_events("http://127.0.0.1:1", {"model": "anthropic/x"}))
+
 if __name__ == "__main__":
     unittest.main()
