@@ -36,7 +36,7 @@ pub fn now_timestamp() -> String {
 
 /// Parses an RFC 3339 instant (any offset) into UTC. The stored form (what `format_timestamp`
 /// writes, so nearly every timestamp the gateway reads back) is read digit by digit; any other form,
-/// and a leap second, goes through chrono's parser (about ten times the instructions).
+/// and a leap second, goes through chrono's parser (about twice the instructions).
 pub fn parse_timestamp(text: &str) -> Option<DateTime<Utc>> {
     stored_form(text).or_else(|| DateTime::parse_from_rfc3339(text).ok().map(|instant| instant.with_timezone(&Utc)))
 }
