@@ -19,6 +19,7 @@ brainstorm_e2e::in_both_shapes!(
     openai_clients_reach_anthropic_and_gemini_models_with_exact_costs,
     anthropic_clients_reach_openai_models,
     streams_are_translated_event_by_event_with_tool_calls,
+    tool_schemas_reach_the_provider_as_the_same_json,
     upstream_errors_are_forwarded_and_fallbacks_tried_in_order,
     aliases_presets_and_model_resolution_errors,
     models_runnable_allowlists_and_deprecations,
@@ -347,6 +348,61 @@ async fn streams_are_translated_event_by_event_with_tool_calls(shape: Shape) -> 
     assert!(last_request(mock)?.path.ends_with(":streamGenerateContent"));
     let text: String = sse_data(&streamed.text).iter().filter_map(|event| event["delta"]["text"].as_str()).collect();
     assert_eq!(text, "mock gemini reply to: gemini stream");
+    Ok(())
+}
+
+/// Tool schemas as an SDK may write them (indented, an exponent, non-ASCII escaped) are carried as
+/// JSON text, never rebuilt as trees: each provider receives the same JSON, in either client format;
+/// a schema the gateway cannot read as JSON refuses the body.
+async fn tool_schemas_reach_the_provider_as_the_same_json(shape: Shape) -> TestResult {
+    let setup = setup(shape).await?;
+    let (gateway, mock, key) = (&setup.gateway, &setup.mock, setup.key.as_str());
+    let schema = "{\n  \"type\": \"object\",\n  \"properties\": {\"query\": {\"type\": \"string\", \"description\": \"caf\\u00e9 \\ud83d\\ude00\", \"maxLength\": 1e3}},\n  \"required\": [\"query\"]\n}";
+    let expected: Value = serde_json::from_str(schema)?;
+    let send = |path: &'static str, body: String| async move {
+        let response = gateway.request(Method::POST, path, Some(key)).header("content-type", "application/json").body(body).send().await?;
+        let status = response.status().as_u16();
+        let body: Value = serde_json::from_str(&response.text().await?).unwrap_or(Value::Null);
+        anyhow::Ok((status, body))
+    };
+    let openai = |model: &str, schema: &str| {
+        format!(
+            r#"{{"model": "{model}", "tools": [{{"type": "function", "function": {{"name": "lookup", "parameters": {schema}}}}}], "messages": [{{"role": "user", "content": "hi"}}]}}"#
+        )
+    };
+    let anthropic = |model: &str, schema: &str| {
+        format!(
+            r#"{{"model": "{model}", "max_tokens": 64, "tools": [{{"name": "lookup", "input_schema": {schema}}}], "messages": [{{"role": "user", "content": "hi"}}]}}"#
+        )
+    };
+    let (status, body) = send("/v1/chat/completions", openai("openai/gpt-4o-mini", schema)).await?;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(last_request(mock)?.body["tools"][0]["function"]["parameters"], expected);
+    let (status, body) = send("/v1/chat/completions", openai("anthropic/claude-haiku-4-5", schema)).await?;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(last_request(mock)?.body["tools"][0]["input_schema"], expected);
+    let (status, body) = send("/v1/messages", anthropic("openai/gpt-4o-mini", schema)).await?;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(last_request(mock)?.body["tools"][0]["function"]["parameters"], expected);
+    let (status, body) = send("/v1/messages", anthropic("anthropic/claude-haiku-4-5", schema)).await?;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(last_request(mock)?.body["tools"][0]["input_schema"], expected);
+    // Gemini rewrites schemas: it gets the tree, minus the keywords it rejects.
+    let (status, body) = send("/v1/chat/completions", openai("google/gemini-2.5-flash", schema)).await?;
+    assert_eq!(status, 200, "{body}");
+    let declared = &last_request(mock)?.body["tools"][0]["functionDeclarations"][0]["parameters"];
+    assert_eq!(declared["properties"]["query"]["description"], "café 😀");
+
+    // Out of range or unpaired, in either format: the body's error, and nothing reaches the provider.
+    mock.clear();
+    for broken in [schema.replace("1e3", "1e999"), schema.replace("\\ud83d\\ude00", "\\ud83d")] {
+        for (path, body) in [("/v1/chat/completions", openai("openai/gpt-4o-mini", &broken)), ("/v1/messages", anthropic("openai/gpt-4o-mini", &broken))] {
+            let (status, body) = send(path, body).await?;
+            assert_eq!(status, 400, "{broken}: {body}");
+            assert!(body["error"]["message"].is_string() && body["recovery"].is_object(), "{body}");
+        }
+    }
+    assert!(mock.requests().is_empty());
     Ok(())
 }
 

@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use serde_json::{Value, json};
 
 use crate::chat::fields::{optional_bool, optional_number_in, optional_positive_u32, required_array, required_string, stop_list};
-use crate::chat::{ChatEvent, ChatReply, ChatRequest, FinishReason, InvalidRequest, Message, Part, Role, Tool, ToolChoice, Usage};
+use crate::chat::{ChatEvent, ChatReply, ChatRequest, FinishReason, InvalidRequest, Message, Part, Role, Schema, Tool, ToolChoice, Usage};
 
 /// Output budget sent when the caller gave none (Anthropic requires one).
 pub const DEFAULT_MAX_TOKENS: u32 = 4096;
@@ -60,7 +60,7 @@ pub fn parse_request(body: &Value) -> Result<ChatRequest, InvalidRequest> {
         tools.push(Tool {
             name: name.to_string(),
             description: tool.get("description").and_then(Value::as_str).map(str::to_string),
-            parameters: tool.get("input_schema").cloned().unwrap_or_else(|| json!({"type": "object", "properties": {}})),
+            parameters: tool.get("input_schema").cloned().map_or_else(Schema::empty_object, Schema::from),
         });
     }
     let tool_choice = match body.get("tool_choice") {
@@ -457,7 +457,7 @@ pub mod outgoing {
     pub struct Tool<'a> {
         #[serde(skip_serializing_if = "Option::is_none")]
         pub description: Option<&'a str>,
-        pub input_schema: &'a Value,
+        pub input_schema: &'a crate::chat::Schema,
         pub name: &'a str,
     }
 }
@@ -896,8 +896,8 @@ mod tests {
                 },
             ],
             tools: vec![
-                Tool { name: "f".to_string(), description: Some("finds".to_string()), parameters: json!({"type": "object"}) },
-                Tool { name: "g".to_string(), description: None, parameters: json!({"type": "object", "properties": {}}) },
+                Tool { name: "f".to_string(), description: Some("finds".to_string()), parameters: json!({"type": "object"}).into() },
+                Tool { name: "g".to_string(), description: None, parameters: json!({"type": "object", "properties": {}}).into() },
             ],
             tool_choice: Some(ToolChoice::Named("f".to_string())),
             max_tokens: None,

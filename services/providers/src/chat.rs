@@ -74,7 +74,148 @@ pub struct Tool {
     pub name: String,
     pub description: Option<String>,
     /// JSON Schema of the arguments.
-    pub parameters: Value,
+    pub parameters: Schema,
+}
+
+/// A tool's JSON Schema kept as JSON text: read, measured and forwarded without building a tree. An
+/// agent's request carries every tool's schema (often many kilobytes); as a `Value` each was built
+/// member by member, walked to estimate tokens and written out again for the provider. The text is
+/// the client's own where a typed reading took it (whitespace included; JSON is indifferent to it),
+/// else the compact writing of the tree it was read from. Two schemas are equal when their JSON is.
+#[derive(Debug, Clone)]
+pub struct Schema {
+    text: Box<serde_json::value::RawValue>,
+    /// The length of its compact text (measured once: estimates run several times per request).
+    compact_len: usize,
+}
+
+impl Schema {
+    /// `{"type": "object", "properties": {}}`: the schema of a tool given none.
+    pub fn empty_object() -> Self {
+        Self::from_text(r#"{"type":"object","properties":{}}"#).unwrap_or_else(|_| Self::null())
+    }
+
+    /// A schema from JSON text read as one JSON value, with what `scan` found in it.
+    pub(crate) fn from_raw(text: Box<serde_json::value::RawValue>, scan: &SchemaScan) -> Self {
+        Self { text, compact_len: scan.compact_len }
+    }
+
+    /// A schema from JSON text; errs when the text is not one JSON value.
+    pub fn from_text(text: &str) -> serde_json::Result<Self> {
+        serde_json::value::RawValue::from_string(text.to_string()).map(|raw| {
+            let scan = scan_schema(raw.get());
+            Self::from_raw(raw, &scan)
+        })
+    }
+
+    fn null() -> Self {
+        Self { text: serde_json::value::RawValue::NULL.to_owned(), compact_len: 4 }
+    }
+
+    /// Its JSON text.
+    pub fn text(&self) -> &str {
+        self.text.get()
+    }
+
+    /// The schema as a tree (for providers that rewrite schemas, and for comparisons).
+    pub fn to_value(&self) -> Value {
+        serde_json::from_str(self.text()).unwrap_or(Value::Null)
+    }
+
+    /// The length of its compact JSON text: the text without the whitespace between tokens.
+    pub fn compact_len(&self) -> usize {
+        self.compact_len
+    }
+}
+
+/// What one pass over a schema's JSON text finds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SchemaScan {
+    /// Its length without the whitespace between tokens.
+    pub compact_len: usize,
+    /// How deep its arrays and objects nest (0 for a scalar).
+    pub depth: usize,
+    /// No number with an exponent or longer than 300 characters (a tree reading may find it out of
+    /// range) and no `\u` escape in the surrogate range (a tree reading may find it unpaired): text
+    /// serde_json has skipped without error is then text its tree reading takes.
+    pub plain: bool,
+}
+
+/// One pass over well-formed JSON text.
+pub(crate) fn scan_schema(text: &str) -> SchemaScan {
+    let bytes = text.as_bytes();
+    let (mut at, mut compact_len, mut depth, mut deepest, mut plain) = (0, 0, 0_usize, 0, true);
+    while let Some(&byte) = bytes.get(at) {
+        match byte {
+            b'"' => {
+                // A string, to its closing quote; an escape's backslash and the byte after it go
+                // together.
+                let start = at;
+                at += 1;
+                while let Some(offset) = memchr::memchr2(b'"', b'\\', bytes.get(at..).unwrap_or_default()) {
+                    at += offset;
+                    if bytes[at] == b'"' {
+                        break;
+                    }
+                    let surrogate = bytes.get(at + 1) == Some(&b'u')
+                        && matches!(bytes.get(at + 2), Some(b'd' | b'D'))
+                        && matches!(bytes.get(at + 3), Some(b'8'..=b'9' | b'a'..=b'f' | b'A'..=b'F'));
+                    plain &= !surrogate;
+                    at += 2;
+                }
+                at = (at + 1).min(bytes.len());
+                compact_len += at - start;
+            }
+            b' ' | b'\t' | b'\n' | b'\r' => at += 1,
+            b'-' | b'0'..=b'9' => {
+                let start = at;
+                while let Some(byte @ (b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E')) = bytes.get(at) {
+                    plain &= !matches!(byte, b'e' | b'E');
+                    at += 1;
+                }
+                plain &= at - start <= 300;
+                compact_len += at - start;
+            }
+            _ => {
+                match byte {
+                    b'[' | b'{' => {
+                        depth += 1;
+                        deepest = deepest.max(depth);
+                    }
+                    b']' | b'}' => depth = depth.saturating_sub(1),
+                    _ => {}
+                }
+                compact_len += 1;
+                at += 1;
+            }
+        }
+    }
+    SchemaScan { compact_len, depth: deepest, plain }
+}
+
+impl From<Value> for Schema {
+    fn from(value: Value) -> Self {
+        // Writing a tree cannot fail (its keys are strings); `null` stands in all the same.
+        match serde_json::value::to_raw_value(&value) {
+            Ok(raw) => {
+                let scan = scan_schema(raw.get());
+                Self::from_raw(raw, &scan)
+            }
+            Err(_) => Self::null(),
+        }
+    }
+}
+
+impl PartialEq for Schema {
+    fn eq(&self, other: &Self) -> bool {
+        self.text() == other.text() || self.to_value() == other.to_value()
+    }
+}
+
+impl serde::Serialize for Schema {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.text.serialize(serializer)
+    }
 }
 
 /// How the model may use the tools.
@@ -125,7 +266,7 @@ impl ChatRequest {
                 Part::Image { .. } => 4000,
             })
             .sum();
-        let tools: usize = self.tools.iter().map(|tool| tool.name.len() + json_length(&tool.parameters)).sum();
+        let tools: usize = self.tools.iter().map(|tool| tool.name.len() + tool.parameters.compact_len()).sum();
         system + messages + tools
     }
 
@@ -274,34 +415,58 @@ impl ReplyAssembler {
     }
 }
 
-/// The length of `value` as compact JSON, counted without writing the text out (estimates run
-/// several times per request).
-fn json_length(value: &serde_json::Value) -> usize {
-    struct Counter(usize);
-    impl std::io::Write for Counter {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0 += bytes.len();
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut counter = Counter(0);
-    match serde_json::to_writer(&mut counter, value) {
-        Ok(()) => counter.0,
-        Err(_) => 0,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn json_length_is_the_compact_texts_length() {
-        let value = serde_json::json!({"type": "object", "properties": {"query": {"type": "string", "enum": ["a\"b", "é"]}}});
-        assert_eq!(json_length(&value), value.to_string().len());
+    fn a_schemas_compact_length_leaves_out_only_the_whitespace_between_tokens() {
+        let value = serde_json::json!({"type": "object", "properties": {"query": {"type": "string", "enum": ["a\"b", "é", "x y\\", -1.5, 3, true, null]}}});
+        let pretty = Schema::from_text(&serde_json::to_string_pretty(&value).unwrap()).unwrap();
+        assert_eq!(pretty.compact_len(), value.to_string().len());
+        assert_eq!(Schema::from(value.clone()).compact_len(), value.to_string().len());
+        assert_eq!(Schema::from_text(" [ 1 , true ,null ] ").unwrap().compact_len(), "[1,true,null]".len());
+        assert_eq!(Schema::empty_object().compact_len(), Schema::empty_object().text().len());
+    }
+
+    #[test]
+    fn a_scan_finds_the_depth_and_what_a_tree_reading_could_refuse() {
+        let scan = |text: &str| scan_schema(text);
+        assert_eq!(scan("1"), SchemaScan { compact_len: 1, depth: 0, plain: true });
+        let nested = scan(r#"{"a": [1, {"b": "[[[{"}], "c": "\\\"]"}"#);
+        assert_eq!((nested.depth, nested.plain), (3, true));
+        // Exponents, very long numbers and surrogate escapes are left to a full check.
+        for (text, plain) in [
+            ("[1.5, -2, 0.25]", true),
+            ("[1e3]", false),
+            ("[2E-1]", false),
+            (r#"{"e": "e", "E": true, "f": false}"#, true),
+            (r#"["\u00e9", "\uabcd"]"#, true),
+            (r#"["\ud83d\ude00"]"#, false),
+            (r#"["\uDC00"]"#, false),
+            (r#"["\\ud800"]"#, true),
+        ] {
+            assert_eq!(scan(text).plain, plain, "{text}");
+        }
+        assert!(scan(&"1".repeat(300)).plain);
+        assert!(!scan(&"1".repeat(301)).plain);
+        // Text that is not well-formed is scanned without a panic.
+        for broken in ["\"abc", "\"\\", "[\"\\u", "-", "{"] {
+            let _ = scan(broken);
+        }
+    }
+
+    #[test]
+    fn schemas_are_equal_when_their_json_is() {
+        let compact = Schema::from(serde_json::json!({"type": "object", "required": ["a"]}));
+        let spaced = Schema::from_text("{ \"required\" : [\"a\"], \"type\": \"object\" }").unwrap();
+        assert_eq!(compact, spaced);
+        assert_ne!(compact, Schema::from(serde_json::json!({"type": "object"})));
+        assert_eq!(Schema::empty_object().to_value(), serde_json::json!({"type": "object", "properties": {}}));
+        // Written as its text, as a member of a body too.
+        assert_eq!(serde_json::to_string(&spaced).unwrap(), spaced.text());
+        assert_eq!(serde_json::to_value(&spaced).unwrap(), serde_json::json!({"type": "object", "required": ["a"]}));
+        assert!(Schema::from_text("{").is_err());
     }
 
     #[test]

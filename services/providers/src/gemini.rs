@@ -89,7 +89,7 @@ pub fn build_request(request: &ChatRequest) -> Value {
         let declarations: Vec<Value> = request
             .tools
             .iter()
-            .map(|tool| json!({"name": tool.name, "description": tool.description.clone().unwrap_or_default(), "parameters": sanitize_schema(&tool.parameters)}))
+            .map(|tool| json!({"name": tool.name, "description": tool.description.clone().unwrap_or_default(), "parameters": sanitize_schema(&tool.parameters.to_value())}))
             .collect();
         body.insert("tools".to_string(), json!([{"functionDeclarations": declarations}]));
     }

@@ -3,12 +3,12 @@
 
 use std::borrow::Cow;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::chat::fields::{
     optional_bool, optional_number_in, optional_positive_u32, optional_string, required_array, required_string, stop_list,
 };
-use crate::chat::{ChatEvent, ChatReply, ChatRequest, FinishReason, InvalidRequest, Message, Part, Role, Tool, ToolChoice, Usage};
+use crate::chat::{ChatEvent, ChatReply, ChatRequest, FinishReason, InvalidRequest, Message, Part, Role, Schema, Tool, ToolChoice, Usage};
 
 mod typed_request;
 
@@ -118,7 +118,7 @@ fn tool_of(function: &Value) -> Result<Tool, InvalidRequest> {
     Ok(Tool {
         name: name.to_string(),
         description: function.get("description").and_then(Value::as_str).map(str::to_string),
-        parameters: function.get("parameters").cloned().unwrap_or_else(|| json!({"type": "object", "properties": {}})),
+        parameters: function.get("parameters").cloned().map_or_else(Schema::empty_object, Schema::from),
     })
 }
 
@@ -530,7 +530,6 @@ pub mod outgoing {
     use std::borrow::Cow;
 
     use serde::Serialize;
-    use serde_json::Value;
 
     #[derive(Debug, Serialize)]
     pub struct Request<'a> {
@@ -611,7 +610,7 @@ pub mod outgoing {
     pub struct ToolFunction<'a> {
         pub name: &'a str,
         pub description: Option<&'a str>,
-        pub parameters: &'a Value,
+        pub parameters: &'a crate::chat::Schema,
     }
 
     #[derive(Debug, Serialize)]
@@ -969,6 +968,8 @@ mod incoming {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+
     use crate::chat::{ReplyAssembler, reply_events};
 
     /// A chunk as the writer built it before it serialized typed parts: a `Value` tree.
@@ -1116,7 +1117,7 @@ mod tests {
                 Message { role: Role::Assistant, parts: vec![Part::Text("sure".to_string())] },
                 Message { role: Role::User, parts: vec![Part::Text("again".to_string())] },
             ],
-            tools: vec![Tool { name: "f".to_string(), description: None, parameters: json!({"type": "object"}) }],
+            tools: vec![Tool { name: "f".to_string(), description: None, parameters: json!({"type": "object"}).into() }],
             tool_choice: Some(ToolChoice::Required),
             max_tokens: Some(16),
             temperature: Some(0.5),

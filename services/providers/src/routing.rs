@@ -515,7 +515,7 @@ mod tests {
             matches!(&hard_route, Ok(Resolution::Route(route)) if route.candidates.iter().all(|candidate| candidate.entry.as_ref().is_some_and(|entry| entry.tier == 3)))
         );
         let mut with_tools = request("hi");
-        with_tools.tools.push(Tool { name: "t".to_string(), description: None, parameters: serde_json::json!({}) });
+        with_tools.tools.push(Tool { name: "t".to_string(), description: None, parameters: serde_json::json!({}).into() });
         assert!(
             matches!(resolve("auto", &keys, &catalog, &with_tools, &RouteOptions::default()), Ok(Resolution::Route(route)) if route.candidates.iter().all(|candidate| candidate.entry.as_ref().is_some_and(|entry| entry.can("tools"))))
         );

@@ -6,8 +6,11 @@ use std::fmt;
 use std::marker::PhantomData;
 
 use serde::de::value::MapAccessDeserializer;
-use serde::de::{MapAccess, SeqAccess, Visitor};
+use serde::de::{Error as _, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
+use serde_json::value::RawValue;
+
+use crate::chat::{Schema, scan_schema};
 
 /// `T` read from a JSON body whose UTF-8 is checked once, up front: read from bytes, serde_json checks
 /// every string it meets on its own (about fifty per request, each a call with its own setup). A body
@@ -83,6 +86,28 @@ impl<'de> Deserialize<'de> for Checked {
     }
 }
 
+/// The deepest nesting of a schema the typed readings take. The tree readings' depth limit (128)
+/// counts from the body's root, a schema's own check from the schema's: a schema nested deeper than
+/// this is left to the tree reading, so both refuse the same bodies.
+const SCHEMA_DEPTH: usize = 64;
+
+/// A member's JSON text as a `Schema`, with no tree built: taken as sent (serde_json's skipping of it
+/// checks its syntax, strings and escapes) and scanned once (`scan_schema`). Text the tree reading
+/// could still refuse (a number with an exponent, a surrogate escape) is read once more as it would
+/// read it (`Checked`, which allocates nothing). Some whenever the member is there, `null` included;
+/// a schema nested deeper than `SCHEMA_DEPTH` errs, leaving the body to the tree reading.
+pub(crate) fn schema<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Schema>, D::Error> {
+    let raw = <&'de RawValue>::deserialize(deserializer)?;
+    let scan = scan_schema(raw.get());
+    if scan.depth > SCHEMA_DEPTH {
+        return Err(D::Error::custom("schema nested too deep for the typed reading"));
+    }
+    if !scan.plain {
+        serde_json::from_str::<Checked>(raw.get()).map_err(D::Error::custom)?;
+    }
+    Ok(Some(Schema::from_raw(raw.to_owned(), &scan)))
+}
+
 /// A positive `u32` token count, as `optional_positive_u32` takes one; None for any other number.
 pub(crate) fn positive_u32(tokens: u64) -> Option<u32> {
     u32::try_from(tokens).ok().filter(|tokens| *tokens >= 1)
@@ -135,9 +160,37 @@ pub(crate) mod differential {
 
 #[cfg(test)]
 mod tests {
+    use serde::Deserialize;
     use serde_json::Value;
 
-    use super::from_json;
+    use super::{from_json, schema};
+    use crate::chat::Schema;
+
+    #[derive(Deserialize)]
+    struct Member {
+        #[serde(default, deserialize_with = "schema")]
+        schema: Option<Schema>,
+    }
+
+    #[test]
+    fn schemas_are_taken_as_sent_and_checked_as_the_tree_reads_them() {
+        let read = |body: &str| from_json::<Member>(body.as_bytes()).map(|member| member.schema.map(|schema| schema.text().to_string()));
+        assert_eq!(read(r#"{"schema": { "type" : "object" } }"#).ok(), Some(Some(r#"{ "type" : "object" }"#.to_string())));
+        assert_eq!(read(r#"{"schema": null}"#).ok(), Some(Some("null".to_string())));
+        assert_eq!(read("{}").ok(), Some(None));
+        // Exponents and surrogate pairs are read once more, and taken when the tree reading takes them.
+        let checked = r#"{ "maximum": 1e3, "title": "\ud83d\ude00" }"#;
+        assert_eq!(read(&format!(r#"{{"schema": {checked}}}"#)).ok(), Some(Some(checked.to_string())));
+        // What the tree reading refuses is refused: a number out of range, a lone surrogate.
+        for refused in [r#"{"schema": {"maximum": 1e400}}"#, r#"{"schema": {"title": "\ud800"}}"#] {
+            assert!(read(refused).is_err(), "{refused}");
+            assert!(serde_json::from_str::<Value>(refused).is_err(), "{refused}");
+        }
+        let deep = format!("{{\"schema\": {}1{}}}", "[".repeat(65), "]".repeat(65));
+        assert!(read(&deep).is_err(), "left to the tree reading");
+        let fine = format!("{{\"schema\": {}1{}}}", "[".repeat(64), "]".repeat(64));
+        assert!(read(&fine).is_ok());
+    }
 
     #[test]
     fn bodies_read_as_from_their_bytes() {

@@ -9,9 +9,9 @@ use std::fmt;
 
 use serde::de::{SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use crate::chat::{ChatRequest, Message, Part, Role, Tool, ToolChoice};
+use crate::chat::{ChatRequest, Message, Part, Role, Schema, Tool, ToolChoice};
 use crate::typed::{Checked, Object, from_json, positive_u32, within};
 
 /// The neutral request of a body of the common shape; None for any other body.
@@ -140,8 +140,8 @@ struct InTool<'a> {
     #[serde(borrow, default)]
     description: Option<Cow<'a, str>>,
     /// Some whenever the member is there, `null` included (the tree reading keeps a `null`).
-    #[serde(default, deserialize_with = "crate::chat::presence::value")]
-    input_schema: Option<Value>,
+    #[serde(default, deserialize_with = "crate::typed::schema")]
+    input_schema: Option<Schema>,
     #[serde(default, rename = "type")]
     _kind: Option<Checked>,
     #[serde(default, rename = "cache_control")]
@@ -239,7 +239,7 @@ impl Body<'_> {
             tools.push(Tool {
                 name: tool.name.filter(|name| !name.is_empty())?.into_owned(),
                 description: tool.description.map(Cow::into_owned),
-                parameters: tool.input_schema.unwrap_or_else(|| json!({"type": "object", "properties": {}})),
+                parameters: tool.input_schema.unwrap_or_else(Schema::empty_object),
             });
         }
         let tool_choice = match self.tool_choice {

@@ -6,9 +6,8 @@
 use std::borrow::Cow;
 
 use serde::Deserialize;
-use serde_json::{Value, json};
 
-use crate::chat::{ChatRequest, Message, Part, Role, Tool, ToolChoice};
+use crate::chat::{ChatRequest, Message, Part, Role, Schema, Tool, ToolChoice};
 use crate::typed::{Checked, Object, from_json, positive_u32, within};
 
 /// The neutral request of a body of the common shape; None for any other body.
@@ -145,8 +144,8 @@ struct InToolFunction<'a> {
     #[serde(borrow, default)]
     description: Option<Cow<'a, str>>,
     /// Some whenever the member is there, `null` included (the tree reading keeps a `null`).
-    #[serde(default, deserialize_with = "crate::chat::presence::value")]
-    parameters: Option<Value>,
+    #[serde(default, deserialize_with = "crate::typed::schema")]
+    parameters: Option<Schema>,
 }
 
 #[derive(Deserialize)]
@@ -209,7 +208,7 @@ impl Body<'_> {
             tools.push(Tool {
                 name,
                 description: function.description.map(Cow::into_owned),
-                parameters: function.parameters.unwrap_or_else(|| json!({"type": "object", "properties": {}})),
+                parameters: function.parameters.unwrap_or_else(Schema::empty_object),
             });
         }
         let tool_choice = match self.tool_choice.as_deref() {
@@ -361,6 +360,28 @@ mod tests {
             if let (Some(typed), Ok(tree)) = (typed, tree) {
                 assert_eq!(Ok(typed), parse_request(&tree));
             }
+        }
+        // A tool's schema is kept as sent, never built into a tree, and still checked the same way;
+        // one nested deeper than the typed reading takes is left to the tree.
+        let tool =
+            |schema: &[u8]| [&br#""tools": [{"type": "function", "function": {"name": "f", "parameters": "#[..], schema, b"}}]"].concat();
+        let deep = [&b"{\"a\": "[..], &b"[".repeat(70), b"1", &b"]".repeat(70), b"}"].concat();
+        for schema in [
+            &b"{ \"type\" : \"object\",\n  \"properties\": {\"q\": {\"type\": \"string\", \"maxLength\": 1.5e2}} }"[..],
+            b"{\"maximum\": 1e999}",
+            b"{\"title\": \"\\ud800\"}",
+            b"{\"title\": \"caf\xff\"}",
+            b"null",
+            &deep,
+        ] {
+            let text = body(&tool(schema));
+            let typed = read(&text);
+            let tree = serde_json::from_slice::<Value>(&text);
+            if let (Some(typed), Ok(tree)) = (&typed, &tree) {
+                assert_eq!(Ok(typed.clone()), parse_request(tree));
+                assert_eq!(typed.tools[0].parameters.text().as_bytes(), schema, "kept as sent");
+            }
+            assert_eq!(typed.is_some(), tree.is_ok() && schema != &deep[..], "{}", String::from_utf8_lossy(schema));
         }
         // A member not declared, or inside a message or a tool, leaves the body to the tree.
         assert_eq!(read(&body(b"\"unheard_of\": 1")), None);
