@@ -33,6 +33,40 @@ ANTHROPIC_HEADERS = {"x-api-key": PROVIDER_KEY, "anthropic-version": "2023-06-01
 # The paced mock's gap between stream chunks (phase d's paced streams).
 PACED_CHUNK_MS = 5
 
+# An agent's request as its SDK sends it, for phases e and i: the full pipeline's request (a tool call
+# the firewall inspects) with a system prompt and AGENT_TOOLS tools in all, each with a JSON Schema of
+# a few hundred bytes (about 10 KB of body), as agents send every tool on every call.
+AGENT_TOOLS = 12
+
+
+def agent_request(full_body):
+    """`full_body` (the full pipeline's request) as an agent sends it: its tools first, then more to
+    AGENT_TOOLS in all, each with a realistic schema, and a system prompt before its messages."""
+    tools = list(full_body.get("tools", []))
+    for index in range(len(tools), AGENT_TOOLS):
+        tools.append({"type": "function", "function": {
+            "name": f"search_system_{index}",
+            "description": f"Looks records up in system {index} and returns the matches with their metadata.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string", "description": "What to search for, in plain words."},
+                    "limit": {"type": "integer", "minimum": 1, "maximum": 100, "description": "How many results at most."},
+                    "filters": {"type": "object", "additionalProperties": False, "properties": {
+                        "status": {"type": "string", "enum": ["open", "closed", "pending", "archived"]},
+                        "owner": {"type": "string", "description": "The owner's user id."},
+                        "created_after": {"type": "string", "format": "date-time"},
+                    }},
+                    "sort": {"type": "string", "enum": ["relevance", "newest", "oldest"]},
+                },
+                "required": ["query"],
+                "additionalProperties": False,
+            },
+        }})
+    system = {"role": "system", "content": "You are a support agent. Use the tools to look things up before you answer."}
+    return dict(full_body, tools=tools, messages=[system, *full_body.get("messages", [])])
+
+
 
 def log(message):
     print(f"bench: {message}", file=sys.stderr, flush=True)
@@ -715,6 +749,10 @@ class Bench:
         phases["e_guardrails_gateway"] = at_2000(full_key, routed)
         phases["e_full_gateway"] = self.repeated(lambda: at_2000(full_key, full_body))
         phases["e_full_gateway"]["stages"] = guardian["stages"]
+        # The same pipeline on an agent's request (twelve tools with their schemas, about 10 KB).
+        agent_body = agent_request(full_body)
+        self.report["agent_request"] = {"tools": len(agent_body["tools"]), "body_bytes": len(json.dumps(agent_body))}
+        phases["e_agent_gateway"] = at_2000(full_key, agent_body)
         # The targets' "more than 10,000 req/s on one core" is for the full pipeline: flat out with it.
         phases["e_full_max_64c_gateway"] = self.warmed(gateway.pid, gateway_url, full_key, full_body, connections=64)
         if self.perf:
@@ -898,7 +936,7 @@ http {{
 
     def instructions(self, mock, paced, routed, paced_body):
         """Phase i: instructions per request, counted by callgrind on a fresh `up` (the minimal pipeline,
-        then the full one as phase e runs it; 8 connections; counting zeroed and switched on after a
+        then the full one as phase e runs it, then the full one on an agent's request; 8 connections; counting zeroed and switched on after a
         warm-up, off and dumped once the consumers have written the counted requests), and per paced
         stream (phase d's, one client). Unlike times, the count repeats on a noisy machine, so commits
         compare by it. Each count is also split by thread (the request thread, SQLite's connection
@@ -974,6 +1012,7 @@ http {{
         count("guardrails", full_key, routed)
         guardian = self.enable_guardian(base, key)
         count("full", full_key, dict(routed, **guardian["body"]))
+        count("agent", full_key, agent_request(dict(routed, **guardian["body"])))
         gateway.terminate()
         gateway.wait(timeout=120)
         # Phase l's relay under the same count: what the HTTP stack alone runs per request.

@@ -217,5 +217,20 @@ class PacedStreamEvents(unittest.TestCase):
         self.assertIsNone(run.paced_stream_events(base, {"model": "anthropic/x"}))
         self.assertIsNone(run.paced_stream_events("http://127.0.0.1:1", {"model": "anthropic/x"}))
 
+class AgentRequest(unittest.TestCase):
+    def test_keeps_the_full_requests_tool_first_and_adds_schemas_to_twelve(self):
+        full = {"model": "openai/m", "messages": [{"role": "user", "content": "use a tool"}],
+                "tools": [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]}
+        agent = run.agent_request(full)
+        self.assertEqual(len(agent["tools"]), run.AGENT_TOOLS)
+        self.assertEqual(agent["tools"][0], full["tools"][0], "the tool the mock calls and the firewall inspects")
+        names = [tool["function"]["name"] for tool in agent["tools"]]
+        self.assertEqual(len(set(names)), len(names))
+        self.assertEqual([message["role"] for message in agent["messages"]], ["system", "user"])
+        self.assertEqual(agent["model"], full["model"])
+        self.assertGreater(len(run.json.dumps(agent)), 8000)
+        self.assertEqual(len(full["tools"]), 1, "the full request is left as it was")
+
+
 if __name__ == "__main__":
     unittest.main()
