@@ -396,7 +396,9 @@ async fn tool_schemas_reach_the_provider_as_the_same_json(shape: Shape) -> TestR
     // Out of range or unpaired, in either format: the body's error, and nothing reaches the provider.
     mock.clear();
     for broken in [schema.replace("1e3", "1e999"), schema.replace("\\ud83d\\ude00", "\\ud83d")] {
-        for (path, body) in [("/v1/chat/completions", openai("openai/gpt-4o-mini", &broken)), ("/v1/messages", anthropic("openai/gpt-4o-mini", &broken))] {
+        for (path, body) in
+            [("/v1/chat/completions", openai("openai/gpt-4o-mini", &broken)), ("/v1/messages", anthropic("openai/gpt-4o-mini", &broken))]
+        {
             let (status, body) = send(path, body).await?;
             assert_eq!(status, 400, "{broken}: {body}");
             assert!(body["error"]["message"].is_string() && body["recovery"].is_object(), "{body}");

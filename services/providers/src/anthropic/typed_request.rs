@@ -374,6 +374,22 @@ mod tests {
             assert!(serde_json::from_slice::<Value>(&body(extra)).is_err());
             assert_eq!(read(&body(extra)), None);
         }
+        // A tool's input schema is kept as sent and checked as the tree reading checks it.
+        let tool = |schema: &[u8]| [&br#""tools": [{"name": "f", "input_schema": "#[..], schema, b"}]"].concat();
+        for schema in [
+            &b"{ \"type\": \"object\",\n  \"properties\": {\"n\": {\"type\": \"number\", \"maximum\": 2.5E3, \"title\": \"\\u00e9\\ud83d\\ude00\"}} }"[..],
+            b"{\"maximum\": 1e999}",
+            b"{\"title\": \"\\udc00\"}",
+        ] {
+            let text = body(&tool(schema));
+            let tree = serde_json::from_slice::<Value>(&text);
+            let typed = read(&text);
+            assert_eq!(typed.is_some(), tree.is_ok(), "{}", String::from_utf8_lossy(schema));
+            if let (Some(typed), Ok(tree)) = (typed, tree) {
+                assert_eq!(typed.tools[0].parameters.text().as_bytes(), schema, "kept as sent");
+                assert_eq!(Ok(typed), parse_request(&tree));
+            }
+        }
         Ok(())
     }
 
