@@ -20,6 +20,7 @@ brainstorm_e2e::in_both_shapes!(
     anthropic_clients_reach_openai_models,
     streams_are_translated_event_by_event_with_tool_calls,
     tool_schemas_reach_the_provider_as_the_same_json,
+    response_formats_reach_openai_format_providers,
     upstream_errors_are_forwarded_and_fallbacks_tried_in_order,
     aliases_presets_and_model_resolution_errors,
     models_runnable_allowlists_and_deprecations,
@@ -405,6 +406,27 @@ async fn tool_schemas_reach_the_provider_as_the_same_json(shape: Shape) -> TestR
         }
     }
     assert!(mock.requests().is_empty());
+    Ok(())
+}
+
+/// An OpenAI client's `response_format` (structured outputs) reaches OpenAI-format providers as it
+/// was sent; Anthropic's and Gemini's formats have no such member, so they do not get it.
+async fn response_formats_reach_openai_format_providers(shape: Shape) -> TestResult {
+    let setup = setup(shape).await?;
+    let (gateway, mock, key) = (&setup.gateway, &setup.mock, setup.key.as_str());
+    let format = json!({"type": "json_schema", "json_schema": {"name": "answer", "strict": true,
+        "schema": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"], "additionalProperties": false}}});
+    for (model, forwarded) in [("openai/gpt-4o-mini", true), ("anthropic/claude-haiku-4-5", false), ("google/gemini-2.5-flash", false)] {
+        let body = json!({"model": model, "response_format": format, "messages": [{"role": "user", "content": "count to one"}]});
+        let reply = gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(body)).await?;
+        assert_eq!(reply.status, 200, "{model}: {}", reply.text);
+        let sent = last_request(mock)?.body;
+        assert_eq!(sent.get("response_format"), forwarded.then_some(&format), "{model}: {sent}");
+    }
+    // `null` is no format.
+    let body = json!({"model": "openai/gpt-4o-mini", "response_format": null, "messages": [{"role": "user", "content": "hi"}]});
+    assert_eq!(gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(body)).await?.status, 200);
+    assert_eq!(last_request(mock)?.body.get("response_format"), None);
     Ok(())
 }
 

@@ -86,6 +86,7 @@ pub fn parse_request(body: &Value) -> Result<ChatRequest, InvalidRequest> {
         stream: optional_bool(body, "stream")?,
         stream_usage: true,
         user: body.pointer("/metadata/user_id").and_then(Value::as_str).map(str::to_string),
+        response_format: None,
     })
 }
 
@@ -907,6 +908,8 @@ mod tests {
             stream: true,
             stream_usage: true,
             user: Some("ignored".to_string()),
+            // Anthropic has no such member: not sent.
+            response_format: Some(json!({"type": "json_object"}).into()),
         };
         let built = serde_json::to_value(build_request(&request, "claude-x", 99)).unwrap_or_default();
         assert_eq!(

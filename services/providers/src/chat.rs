@@ -77,7 +77,8 @@ pub struct Tool {
     pub parameters: Schema,
 }
 
-/// A tool's JSON Schema kept as JSON text: read, measured and forwarded without building a tree. An
+/// A JSON value kept as JSON text (a tool's JSON Schema, a response format): read, measured and
+/// forwarded without building a tree. An
 /// agent's request carries every tool's schema (often many kilobytes); as a `Value` each was built
 /// member by member, walked to estimate tokens and written out again for the provider. The text is
 /// the client's own where a typed reading took it (whitespace included; JSON is indifferent to it),
@@ -243,6 +244,9 @@ pub struct ChatRequest {
     /// OpenAI `stream_options.include_usage`.
     pub stream_usage: bool,
     pub user: Option<String>,
+    /// OpenAI `response_format` (`text`, `json_object`, `json_schema` with its schema) as the client
+    /// sent it: forwarded to OpenAI-format providers, which alone have the member.
+    pub response_format: Option<Schema>,
 }
 
 impl ChatRequest {

@@ -106,6 +106,7 @@ pub fn parse_request(body: &Value) -> Result<ChatRequest, InvalidRequest> {
         stream: optional_bool(body, "stream")?,
         stream_usage: body.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false),
         user: optional_string(body, "user")?,
+        response_format: body.get("response_format").filter(|format| !format.is_null()).cloned().map(Schema::from),
     })
 }
 
@@ -521,6 +522,7 @@ pub fn build_request<'a>(request: &'a ChatRequest, upstream_model: &'a str) -> o
         stream: request.stream,
         // Always ask for usage: the gateway prices every stream.
         stream_options: request.stream.then_some(outgoing::StreamOptions { include_usage: true }),
+        response_format: request.response_format.as_ref(),
     }
 }
 
@@ -553,6 +555,8 @@ pub mod outgoing {
         pub stream: bool,
         #[serde(skip_serializing_if = "Option::is_none")]
         pub stream_options: Option<StreamOptions>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub response_format: Option<&'a crate::chat::Schema>,
     }
 
     #[derive(Debug, Serialize)]
@@ -1123,6 +1127,10 @@ mod tests {
             temperature: Some(0.5),
             stop: vec!["END".to_string()],
             user: Some("u-1".to_string()),
+            response_format: Some(
+                crate::chat::Schema::from_text(r#"{"type": "json_schema", "json_schema": {"name": "r", "schema": {"type": "object"}}}"#)
+                    .unwrap(),
+            ),
             ..ChatRequest::default()
         };
         let built = serde_json::to_value(build_request(&request, "gpt-4o-mini")).unwrap_or_default();
@@ -1141,10 +1149,19 @@ mod tests {
                 "max_tokens": 16,
                 "temperature": 0.5,
                 "stop": ["END"],
-                "user": "u-1"
+                "user": "u-1",
+                "response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": {"type": "object"}}}
             })
         );
-        let minimal = ChatRequest { tools: Vec::new(), tool_choice: None, stop: Vec::new(), user: None, temperature: None, ..request };
+        let minimal = ChatRequest {
+            tools: Vec::new(),
+            tool_choice: None,
+            stop: Vec::new(),
+            user: None,
+            temperature: None,
+            response_format: None,
+            ..request
+        };
         let built = serde_json::to_value(build_request(&minimal, "m")).unwrap_or_default();
         let keys: Vec<&String> = built.as_object().map(|object| object.keys().collect()).unwrap_or_default();
         assert_eq!(keys, ["max_tokens", "messages", "model"], "nothing unset is sent");

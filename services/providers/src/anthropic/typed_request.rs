@@ -265,6 +265,7 @@ impl Body<'_> {
             stream: self.stream.unwrap_or(false),
             stream_usage: true,
             user: self.metadata.and_then(|Object(metadata)| metadata.user_id).map(Cow::into_owned),
+            response_format: None,
         })
     }
 }

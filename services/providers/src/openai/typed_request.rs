@@ -72,8 +72,9 @@ struct Body<'a> {
     top_logprobs: Option<Checked>,
     #[serde(default)]
     logit_bias: Option<Checked>,
-    #[serde(default)]
-    response_format: Option<Checked>,
+    /// Some whenever the member is there, `null` included (read as absent, as the tree reading does).
+    #[serde(default, deserialize_with = "crate::typed::schema")]
+    response_format: Option<Schema>,
     #[serde(default)]
     parallel_tool_calls: Option<Checked>,
     #[serde(default)]
@@ -238,6 +239,7 @@ impl Body<'_> {
             stream: self.stream.unwrap_or(false),
             stream_usage: self.stream_options.and_then(|Object(options)| options.include_usage).unwrap_or(false),
             user: self.user.map(Cow::into_owned),
+            response_format: self.response_format.filter(|format| format.text() != "null"),
         })
     }
 }
@@ -271,7 +273,11 @@ mod tests {
                                 {"role": "function", "tool_call_id": "call_2", "name": "lookup", "content": null},
                                 {"role": "assistant", "content": "", "tool_calls": null}]}),
             json!({"model": "m", "tool_choice": null, "max_tokens": null, "stream_options": null, "user": null,
-                   "temperature": 2, "messages": [{"role": "user"}]}),
+                   "temperature": 2, "response_format": null, "messages": [{"role": "user"}]}),
+            json!({"model": "m", "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "strict": true,
+                   "schema": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}},
+                   "messages": [{"role": "user", "content": "count"}]}),
+            json!({"model": "m", "response_format": {"type": "json_object"}, "messages": [{"role": "user", "content": "json"}]}),
         ]
     }
 
