@@ -410,7 +410,7 @@ async fn tool_schemas_reach_the_provider_as_the_same_json(shape: Shape) -> TestR
 }
 
 /// An OpenAI client's `response_format` (structured outputs) reaches OpenAI-format providers as it
-/// was sent; Anthropic's and Gemini's formats have no such member, so they do not get it.
+/// was sent and Gemini as its JSON answer type and schema; Anthropic's format has no such member.
 async fn response_formats_reach_openai_format_providers(shape: Shape) -> TestResult {
     let setup = setup(shape).await?;
     let (gateway, mock, key) = (&setup.gateway, &setup.mock, setup.key.as_str());
@@ -422,6 +422,11 @@ async fn response_formats_reach_openai_format_providers(shape: Shape) -> TestRes
         assert_eq!(reply.status, 200, "{model}: {}", reply.text);
         let sent = last_request(mock)?.body;
         assert_eq!(sent.get("response_format"), forwarded.then_some(&format), "{model}: {sent}");
+        if model.starts_with("google/") {
+            assert_eq!(sent["generationConfig"]["responseMimeType"], "application/json", "{sent}");
+            let schema = &sent["generationConfig"]["responseSchema"];
+            assert_eq!((&schema["required"], schema.get("additionalProperties")), (&json!(["n"]), None), "{sent}");
+        }
     }
     // `null` is no format.
     let body = json!({"model": "openai/gpt-4o-mini", "response_format": null, "messages": [{"role": "user", "content": "hi"}]});

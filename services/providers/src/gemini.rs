@@ -115,6 +115,17 @@ pub fn build_request(request: &ChatRequest) -> Value {
     if !request.stop.is_empty() {
         generation.insert("stopSequences".to_string(), json!(request.stop));
     }
+    // OpenAI's structured outputs: JSON answers, shaped by the schema where one is given (cleaned of
+    // the keywords Gemini rejects, as tools' schemas are); a `text` or unknown format asks nothing.
+    if let Some(format) = request.response_format.as_ref().map(crate::chat::Schema::to_value) {
+        let kind = format.get("type").and_then(Value::as_str);
+        if matches!(kind, Some("json_object" | "json_schema")) {
+            generation.insert("responseMimeType".to_string(), json!("application/json"));
+        }
+        if let (Some("json_schema"), Some(schema)) = (kind, format.pointer("/json_schema/schema")) {
+            generation.insert("responseSchema".to_string(), sanitize_schema(schema));
+        }
+    }
     if !generation.is_empty() {
         body.insert("generationConfig".to_string(), Value::Object(generation));
     }
@@ -237,6 +248,23 @@ mod tests {
         assert_eq!(built["contents"][2]["parts"][0]["functionResponse"]["name"], "weather");
         assert!(built["tools"][0]["functionDeclarations"][0]["parameters"].get("additionalProperties").is_none());
         assert_eq!(built["generationConfig"]["maxOutputTokens"], 50);
+        assert!(built["generationConfig"].get("responseMimeType").is_none());
+        Ok(())
+    }
+
+    #[test]
+    fn response_formats_ask_for_json_shaped_by_the_schema() -> Result<(), crate::chat::InvalidRequest> {
+        let with = |format: Value| {
+            crate::openai::parse_request(&json!({"model": "g", "messages": [{"role": "user", "content": "hi"}], "response_format": format}))
+                .map(|request| build_request(&request)["generationConfig"].clone())
+        };
+        let schema = json!({"type": "object", "additionalProperties": false, "properties": {"n": {"type": "integer"}}});
+        assert_eq!(
+            with(json!({"type": "json_schema", "json_schema": {"name": "a", "strict": true, "schema": schema}}))?,
+            json!({"responseMimeType": "application/json", "responseSchema": {"type": "object", "properties": {"n": {"type": "integer"}}}})
+        );
+        assert_eq!(with(json!({"type": "json_object"}))?, json!({"responseMimeType": "application/json"}));
+        assert_eq!(with(json!({"type": "text"}))?, Value::Null, "nothing asked");
         Ok(())
     }
 
