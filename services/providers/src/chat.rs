@@ -78,11 +78,11 @@ pub struct Tool {
 }
 
 /// A JSON value kept as JSON text (a tool's JSON Schema, a response format): read, measured and
-/// forwarded without building a tree. An
-/// agent's request carries every tool's schema (often many kilobytes); as a `Value` each was built
-/// member by member, walked to estimate tokens and written out again for the provider. The text is
-/// the client's own where a typed reading took it (whitespace included; JSON is indifferent to it),
-/// else the compact writing of the tree it was read from. Two schemas are equal when their JSON is.
+/// forwarded without building a tree. An agent's request carries every tool's schema (often many
+/// kilobytes); as a `Value` each was built member by member, walked to estimate tokens and written
+/// out again for the provider. The text is the client's own where a typed reading took it
+/// (whitespace included; JSON is indifferent to it), else the compact writing of the tree it was read
+/// from. Two schemas are equal when their JSON is.
 #[derive(Debug, Clone)]
 pub struct Schema {
     text: Box<serde_json::value::RawValue>,
@@ -103,10 +103,13 @@ impl Schema {
 
     /// A schema from JSON text; errs when the text is not one JSON value.
     pub fn from_text(text: &str) -> serde_json::Result<Self> {
-        serde_json::value::RawValue::from_string(text.to_string()).map(|raw| {
-            let scan = scan_schema(raw.get());
-            Self::from_raw(raw, &scan)
-        })
+        serde_json::value::RawValue::from_string(text.to_string()).map(Self::scanned)
+    }
+
+    /// A schema from JSON text read as one JSON value, scanned here.
+    fn scanned(text: Box<serde_json::value::RawValue>) -> Self {
+        let scan = scan_schema(text.get());
+        Self::from_raw(text, &scan)
     }
 
     fn null() -> Self {
@@ -197,13 +200,7 @@ pub(crate) fn scan_schema(text: &str) -> SchemaScan {
 impl From<Value> for Schema {
     fn from(value: Value) -> Self {
         // Writing a tree cannot fail (its keys are strings); `null` stands in all the same.
-        match serde_json::value::to_raw_value(&value) {
-            Ok(raw) => {
-                let scan = scan_schema(raw.get());
-                Self::from_raw(raw, &scan)
-            }
-            Err(_) => Self::null(),
-        }
+        serde_json::value::to_raw_value(&value).map_or_else(|_| Self::null(), Self::scanned)
     }
 }
 
