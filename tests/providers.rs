@@ -21,6 +21,7 @@ brainstorm_e2e::in_both_shapes!(
     streams_are_translated_event_by_event_with_tool_calls,
     tool_schemas_reach_the_provider_as_the_same_json,
     response_formats_reach_openai_format_providers,
+    openai_options_reach_the_providers_that_have_them,
     upstream_errors_are_forwarded_and_fallbacks_tried_in_order,
     aliases_presets_and_model_resolution_errors,
     models_runnable_allowlists_and_deprecations,
@@ -48,6 +49,8 @@ async fn setup_env(shape: Shape, config: MockConfig, providers: &[(&str, &str)],
     let openai_base = format!("{}/v1", mock.base_url());
     let mut env = vec![
         ("BR_PROVIDER_OPENAI_BASE_URL", openai_base.as_str()),
+        // An OpenAI-compatible server other than OpenAI's, for tests that register it.
+        ("BR_PROVIDER_GROQ_BASE_URL", openai_base.as_str()),
         ("BR_PROVIDER_ANTHROPIC_BASE_URL", mock.base_url()),
         ("BR_PROVIDER_GOOGLE_BASE_URL", mock.base_url()),
         ("RUST_LOG", "debug,h2=info,hyper=info,tower=info"),
@@ -276,7 +279,7 @@ async fn anthropic_clients_reach_openai_models(shape: Shape) -> TestResult {
     assert_eq!(upstream.headers.get("authorization").map(String::as_str), Some(format!("Bearer {OPENAI_KEY}").as_str()));
     assert_eq!(upstream.body["model"], "gpt-4o-mini");
     assert_eq!(upstream.body["messages"][0], json!({"role": "system", "content": "be brief"}));
-    assert_eq!(upstream.body["max_tokens"], 100);
+    assert_eq!(upstream.body["max_completion_tokens"], 100, "OpenAI's own name for the limit");
     assert_eq!(message["type"], "message");
     assert_eq!(message["content"][0], json!({"type": "text", "text": "mock openai reply to: hello from anthropic format"}));
     assert_eq!(message["stop_reason"], "end_turn");
@@ -431,6 +434,60 @@ async fn response_formats_reach_openai_format_providers(shape: Shape) -> TestRes
     let body = json!({"model": "openai/gpt-4o-mini", "response_format": null, "messages": [{"role": "user", "content": "hi"}]});
     assert_eq!(gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(body)).await?.status, 200);
     assert_eq!(last_request(mock)?.body.get("response_format"), None);
+    Ok(())
+}
+
+/// OpenAI's sampling and tool options reach OpenAI-format providers as sent (OpenAI's own API takes
+/// the limit as `max_completion_tokens`, other servers as `max_tokens`), Gemini as its generation
+/// config, Anthropic as its refusal of parallel tool use; a request for several answers is refused.
+async fn openai_options_reach_the_providers_that_have_them(shape: Shape) -> TestResult {
+    let setup = setup(shape).await?;
+    let (gateway, mock, key) = (&setup.gateway, &setup.mock, setup.key.as_str());
+    let registered =
+        gateway.call(Method::POST, "/v1/providers", Some(key), Some(json!({"provider": "groq", "api_key": OPENAI_KEY}))).await?;
+    assert_eq!(registered.status, 201, "{}", registered.text);
+    let options = json!({"seed": 42, "frequency_penalty": 0.5, "presence_penalty": -0.5, "logit_bias": {"50256": -100},
+        "parallel_tool_calls": false, "reasoning_effort": "low", "max_completion_tokens": 50, "n": 1});
+    let body = |model: &str| {
+        let mut body = json!({"model": model, "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]});
+        if let (Some(body), Some(options)) = (body.as_object_mut(), options.as_object()) {
+            body.extend(options.clone());
+        }
+        body
+    };
+    let mut sent = Vec::new();
+    for model in ["openai/gpt-4o-mini", "groq/llama-3.3-70b-versatile", "google/gemini-2.5-flash", "anthropic/claude-haiku-4-5"] {
+        let reply = gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(body(model))).await?;
+        assert_eq!(reply.status, 200, "{model}: {}", reply.text);
+        sent.push(last_request(mock)?.body);
+    }
+    let forwarded = ["seed", "frequency_penalty", "presence_penalty", "logit_bias", "parallel_tool_calls", "reasoning_effort"];
+    for (body, limit, other) in [(&sent[0], "max_completion_tokens", "max_tokens"), (&sent[1], "max_tokens", "max_completion_tokens")] {
+        for member in forwarded {
+            assert_eq!(body.get(member), options.get(member), "{member}: {body}");
+        }
+        assert_eq!((&body[limit], body.get(other), body.get("n")), (&json!(50), None, None), "{body}");
+    }
+    let generation = &sent[2]["generationConfig"];
+    assert_eq!(
+        (&generation["seed"], &generation["presencePenalty"], &generation["frequencyPenalty"]),
+        (&json!(42), &json!(-0.5), &json!(0.5))
+    );
+    assert_eq!(sent[3]["tool_choice"], json!({"type": "auto", "disable_parallel_tool_use": true}), "{}", sent[3]);
+    assert!(forwarded.iter().all(|member| sent[3].get(member).is_none()), "{}", sent[3]);
+
+    // Several answers in one reply, or an option out of range: the body's 400, and no provider call.
+    mock.clear();
+    for (member, value) in [("n", json!(3)), ("seed", json!("42")), ("logit_bias", json!({"token": 1})), ("presence_penalty", json!(9))] {
+        let mut refused = body("openai/gpt-4o-mini");
+        refused[member] = value;
+        let reply = gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(refused)).await?;
+        assert_eq!(reply.status, 400, "{member}: {}", reply.text);
+        assert!(reply.body["error"]["message"].as_str().is_some_and(|message| message.contains(member)), "{}", reply.text);
+        assert!(reply.body["recovery"].is_object(), "{}", reply.text);
+    }
+    assert!(mock.requests().is_empty());
     Ok(())
 }
 

@@ -1,6 +1,7 @@
 """The official SDKs reach real provider models through the gateway, across formats, with exact costs."""
 
 import json
+import urllib.request
 from decimal import Decimal
 
 import anthropic
@@ -80,3 +81,35 @@ def test_anthropic_sdk_streams_an_openai_model(gateway):
         final = stream.get_final_message()
     tool_use = next(block for block in final.content if block.type == "tool_use")
     assert tool_use.input == {"query": "use a tool please"}
+
+
+def last_upstream_body(gateway):
+    with urllib.request.urlopen(gateway["mock_url"] + "/__mock/requests") as response:
+        return json.loads(response.read())[-1]["body"]
+
+
+def test_openai_sdk_options_reach_the_provider(gateway):
+    completion = openai_client(gateway).chat.completions.create(
+        model="openai/gpt-4o-mini", seed=7, presence_penalty=0.5, frequency_penalty=-0.5, logit_bias={"50256": -100},
+        parallel_tool_calls=False, tools=[TOOL_OPENAI], reasoning_effort="low", max_completion_tokens=64,
+        messages=[{"role": "user", "content": "options please"}])
+    assert completion.choices[0].finish_reason is not None
+    sent = last_upstream_body(gateway)
+    assert {name: sent.get(name) for name in ("seed", "presence_penalty", "frequency_penalty", "logit_bias", "parallel_tool_calls",
+                                              "reasoning_effort", "max_completion_tokens")} == {
+        "seed": 7, "presence_penalty": 0.5, "frequency_penalty": -0.5, "logit_bias": {"50256": -100},
+        "parallel_tool_calls": False, "reasoning_effort": "low", "max_completion_tokens": 64}
+
+    # The same options from the Anthropic SDK's side: its parallel-tool refusal reaches OpenAI as such.
+    anthropic_client(gateway).messages.create(
+        model="openai/gpt-4o-mini", max_tokens=64, tools=[TOOL_ANTHROPIC], tool_choice={"type": "auto", "disable_parallel_tool_use": True},
+        messages=[{"role": "user", "content": "one tool at a time"}])
+    assert last_upstream_body(gateway)["parallel_tool_calls"] is False
+
+    # Several answers in one reply are refused with the body's error, as the SDK reports it.
+    try:
+        openai_client(gateway).chat.completions.create(model="openai/gpt-4o-mini", n=2, messages=[{"role": "user", "content": "twice"}])
+    except openai.BadRequestError as refused:
+        assert refused.status_code == 400 and "n greater than 1" in str(refused.body)
+    else:
+        raise AssertionError("n=2 was answered")

@@ -5,7 +5,9 @@ use std::borrow::Cow;
 use serde_json::{Value, json};
 
 use crate::chat::fields::{optional_bool, optional_number_in, optional_positive_u32, required_array, required_string, stop_list};
-use crate::chat::{ChatEvent, ChatReply, ChatRequest, FinishReason, InvalidRequest, Message, Part, Role, Schema, Tool, ToolChoice, Usage};
+use crate::chat::{
+    ChatEvent, ChatReply, ChatRequest, FinishReason, InvalidRequest, Message, OpenAiOptions, Part, Role, Schema, Tool, ToolChoice, Usage,
+};
 
 /// Output budget sent when the caller gave none (Anthropic requires one).
 pub const DEFAULT_MAX_TOKENS: u32 = 4096;
@@ -73,6 +75,11 @@ pub fn parse_request(body: &Value) -> Result<ChatRequest, InvalidRequest> {
             _ => return Err(InvalidRequest::new("tool_choice.type must be one of auto, any, tool, none")),
         }),
     };
+    let parallel_tool_calls = match body.pointer("/tool_choice/disable_parallel_tool_use") {
+        None | Some(Value::Null) => None,
+        Some(Value::Bool(disable)) => Some(!disable),
+        Some(_) => return Err(InvalidRequest::new("tool_choice.disable_parallel_tool_use must be a boolean")),
+    };
     Ok(ChatRequest {
         model,
         system,
@@ -87,6 +94,8 @@ pub fn parse_request(body: &Value) -> Result<ChatRequest, InvalidRequest> {
         stream_usage: true,
         user: body.pointer("/metadata/user_id").and_then(Value::as_str).map(str::to_string),
         response_format: None,
+        parallel_tool_calls,
+        openai: OpenAiOptions::default(),
     })
 }
 
@@ -359,12 +368,7 @@ pub fn build_request<'a>(request: &'a ChatRequest, upstream_model: &'a str, defa
         system: request.system.as_deref(),
         // OpenAI allows up to 2; Anthropic up to 1.
         temperature: request.temperature.map(|temperature| temperature.min(1.0)),
-        tool_choice: request.tool_choice.as_ref().map(|choice| match choice {
-            ToolChoice::Auto => outgoing::Choice::Auto,
-            ToolChoice::None => outgoing::Choice::None,
-            ToolChoice::Required => outgoing::Choice::Any,
-            ToolChoice::Named(name) => outgoing::Choice::Tool { name },
-        }),
+        tool_choice: tool_choice(request),
         tools: request
             .tools
             .iter()
@@ -372,6 +376,20 @@ pub fn build_request<'a>(request: &'a ChatRequest, upstream_model: &'a str, defa
             .collect(),
         top_p: request.top_p,
     }
+}
+
+/// The tool choice, carrying a refusal of parallel tool calls (Anthropic's default allows them) in
+/// `disable_parallel_tool_use`, on the automatic choice when the client named none.
+fn tool_choice(request: &ChatRequest) -> Option<outgoing::Choice<'_>> {
+    let disable_parallel_tool_use = request.parallel_tool_calls == Some(false) && !request.tools.is_empty();
+    Some(match request.tool_choice.as_ref() {
+        None if disable_parallel_tool_use => outgoing::Choice::Auto { disable_parallel_tool_use },
+        None => return None,
+        Some(ToolChoice::Auto) => outgoing::Choice::Auto { disable_parallel_tool_use },
+        Some(ToolChoice::None) => outgoing::Choice::None,
+        Some(ToolChoice::Required) => outgoing::Choice::Any { disable_parallel_tool_use },
+        Some(ToolChoice::Named(name)) => outgoing::Choice::Tool { name, disable_parallel_tool_use },
+    })
 }
 
 /// A request body for Anthropic, serialized straight from the neutral request it borrows from (no
@@ -448,10 +466,20 @@ pub mod outgoing {
     #[derive(Debug, Serialize)]
     #[serde(tag = "type", rename_all = "snake_case")]
     pub enum Choice<'a> {
-        Auto,
+        Auto {
+            #[serde(skip_serializing_if = "std::ops::Not::not")]
+            disable_parallel_tool_use: bool,
+        },
         None,
-        Any,
-        Tool { name: &'a str },
+        Any {
+            #[serde(skip_serializing_if = "std::ops::Not::not")]
+            disable_parallel_tool_use: bool,
+        },
+        Tool {
+            name: &'a str,
+            #[serde(skip_serializing_if = "std::ops::Not::not")]
+            disable_parallel_tool_use: bool,
+        },
     }
 
     #[derive(Debug, Serialize)]
@@ -908,8 +936,10 @@ mod tests {
             stream: true,
             stream_usage: true,
             user: Some("ignored".to_string()),
-            // Anthropic has no such member: not sent.
+            // Anthropic has no such members: not sent.
             response_format: Some(json!({"type": "json_object"}).into()),
+            parallel_tool_calls: Some(true),
+            openai: crate::chat::OpenAiOptions { seed: Some(1), presence_penalty: Some(1.0), ..Default::default() },
         };
         let built = serde_json::to_value(build_request(&request, "claude-x", 99)).unwrap_or_default();
         assert_eq!(
@@ -958,6 +988,35 @@ mod tests {
             built,
             json!({"model": "m", "max_tokens": 7, "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]})
         );
+        // Parallel tool calls refused: on the choice made, or on the automatic one; not without tools.
+        let serial = ChatRequest { parallel_tool_calls: Some(false), tools: request.tools.clone(), ..minimal.clone() };
+        for (choice, expected) in [
+            (None, json!({"type": "auto", "disable_parallel_tool_use": true})),
+            (Some(ToolChoice::Required), json!({"type": "any", "disable_parallel_tool_use": true})),
+            (Some(ToolChoice::Named("f".to_string())), json!({"type": "tool", "name": "f", "disable_parallel_tool_use": true})),
+            (Some(ToolChoice::None), json!({"type": "none"})),
+        ] {
+            let request = ChatRequest { tool_choice: choice, ..serial.clone() };
+            let built = serde_json::to_value(build_request(&request, "m", 7)).unwrap_or_default();
+            assert_eq!(built["tool_choice"], expected);
+        }
+        let toolless = ChatRequest { parallel_tool_calls: Some(false), ..minimal };
+        assert_eq!(serde_json::to_value(build_request(&toolless, "m", 7)).unwrap_or_default().get("tool_choice"), None);
+    }
+
+    #[test]
+    fn parallel_tool_use_refusals_are_read() -> Result<(), InvalidRequest> {
+        let body =
+            |choice: Value| json!({"model": "m", "max_tokens": 5, "tool_choice": choice, "messages": [{"role": "user", "content": "x"}]});
+        let read = |choice: Value| parse_request(&body(choice)).map(|request| request.parallel_tool_calls);
+        assert_eq!(read(json!({"type": "auto", "disable_parallel_tool_use": true}))?, Some(false));
+        assert_eq!(read(json!({"type": "any", "disable_parallel_tool_use": false}))?, Some(true));
+        assert_eq!(read(json!({"type": "auto"}))?, None);
+        assert_eq!(
+            read(json!({"type": "auto", "disable_parallel_tool_use": 1})).err().map(|error| error.message),
+            Some("tool_choice.disable_parallel_tool_use must be a boolean".to_string())
+        );
+        Ok(())
     }
 
     #[test]

@@ -244,6 +244,26 @@ pub struct ChatRequest {
     /// OpenAI `response_format` (`text`, `json_object`, `json_schema` with its schema) as the client
     /// sent it: forwarded to OpenAI-format providers, which alone have the member.
     pub response_format: Option<Schema>,
+    /// Whether the model may call several tools in one turn (OpenAI `parallel_tool_calls`, Anthropic
+    /// `tool_choice.disable_parallel_tool_use` negated); None leaves the provider's default.
+    pub parallel_tool_calls: Option<bool>,
+    /// OpenAI's options with no member in the other client format.
+    pub openai: OpenAiOptions,
+}
+
+/// OpenAI options as the client sent them: OpenAI-format providers get them all, Gemini the ones it
+/// has a member for (seed and penalties), Anthropic none.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct OpenAiOptions {
+    pub seed: Option<i64>,
+    /// -2..=2.
+    pub frequency_penalty: Option<f64>,
+    /// -2..=2.
+    pub presence_penalty: Option<f64>,
+    /// Token id and bias (-100..=100, written as sent), in token id order; empty when not sent.
+    pub logit_bias: Vec<(u64, serde_json::Number)>,
+    /// `minimal`, `low`, `medium`, `high`... as sent: the provider judges the value.
+    pub reasoning_effort: Option<String>,
 }
 
 impl ChatRequest {
@@ -579,6 +599,21 @@ pub(crate) mod fields {
                 .filter(|number| (low..=high).contains(number))
                 .map(Some)
                 .ok_or_else(|| InvalidRequest::new(format!("{field} must be a number between {low} and {high}"))),
+        }
+    }
+
+    pub fn optional_flag(body: &Value, field: &str) -> Result<Option<bool>, InvalidRequest> {
+        match body.get(field) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Bool(value)) => Ok(Some(*value)),
+            Some(_) => Err(InvalidRequest::new(format!("{field} must be a boolean"))),
+        }
+    }
+
+    pub fn optional_i64(body: &Value, field: &str) -> Result<Option<i64>, InvalidRequest> {
+        match body.get(field) {
+            None | Some(Value::Null) => Ok(None),
+            Some(value) => value.as_i64().map(Some).ok_or_else(|| InvalidRequest::new(format!("{field} must be an integer"))),
         }
     }
 

@@ -115,6 +115,17 @@ pub fn build_request(request: &ChatRequest) -> Value {
     if !request.stop.is_empty() {
         generation.insert("stopSequences".to_string(), json!(request.stop));
     }
+    // OpenAI's options Gemini has members for (its logit bias and reasoning effort differ in kind).
+    if let Some(seed) = request.openai.seed {
+        // Gemini's seed is 32 bits: the low half keeps one seed to one sampling.
+        generation.insert("seed".to_string(), json!(seed as i32));
+    }
+    if let Some(penalty) = request.openai.presence_penalty {
+        generation.insert("presencePenalty".to_string(), json!(penalty));
+    }
+    if let Some(penalty) = request.openai.frequency_penalty {
+        generation.insert("frequencyPenalty".to_string(), json!(penalty));
+    }
     // OpenAI's structured outputs: JSON answers, shaped by the schema where one is given (cleaned of
     // the keywords Gemini rejects, as tools' schemas are); a `text` or unknown format asks nothing.
     if let Some(format) = request.response_format.as_ref().map(crate::chat::Schema::to_value) {
@@ -265,6 +276,18 @@ mod tests {
         );
         assert_eq!(with(json!({"type": "json_object"}))?, json!({"responseMimeType": "application/json"}));
         assert_eq!(with(json!({"type": "text"}))?, Value::Null, "nothing asked");
+        Ok(())
+    }
+
+    #[test]
+    fn openai_sampling_options_reach_the_generation_config() -> Result<(), crate::chat::InvalidRequest> {
+        let request = crate::openai::parse_request(&json!({"model": "g", "messages": [{"role": "user", "content": "hi"}],
+            "seed": 4_294_967_298_i64, "presence_penalty": 0.5, "frequency_penalty": -1, "logit_bias": {"7": 5}, "reasoning_effort": "low"}))?;
+        assert_eq!(
+            build_request(&request)["generationConfig"],
+            json!({"seed": 2, "presencePenalty": 0.5, "frequencyPenalty": -1.0}),
+            "a 64-bit seed keeps its low 32 bits; logit bias and reasoning effort have no counterpart"
+        );
         Ok(())
     }
 

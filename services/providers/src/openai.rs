@@ -6,9 +6,12 @@ use std::borrow::Cow;
 use serde_json::Value;
 
 use crate::chat::fields::{
-    optional_bool, optional_number_in, optional_positive_u32, optional_string, required_array, required_string, stop_list,
+    optional_bool, optional_flag, optional_i64, optional_number_in, optional_positive_u32, optional_string, required_array,
+    required_string, stop_list,
 };
-use crate::chat::{ChatEvent, ChatReply, ChatRequest, FinishReason, InvalidRequest, Message, Part, Role, Schema, Tool, ToolChoice, Usage};
+use crate::chat::{
+    ChatEvent, ChatReply, ChatRequest, FinishReason, InvalidRequest, Message, OpenAiOptions, Part, Role, Schema, Tool, ToolChoice, Usage,
+};
 
 mod typed_request;
 
@@ -89,6 +92,7 @@ pub fn parse_request(body: &Value) -> Result<ChatRequest, InvalidRequest> {
             Some(ToolChoice::Named(name.ok_or_else(|| InvalidRequest::new("tool_choice must name a function"))?.to_string()))
         }
     };
+    one_answer(body)?;
     let max_tokens = match optional_positive_u32(body, "max_completion_tokens")? {
         Some(tokens) => Some(tokens),
         None => optional_positive_u32(body, "max_tokens")?,
@@ -107,7 +111,50 @@ pub fn parse_request(body: &Value) -> Result<ChatRequest, InvalidRequest> {
         stream_usage: body.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false),
         user: optional_string(body, "user")?,
         response_format: body.get("response_format").filter(|format| !format.is_null()).cloned().map(Schema::from),
+        parallel_tool_calls: optional_flag(body, "parallel_tool_calls")?,
+        openai: OpenAiOptions {
+            seed: optional_i64(body, "seed")?,
+            frequency_penalty: optional_number_in(body, "frequency_penalty", -2.0, 2.0)?,
+            presence_penalty: optional_number_in(body, "presence_penalty", -2.0, 2.0)?,
+            logit_bias: logit_bias(body)?,
+            reasoning_effort: optional_string(body, "reasoning_effort")?,
+        },
     })
+}
+
+/// `n`: the gateway routes, prices, guards and records one answer per request, so a request for
+/// several is refused rather than answered with one.
+fn one_answer(body: &Value) -> Result<(), InvalidRequest> {
+    match body.get("n") {
+        None | Some(Value::Null) => Ok(()),
+        Some(n) => match n.as_u64() {
+            Some(1) => Ok(()),
+            Some(2..) => Err(InvalidRequest::new("n greater than 1 is not supported: send one request per answer")),
+            _ => Err(InvalidRequest::new("n must be a positive integer")),
+        },
+    }
+}
+
+/// `logit_bias`: token ids (decimal, as JSON keys) to biases in -100..=100, in token id order.
+fn logit_bias(body: &Value) -> Result<Vec<(u64, serde_json::Number)>, InvalidRequest> {
+    let entries = match body.get("logit_bias") {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Object(entries)) => entries,
+        Some(_) => return Err(InvalidRequest::new("logit_bias must be an object of token ids to numbers")),
+    };
+    let mut bias = entries
+        .iter()
+        .map(|(token, value)| {
+            let id = token.parse::<u64>().ok().filter(|_| token.bytes().all(|byte| byte.is_ascii_digit()));
+            match (id, value.as_number().filter(|bias| bias.as_f64().is_some_and(|bias| (-100.0..=100.0).contains(&bias)))) {
+                (Some(id), Some(bias)) => Ok((id, bias.clone())),
+                _ => Err(InvalidRequest::new(format!("logit_bias maps token ids to numbers between -100 and 100; `{token}` does not"))),
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    bias.sort_by_key(|(id, _)| *id);
+    bias.dedup_by_key(|(id, _)| *id);
+    Ok(bias)
 }
 
 fn tool_of(function: &Value) -> Result<Tool, InvalidRequest> {
@@ -448,8 +495,17 @@ mod chunk {
     }
 }
 
+/// Which member carries the answer's token limit in a provider's body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenLimit {
+    /// `max_tokens`: what every OpenAI-compatible server reads.
+    MaxTokens,
+    /// `max_completion_tokens`: OpenAI's own (its reasoning models refuse `max_tokens`).
+    MaxCompletionTokens,
+}
+
 /// The body sent to an OpenAI-family provider.
-pub fn build_request<'a>(request: &'a ChatRequest, upstream_model: &'a str) -> outgoing::Request<'a> {
+pub fn build_request<'a>(request: &'a ChatRequest, upstream_model: &'a str, limit: TokenLimit) -> outgoing::Request<'a> {
     use outgoing::{Choice, ContentPart, FunctionName, ImageUrl, Message as Out, Tool as OutTool, ToolFunction, UserContent};
     let mut messages = Vec::with_capacity(request.messages.len() + 1);
     if let Some(system) = &request.system {
@@ -514,7 +570,9 @@ pub fn build_request<'a>(request: &'a ChatRequest, upstream_model: &'a str) -> o
             ToolChoice::Required => Choice::Mode("required"),
             ToolChoice::Named(name) => Choice::Named { kind: "function", function: FunctionName { name } },
         }),
-        max_tokens: request.max_tokens,
+        parallel_tool_calls: request.parallel_tool_calls.filter(|_| !request.tools.is_empty()),
+        max_tokens: request.max_tokens.filter(|_| limit == TokenLimit::MaxTokens),
+        max_completion_tokens: request.max_tokens.filter(|_| limit == TokenLimit::MaxCompletionTokens),
         temperature: request.temperature,
         top_p: request.top_p,
         stop: &request.stop,
@@ -523,6 +581,11 @@ pub fn build_request<'a>(request: &'a ChatRequest, upstream_model: &'a str) -> o
         // Always ask for usage: the gateway prices every stream.
         stream_options: request.stream.then_some(outgoing::StreamOptions { include_usage: true }),
         response_format: request.response_format.as_ref(),
+        seed: request.openai.seed,
+        frequency_penalty: request.openai.frequency_penalty,
+        presence_penalty: request.openai.presence_penalty,
+        logit_bias: outgoing::LogitBias(&request.openai.logit_bias),
+        reasoning_effort: request.openai.reasoning_effort.as_deref(),
     }
 }
 
@@ -542,7 +605,11 @@ pub mod outgoing {
         #[serde(skip_serializing_if = "Option::is_none")]
         pub tool_choice: Option<Choice<'a>>,
         #[serde(skip_serializing_if = "Option::is_none")]
+        pub parallel_tool_calls: Option<bool>,
+        #[serde(skip_serializing_if = "Option::is_none")]
         pub max_tokens: Option<u32>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub max_completion_tokens: Option<u32>,
         #[serde(skip_serializing_if = "Option::is_none")]
         pub temperature: Option<f64>,
         #[serde(skip_serializing_if = "Option::is_none")]
@@ -557,6 +624,38 @@ pub mod outgoing {
         pub stream_options: Option<StreamOptions>,
         #[serde(skip_serializing_if = "Option::is_none")]
         pub response_format: Option<&'a crate::chat::Schema>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub seed: Option<i64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub frequency_penalty: Option<f64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub presence_penalty: Option<f64>,
+        #[serde(skip_serializing_if = "LogitBias::is_empty")]
+        pub logit_bias: LogitBias<'a>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub reasoning_effort: Option<&'a str>,
+    }
+
+    /// `logit_bias` as OpenAI takes it: an object from token ids (as keys) to biases.
+    #[derive(Debug)]
+    pub struct LogitBias<'a>(pub &'a [(u64, serde_json::Number)]);
+
+    impl LogitBias<'_> {
+        fn is_empty(&self) -> bool {
+            self.0.is_empty()
+        }
+    }
+
+    impl Serialize for LogitBias<'_> {
+        fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            use serde::ser::SerializeMap;
+            let mut map = serializer.serialize_map(Some(self.0.len()))?;
+            for (token, bias) in self.0 {
+                // serde_json writes an integer map key as a quoted string.
+                map.serialize_entry(token, bias)?;
+            }
+            map.end()
+        }
     }
 
     #[derive(Debug, Serialize)]
@@ -1102,7 +1201,7 @@ mod tests {
         });
         let request = parse_request(&body)?;
         assert_eq!(request.tool_choice, Some(ToolChoice::Named("weather".to_string())));
-        let built = serde_json::to_value(build_request(&request, "gpt-4o")).unwrap_or_default();
+        let built = serde_json::to_value(build_request(&request, "gpt-4o", TokenLimit::MaxTokens)).unwrap_or_default();
         assert_eq!(built["messages"][0], json!({"role": "system", "content": "sys"}));
         assert_eq!(built["messages"][2]["tool_calls"][0]["function"]["arguments"], "{\"city\":\"Oslo\"}");
         assert_eq!(built["messages"][3], json!({"role": "tool", "tool_call_id": "call_1", "content": "rainy"}));
@@ -1131,9 +1230,17 @@ mod tests {
                 crate::chat::Schema::from_text(r#"{"type": "json_schema", "json_schema": {"name": "r", "schema": {"type": "object"}}}"#)
                     .unwrap(),
             ),
+            parallel_tool_calls: Some(false),
+            openai: OpenAiOptions {
+                seed: Some(-7),
+                frequency_penalty: Some(0.5),
+                presence_penalty: Some(-1.5),
+                logit_bias: vec![(50256, (-100).into()), (100_000, serde_json::Number::from_f64(2.5).unwrap())],
+                reasoning_effort: Some("low".to_string()),
+            },
             ..ChatRequest::default()
         };
-        let built = serde_json::to_value(build_request(&request, "gpt-4o-mini")).unwrap_or_default();
+        let built = serde_json::to_value(build_request(&request, "gpt-4o-mini", TokenLimit::MaxTokens)).unwrap_or_default();
         assert_eq!(
             built,
             json!({
@@ -1146,13 +1253,22 @@ mod tests {
                 ],
                 "tools": [{"type": "function", "function": {"name": "f", "description": null, "parameters": {"type": "object"}}}],
                 "tool_choice": "required",
+                "parallel_tool_calls": false,
                 "max_tokens": 16,
                 "temperature": 0.5,
                 "stop": ["END"],
                 "user": "u-1",
-                "response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": {"type": "object"}}}
+                "response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": {"type": "object"}}},
+                "seed": -7,
+                "frequency_penalty": 0.5,
+                "presence_penalty": -1.5,
+                "logit_bias": {"50256": -100, "100000": 2.5},
+                "reasoning_effort": "low"
             })
         );
+        // OpenAI's own API takes the limit under its current name.
+        let built = serde_json::to_value(build_request(&request, "gpt-4o-mini", TokenLimit::MaxCompletionTokens)).unwrap_or_default();
+        assert_eq!((built.get("max_tokens"), &built["max_completion_tokens"]), (None, &json!(16)));
         let minimal = ChatRequest {
             tools: Vec::new(),
             tool_choice: None,
@@ -1160,11 +1276,59 @@ mod tests {
             user: None,
             temperature: None,
             response_format: None,
+            openai: OpenAiOptions::default(),
             ..request
         };
-        let built = serde_json::to_value(build_request(&minimal, "m")).unwrap_or_default();
+        // `parallel_tool_calls` goes only with tools (OpenAI refuses it alone).
+        let built = serde_json::to_value(build_request(&minimal, "m", TokenLimit::MaxTokens)).unwrap_or_default();
         let keys: Vec<&String> = built.as_object().map(|object| object.keys().collect()).unwrap_or_default();
         assert_eq!(keys, ["max_tokens", "messages", "model"], "nothing unset is sent");
+    }
+
+    #[test]
+    fn openai_options_are_read_and_checked() -> Result<(), InvalidRequest> {
+        let body = |options: Value| {
+            let mut body = json!({"model": "m", "messages": [{"role": "user", "content": "x"}]});
+            if let (Some(body), Some(options)) = (body.as_object_mut(), options.as_object()) {
+                body.extend(options.clone());
+            }
+            body
+        };
+        let request = parse_request(&body(json!({"n": 1, "seed": 42, "frequency_penalty": -2, "presence_penalty": 1.5,
+            "logit_bias": {"9": 1, "10": -100, "1": 100}, "parallel_tool_calls": false, "reasoning_effort": "high"})))?;
+        assert_eq!(
+            request.openai,
+            OpenAiOptions {
+                seed: Some(42),
+                frequency_penalty: Some(-2.0),
+                presence_penalty: Some(1.5),
+                logit_bias: vec![(1, 100.into()), (9, 1.into()), (10, (-100).into())],
+                reasoning_effort: Some("high".to_string()),
+            }
+        );
+        assert_eq!(request.parallel_tool_calls, Some(false));
+        let nulls = json!({"n": null, "seed": null, "frequency_penalty": null, "logit_bias": null, "parallel_tool_calls": null,
+            "reasoning_effort": null});
+        let request = parse_request(&body(nulls))?;
+        assert_eq!((request.openai, request.parallel_tool_calls), (OpenAiOptions::default(), None));
+        for (options, message) in [
+            (json!({"n": 2}), "n greater than 1 is not supported: send one request per answer"),
+            (json!({"n": 0}), "n must be a positive integer"),
+            (json!({"n": "2"}), "n must be a positive integer"),
+            (json!({"seed": 1.5}), "seed must be an integer"),
+            (json!({"seed": u64::MAX}), "seed must be an integer"),
+            (json!({"presence_penalty": 2.5}), "presence_penalty must be a number between -2 and 2"),
+            (json!({"frequency_penalty": "high"}), "frequency_penalty must be a number between -2 and 2"),
+            (json!({"logit_bias": [1]}), "logit_bias must be an object of token ids to numbers"),
+            (json!({"logit_bias": {"hello": 1}}), "logit_bias maps token ids to numbers between -100 and 100; `hello` does not"),
+            (json!({"logit_bias": {"+5": 1}}), "logit_bias maps token ids to numbers between -100 and 100; `+5` does not"),
+            (json!({"logit_bias": {"5": 101}}), "logit_bias maps token ids to numbers between -100 and 100; `5` does not"),
+            (json!({"parallel_tool_calls": "no"}), "parallel_tool_calls must be a boolean"),
+            (json!({"reasoning_effort": 3}), "reasoning_effort must be a string"),
+        ] {
+            assert_eq!(parse_request(&body(options.clone())).err().map(|error| error.message), Some(message.to_string()), "{options}");
+        }
+        Ok(())
     }
 
     #[test]

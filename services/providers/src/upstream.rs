@@ -220,7 +220,9 @@ impl UpstreamClient {
     fn request(&self, target: &Target<'_>, chat: &ChatRequest) -> Result<Request<Full<Bytes>>, UpstreamError> {
         let base = target.base_url.trim_end_matches('/');
         let (url, body) = match target.provider.format {
-            WireFormat::OpenAi => ([base, "/chat/completions"].concat(), json_body(&openai::build_request(chat, target.model))),
+            WireFormat::OpenAi => {
+                ([base, "/chat/completions"].concat(), json_body(&openai::build_request(chat, target.model, token_limit(target.provider))))
+            }
             WireFormat::Anthropic => {
                 ([base, "/v1/messages"].concat(), json_body(&anthropic::build_request(chat, target.model, target.default_max_tokens)))
             }
@@ -303,6 +305,15 @@ impl UpstreamClient {
         })
         .await
         .map_err(|_| UpstreamError::Timeout)?
+    }
+}
+
+/// OpenAI's own API and Azure's take the answer's limit as `max_completion_tokens` (their reasoning
+/// models refuse `max_tokens`); every other OpenAI-compatible server reads `max_tokens`.
+fn token_limit(provider: &Provider) -> openai::TokenLimit {
+    match provider.id {
+        "openai" | "azure-openai" => openai::TokenLimit::MaxCompletionTokens,
+        _ => openai::TokenLimit::MaxTokens,
     }
 }
 
@@ -641,7 +652,7 @@ mod tests {
         assert_eq!(seen.len(), 2);
         assert_eq!(seen[0].0, format!("Bearer {KEY}"));
         assert_eq!(seen[0].1["model"], "gpt-4o-mini");
-        assert_eq!(seen[0].1["max_tokens"], 16);
+        assert_eq!(seen[0].1["max_completion_tokens"], 16);
         assert_eq!(seen[0].1["messages"][0]["content"], "hi");
         client.validate_key(openai(), &base_url, KEY).await.unwrap_or_else(|error| panic!("{error}"));
     }

@@ -11,7 +11,7 @@ use serde::de::{SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
-use crate::chat::{ChatRequest, Message, Part, Role, Schema, Tool, ToolChoice};
+use crate::chat::{ChatRequest, Message, OpenAiOptions, Part, Role, Schema, Tool, ToolChoice};
 use crate::typed::{Checked, Object, from_json, positive_u32, within};
 
 /// The neutral request of a body of the common shape; None for any other body.
@@ -155,8 +155,8 @@ struct InChoice<'a> {
     kind: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     name: Option<Cow<'a, str>>,
-    #[serde(default, rename = "disable_parallel_tool_use")]
-    _disable_parallel_tool_use: Option<Checked>,
+    #[serde(default)]
+    disable_parallel_tool_use: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -242,15 +242,19 @@ impl Body<'_> {
                 parameters: tool.input_schema.unwrap_or_else(Schema::empty_object),
             });
         }
+        let mut parallel_tool_calls = None;
         let tool_choice = match self.tool_choice {
             None => None,
-            Some(Object(choice)) => Some(match choice.kind?.as_ref() {
-                "auto" => ToolChoice::Auto,
-                "any" => ToolChoice::Required,
-                "none" => ToolChoice::None,
-                "tool" => ToolChoice::Named(choice.name.map(Cow::into_owned).unwrap_or_default()),
-                _ => return None,
-            }),
+            Some(Object(choice)) => {
+                parallel_tool_calls = choice.disable_parallel_tool_use.map(|disable| !disable);
+                Some(match choice.kind?.as_ref() {
+                    "auto" => ToolChoice::Auto,
+                    "any" => ToolChoice::Required,
+                    "none" => ToolChoice::None,
+                    "tool" => ToolChoice::Named(choice.name.map(Cow::into_owned).unwrap_or_default()),
+                    _ => return None,
+                })
+            }
         };
         Some(ChatRequest {
             model: self.model.into_owned(),
@@ -266,6 +270,8 @@ impl Body<'_> {
             stream_usage: true,
             user: self.metadata.and_then(|Object(metadata)| metadata.user_id).map(Cow::into_owned),
             response_format: None,
+            parallel_tool_calls,
+            openai: OpenAiOptions::default(),
         })
     }
 }
@@ -305,6 +311,10 @@ mod tests {
             json!({"model": "m", "max_tokens": 3, "tool_choice": {"type": "tool", "name": "f"}, "metadata": null, "temperature": null,
                    "messages": [{"role": "user", "content": ""}]}),
             json!({"model": "m", "max_tokens": 3, "tool_choice": {"type": "any"}, "messages": [{"role": "user", "content": []}]}),
+            json!({"model": "m", "max_tokens": 3, "tool_choice": {"type": "any", "disable_parallel_tool_use": false},
+                   "messages": [{"role": "user", "content": "x"}]}),
+            json!({"model": "m", "max_tokens": 3, "tool_choice": {"type": "none", "disable_parallel_tool_use": null},
+                   "messages": [{"role": "user", "content": "x"}]}),
         ]
     }
 
@@ -345,6 +355,7 @@ mod tests {
             with("tool_choice", json!("auto")),
             with("tool_choice", json!({"name": "f"})),
             with("tool_choice", json!({"type": "sometimes"})),
+            with("tool_choice", json!({"type": "auto", "disable_parallel_tool_use": "yes"})),
             with("temperature", json!(1.5)),
             with("top_p", json!("1")),
             with("stream", json!("yes")),

@@ -7,7 +7,7 @@ use std::borrow::Cow;
 
 use serde::Deserialize;
 
-use crate::chat::{ChatRequest, Message, Part, Role, Schema, Tool, ToolChoice};
+use crate::chat::{ChatRequest, Message, OpenAiOptions, Part, Role, Schema, Tool, ToolChoice};
 use crate::typed::{Checked, Object, from_json, positive_u32, within};
 
 /// The neutral request of a body of the common shape; None for any other body.
@@ -57,34 +57,36 @@ struct Body<'a> {
     x_firewall_mode: bool,
     #[serde(default, deserialize_with = "crate::chat::presence::flag")]
     conversation_id: bool,
-    // Options the tree reading ignores.
+    /// Only 1 is taken (the tree reading refuses more).
     #[serde(default)]
-    n: Option<Checked>,
+    n: Option<u64>,
     #[serde(default)]
-    seed: Option<Checked>,
+    seed: Option<i64>,
     #[serde(default)]
-    presence_penalty: Option<Checked>,
+    presence_penalty: Option<f64>,
     #[serde(default)]
-    frequency_penalty: Option<Checked>,
-    #[serde(default)]
-    logprobs: Option<Checked>,
-    #[serde(default)]
-    top_logprobs: Option<Checked>,
-    #[serde(default)]
-    logit_bias: Option<Checked>,
+    frequency_penalty: Option<f64>,
+    /// Token ids as keys are the tree reading's to judge.
+    #[serde(default, deserialize_with = "crate::chat::presence::flag")]
+    logit_bias: bool,
     /// Some whenever the member is there, `null` included (read as absent, as the tree reading does).
     #[serde(default, deserialize_with = "crate::typed::schema")]
     response_format: Option<Schema>,
     #[serde(default)]
-    parallel_tool_calls: Option<Checked>,
+    parallel_tool_calls: Option<bool>,
+    #[serde(borrow, default)]
+    reasoning_effort: Option<Cow<'a, str>>,
+    // Options the tree reading ignores.
+    #[serde(default)]
+    logprobs: Option<Checked>,
+    #[serde(default)]
+    top_logprobs: Option<Checked>,
     #[serde(default)]
     metadata: Option<Checked>,
     #[serde(default)]
     store: Option<Checked>,
     #[serde(default)]
     service_tier: Option<Checked>,
-    #[serde(default)]
-    reasoning_effort: Option<Checked>,
 }
 
 #[derive(Deserialize)]
@@ -163,7 +165,14 @@ fn text_parts(content: Option<Cow<'_, str>>) -> Vec<Part> {
 impl Body<'_> {
     /// The request as `parse_request` reads it, or None where that reading could differ or fail.
     fn into_request(self) -> Option<ChatRequest> {
-        if self.functions || self.function_call || self.stop || self.route || self.x_firewall_mode || self.conversation_id {
+        if self.functions
+            || self.function_call
+            || self.stop
+            || self.route
+            || self.x_firewall_mode
+            || self.conversation_id
+            || self.logit_bias
+        {
             return None;
         }
         // The tree reading trims the model; the pipeline records it as sent, so only a model that
@@ -219,6 +228,9 @@ impl Body<'_> {
             Some("required") => Some(ToolChoice::Required),
             Some(_) => return None,
         };
+        if self.n.is_some_and(|n| n != 1) {
+            return None;
+        }
         let max_tokens = match self.max_completion_tokens {
             Some(tokens) => Some(positive_u32(tokens)?),
             None => match self.max_tokens {
@@ -240,6 +252,14 @@ impl Body<'_> {
             stream_usage: self.stream_options.and_then(|Object(options)| options.include_usage).unwrap_or(false),
             user: self.user.map(Cow::into_owned),
             response_format: self.response_format.filter(|format| format.text() != "null"),
+            parallel_tool_calls: self.parallel_tool_calls,
+            openai: OpenAiOptions {
+                seed: self.seed,
+                frequency_penalty: within(self.frequency_penalty, -2.0, 2.0)?,
+                presence_penalty: within(self.presence_penalty, -2.0, 2.0)?,
+                logit_bias: Vec::new(),
+                reasoning_effort: self.reasoning_effort.map(Cow::into_owned),
+            },
         })
     }
 }
@@ -278,6 +298,11 @@ mod tests {
                    "schema": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}},
                    "messages": [{"role": "user", "content": "count"}]}),
             json!({"model": "m", "response_format": {"type": "json_object"}, "messages": [{"role": "user", "content": "json"}]}),
+            json!({"model": "m", "seed": -42, "frequency_penalty": -2, "presence_penalty": 1.5, "parallel_tool_calls": false,
+                   "reasoning_effort": "minimal", "logprobs": true, "top_logprobs": 3, "store": false, "service_tier": "auto",
+                   "messages": [{"role": "user", "content": "options"}]}),
+            json!({"model": "m", "n": null, "seed": null, "frequency_penalty": null, "presence_penalty": null,
+                   "parallel_tool_calls": null, "reasoning_effort": null, "messages": [{"role": "user", "content": "nulls"}]}),
         ]
     }
 
@@ -329,6 +354,18 @@ mod tests {
             json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream_options": [true]}),
             json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream_options": {"include_usage": "yes"}}),
             json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "user": 7}),
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": 2}),
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": 0}),
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": 1.0}),
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "seed": 1.5}),
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "seed": u64::MAX}),
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "presence_penalty": 2.5}),
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "frequency_penalty": "0"}),
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "logit_bias": {"50256": -100}}),
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "logit_bias": null}),
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "logit_bias": {"x": 1}}),
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "parallel_tool_calls": "no"}),
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "reasoning_effort": 1}),
         ]
     }
 
