@@ -22,6 +22,7 @@ brainstorm_e2e::in_both_shapes!(
     tool_schemas_reach_the_provider_as_the_same_json,
     response_formats_reach_openai_format_providers,
     openai_options_reach_the_providers_that_have_them,
+    cached_prompt_tokens_are_priced_and_reported,
     upstream_errors_are_forwarded_and_fallbacks_tried_in_order,
     aliases_presets_and_model_resolution_errors,
     models_runnable_allowlists_and_deprecations,
@@ -488,6 +489,41 @@ async fn openai_options_reach_the_providers_that_have_them(shape: Shape) -> Test
         assert!(reply.body["recovery"].is_object(), "{}", reply.text);
     }
     assert!(mock.requests().is_empty());
+    Ok(())
+}
+
+/// A provider's prompt cache (the mock caches a conversation's earlier turns once they reach 1,024
+/// tokens, in steps of 128, as OpenAI's automatic cache does): cached tokens are priced at the
+/// catalog's cache price and shown to each client format as its provider would show them.
+async fn cached_prompt_tokens_are_priced_and_reported(shape: Shape) -> TestResult {
+    let setup = setup(shape).await?;
+    let (gateway, key) = (&setup.gateway, setup.key.as_str());
+    let history = "word ".repeat(1100);
+    let messages =
+        json!([{"role": "user", "content": history}, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "and now?"}]);
+    let reply = gateway
+        .call(Method::POST, "/v1/chat/completions", Some(key), Some(json!({"model": "openai/gpt-4o-mini", "messages": messages})))
+        .await?;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    let usage = &reply.body["usage"];
+    let (prompt, completion) = (usage["prompt_tokens"].as_u64().unwrap_or(0), usage["completion_tokens"].as_u64().unwrap_or(0));
+    assert_eq!((prompt, &usage["prompt_tokens_details"]), (1103, &json!({"cached_tokens": 1024})), "{usage}");
+    // gpt-4o-mini: $0.15/M input, $0.075/M cached, $0.60/M output.
+    let nanos = (prompt - 1024) * 150 + 1024 * 75 + completion * 600;
+    let cost = format!("0.{:06}", nanos / 1_000);
+    assert_eq!(reply.header("x-br-actual-cost"), Some(cost.as_str()));
+    assert!(nanos < prompt * 150 + completion * 600, "cheaper than uncached");
+
+    // An Anthropic client sees Anthropic's counts: input without the cache's, reads apart.
+    let body = json!({"model": "openai/gpt-4o-mini", "max_tokens": 50, "messages": messages});
+    let reply = gateway.call(Method::POST, "/v1/messages", Some(key), Some(body.clone())).await?;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!((&reply.body["usage"]["input_tokens"], &reply.body["usage"]["cache_read_input_tokens"]), (&json!(79), &json!(1024)));
+    let mut streamed = body;
+    streamed["stream"] = json!(true);
+    let reply = gateway.call(Method::POST, "/v1/messages", Some(key), Some(streamed)).await?;
+    let delta = sse_data(&reply.text).into_iter().find(|event| event["type"] == "message_delta").unwrap_or_default();
+    assert_eq!((&delta["usage"]["input_tokens"], &delta["usage"]["cache_read_input_tokens"]), (&json!(79), &json!(1024)), "{}", reply.text);
     Ok(())
 }
 

@@ -113,3 +113,13 @@ def test_openai_sdk_options_reach_the_provider(gateway):
         assert refused.status_code == 400 and "n greater than 1" in str(refused.body)
     else:
         raise AssertionError("n=2 was answered")
+
+
+def test_cached_prompt_tokens_reach_both_sdks(gateway):
+    # The mock caches a conversation's earlier turns once they reach 1,024 tokens, in steps of 128.
+    messages = [{"role": "user", "content": "word " * 1100}, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "and now?"}]
+    completion = openai_client(gateway).chat.completions.create(model="openai/gpt-4o-mini", messages=messages)
+    assert completion.usage.prompt_tokens == 1103
+    assert completion.usage.prompt_tokens_details.cached_tokens == 1024
+    message = anthropic_client(gateway).messages.create(model="openai/gpt-4o-mini", max_tokens=50, messages=messages)
+    assert (message.usage.input_tokens, message.usage.cache_read_input_tokens) == (79, 1024)

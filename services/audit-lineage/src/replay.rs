@@ -83,11 +83,8 @@ impl PriceTable {
 
 /// The exact cost of a request's tokens at a table price.
 pub fn cost_at(price: &ModelPrice, input_tokens: i64, output_tokens: i64) -> i64 {
-    let price = Price {
-        input_per_million: Usd::from_nanos(price.input_per_million_nanos),
-        output_per_million: Usd::from_nanos(price.output_per_million_nanos),
-    };
-    let usage = Usage { input_tokens: u64::try_from(input_tokens).unwrap_or(0), output_tokens: u64::try_from(output_tokens).unwrap_or(0) };
+    let price = Price::uncached(Usd::from_nanos(price.input_per_million_nanos), Usd::from_nanos(price.output_per_million_nanos));
+    let usage = Usage::uncached(u64::try_from(input_tokens).unwrap_or(0), u64::try_from(output_tokens).unwrap_or(0));
     price.cost(usage).nanos()
 }
 

@@ -862,8 +862,8 @@ async fn replays_list_simulate_and_compare_recorded_decisions(database: Database
         });
         record
     };
-    let big_cost = big.price.cost(brainstorm_providers::chat::Usage { input_tokens: 1_000_000, output_tokens: 100_000 }).nanos();
-    let mini_cost = mini.price.cost(brainstorm_providers::chat::Usage { input_tokens: 1_000_000, output_tokens: 100_000 }).nanos();
+    let big_cost = big.price.cost(brainstorm_providers::chat::Usage::uncached(1_000_000, 100_000)).nanos();
+    let mini_cost = mini.price.cost(brainstorm_providers::chat::Usage::uncached(1_000_000, 100_000)).nanos();
     let records = [
         routed(now - Duration::hours(30), "openai/gpt-4o", "quality", big_cost, 800),
         routed(now - Duration::hours(3), "openai/gpt-4o", "quality", big_cost, 1000),

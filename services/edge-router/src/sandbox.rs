@@ -32,7 +32,7 @@ pub fn sandbox_reply(request: &ChatRequest, id: String) -> ChatReply {
     ChatReply {
         id,
         model: SANDBOX_MODEL.to_string(),
-        usage: Usage { input_tokens, output_tokens: estimate_tokens(&text) },
+        usage: Usage::uncached(input_tokens, estimate_tokens(&text)),
         parts: vec![Part::Text(text)],
         finish,
     }

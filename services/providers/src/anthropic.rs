@@ -182,7 +182,7 @@ pub fn render_reply(reply: &ChatReply) -> RenderedReply<'_> {
         stop_reason: stop_reason(reply.finish),
         stop_sequence: None,
         kind: "message",
-        usage: RenderedUsage { input_tokens: reply.usage.input_tokens, output_tokens: reply.usage.output_tokens },
+        usage: RenderedUsage::of(reply.usage),
     }
 }
 
@@ -201,10 +201,61 @@ pub struct RenderedReply<'a> {
     usage: RenderedUsage,
 }
 
+/// Usage as Anthropic counts it: `input_tokens` leaves out the tokens read from or written to the
+/// prompt cache, which have members of their own (sent when there are any).
 #[derive(Debug, serde::Serialize)]
 struct RenderedUsage {
     input_tokens: u64,
     output_tokens: u64,
+    #[serde(skip_serializing_if = "is_zero")]
+    cache_creation_input_tokens: u64,
+    #[serde(skip_serializing_if = "is_zero")]
+    cache_read_input_tokens: u64,
+}
+
+impl RenderedUsage {
+    fn of(usage: Usage) -> Self {
+        RenderedUsage {
+            input_tokens: usage.uncached_input_tokens(),
+            output_tokens: usage.output_tokens,
+            cache_creation_input_tokens: usage.cache_write_tokens,
+            cache_read_input_tokens: usage.cache_read_tokens,
+        }
+    }
+}
+
+fn is_zero(count: &u64) -> bool {
+    *count == 0
+}
+
+/// Neutral usage from Anthropic's counts (its `input_tokens` leaves out the cache's).
+fn usage_of(counts: CacheCounts, output_tokens: u64) -> Usage {
+    Usage {
+        input_tokens: counts.input.saturating_add(counts.cache_write).saturating_add(counts.cache_read),
+        output_tokens,
+        cache_read_tokens: counts.cache_read,
+        cache_write_tokens: counts.cache_write,
+    }
+}
+
+/// Anthropic's prompt counts: uncached input, cache writes, cache reads.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct CacheCounts {
+    input: u64,
+    cache_write: u64,
+    cache_read: u64,
+}
+
+impl CacheCounts {
+    /// The counts of a `usage` object; a member absent or not a whole number counts as `fallback`'s.
+    fn of_value(usage: &Value, fallback: CacheCounts) -> Self {
+        let count = |field: &str, fallback: u64| usage.get(field).and_then(Value::as_u64).unwrap_or(fallback);
+        CacheCounts {
+            input: count("input_tokens", fallback.input),
+            cache_write: count("cache_creation_input_tokens", fallback.cache_write),
+            cache_read: count("cache_read_input_tokens", fallback.cache_read),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -329,11 +380,11 @@ impl StreamWriter {
         let mut frames = Vec::new();
         self.start(&mut frames);
         self.close_block(&mut frames);
-        let usage = self.usage.unwrap_or(Usage { input_tokens: self.input_tokens, output_tokens: 0 });
+        let usage = self.usage.unwrap_or(Usage::uncached(self.input_tokens, 0));
         frames.push(event(
             "message_delta",
             json!({"type": "message_delta", "delta": {"stop_reason": stop_reason(self.finish.unwrap_or(FinishReason::Stop)), "stop_sequence": null},
-                   "usage": {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens}}),
+                   "usage": RenderedUsage::of(usage)}),
         ));
         frames.push(event("message_stop", json!({"type": "message_stop"})));
         frames
@@ -515,20 +566,22 @@ pub fn parse_reply(body: &Value) -> Result<ChatReply, String> {
             _ => {}
         }
     }
-    let count = |field: &str| body.pointer(&format!("/usage/{field}")).and_then(Value::as_u64).unwrap_or(0);
+    let counts = CacheCounts::of_value(body.get("usage").unwrap_or(&Value::Null), CacheCounts::default());
+    let output_tokens = body.pointer("/usage/output_tokens").and_then(Value::as_u64).unwrap_or(0);
     Ok(ChatReply {
         id: body.get("id").and_then(Value::as_str).unwrap_or_default().to_string(),
         model: body.get("model").and_then(Value::as_str).unwrap_or_default().to_string(),
         parts,
         finish: parse_stop(body.get("stop_reason").and_then(Value::as_str).unwrap_or("end_turn")),
-        usage: Usage { input_tokens: count("input_tokens"), output_tokens: count("output_tokens") },
+        usage: usage_of(counts, output_tokens),
     })
 }
 
 /// Turns Anthropic's SSE events into neutral events.
 #[derive(Debug, Default)]
 pub struct StreamReader {
-    input_tokens: u64,
+    /// The prompt's counts from `message_start`.
+    prompt: CacheCounts,
     /// Content block index of each tool call, in call order.
     tool_blocks: Vec<u64>,
 }
@@ -552,7 +605,8 @@ impl StreamReader {
         let mut events = Vec::new();
         match event.kind.as_deref() {
             Some("message_start") => {
-                self.input_tokens = event.message.and_then(|message| message.usage).and_then(|usage| usage.input_tokens).unwrap_or(0);
+                let usage = event.message.and_then(|message| message.usage).unwrap_or_default();
+                self.prompt = usage.counts(CacheCounts::default());
             }
             Some("content_block_start") => {
                 let block = event.content_block.unwrap_or_default();
@@ -588,8 +642,7 @@ impl StreamReader {
                 // A `usage` member counts even when null, as `read_value` counts it.
                 if let Some(usage) = event.usage {
                     let usage = usage.unwrap_or_default();
-                    let input_tokens = usage.input_tokens.unwrap_or(self.input_tokens);
-                    events.push(ChatEvent::Usage(Usage { input_tokens, output_tokens: usage.output_tokens.unwrap_or(0) }));
+                    events.push(ChatEvent::Usage(usage_of(usage.counts(self.prompt), usage.output_tokens.unwrap_or(0))));
                 }
             }
             Some("error") => return None,
@@ -603,7 +656,7 @@ impl StreamReader {
         let mut events = Vec::new();
         match payload.get("type").and_then(Value::as_str) {
             Some("message_start") => {
-                self.input_tokens = payload.pointer("/message/usage/input_tokens").and_then(Value::as_u64).unwrap_or(0);
+                self.prompt = CacheCounts::of_value(payload.pointer("/message/usage").unwrap_or(&Value::Null), CacheCounts::default());
             }
             Some("content_block_start") => {
                 let block = payload.get("content_block").unwrap_or(&Value::Null);
@@ -641,9 +694,8 @@ impl StreamReader {
                     events.push(ChatEvent::Finish(parse_stop(reason)));
                 }
                 if let Some(usage) = payload.get("usage") {
-                    let input_tokens = usage.get("input_tokens").and_then(Value::as_u64).unwrap_or(self.input_tokens);
                     let output_tokens = usage.get("output_tokens").and_then(Value::as_u64).unwrap_or(0);
-                    events.push(ChatEvent::Usage(Usage { input_tokens, output_tokens }));
+                    events.push(ChatEvent::Usage(usage_of(CacheCounts::of_value(usage, self.prompt), output_tokens)));
                 }
             }
             Some("error") => return Err(format!("provider stream error: {}", payload.get("error").unwrap_or(&Value::Null))),
@@ -712,6 +764,21 @@ mod incoming {
         pub input_tokens: Option<u64>,
         #[serde(default)]
         pub output_tokens: Option<u64>,
+        #[serde(default)]
+        pub cache_creation_input_tokens: Option<u64>,
+        #[serde(default)]
+        pub cache_read_input_tokens: Option<u64>,
+    }
+
+    impl Usage {
+        /// The prompt's counts, a member absent taking `fallback`'s.
+        pub(super) fn counts(&self, fallback: super::CacheCounts) -> super::CacheCounts {
+            super::CacheCounts {
+                input: self.input_tokens.unwrap_or(fallback.input),
+                cache_write: self.cache_creation_input_tokens.unwrap_or(fallback.cache_write),
+                cache_read: self.cache_read_input_tokens.unwrap_or(fallback.cache_read),
+            }
+        }
     }
 
     /// A whole reply of the expected shape.
@@ -767,10 +834,7 @@ mod incoming {
                 model: owned(self.model),
                 parts,
                 finish: super::parse_stop(self.stop_reason.as_deref().unwrap_or("end_turn")),
-                usage: crate::chat::Usage {
-                    input_tokens: usage.input_tokens.unwrap_or(0),
-                    output_tokens: usage.output_tokens.unwrap_or(0),
-                },
+                usage: super::usage_of(usage.counts(super::CacheCounts::default()), usage.output_tokens.unwrap_or(0)),
             }
         }
     }
@@ -787,6 +851,7 @@ mod tests {
             r#"{"id":"msg_1","type":"message","role":"assistant","model":"claude","content":[{"type":"text","text":"h\u00e9llo"},{"type":"tool_use","id":"toolu_1","name":"lookup","input":{"z":1,"a":[true,null]}}],"stop_reason":"tool_use","usage":{"input_tokens":12,"output_tokens":7}}"#,
             r#"{"content":[{"type":"tool_use","name":"f","input":null},{"type":"tool_use","name":"g"},{"type":"thinking","thinking":"x"},{"text":"untyped"}],"stop_reason":null,"usage":null}"#,
             r#"{"content":[],"usage":{"input_tokens":3}}"#,
+            r#"{"content":[],"usage":{"input_tokens":3,"cache_creation_input_tokens":2048,"cache_read_input_tokens":null,"output_tokens":1,"service_tier":"standard"}}"#,
         ];
         for body in typed {
             let reply: incoming::Reply<'_> = serde_json::from_str(body)?;
@@ -799,6 +864,7 @@ mod tests {
             r#"{"content":["text"],"id":"m"}"#,
             r#"{"content":[{"type":"text","text":5}]}"#,
             r#"{"content":[],"usage":{"input_tokens":-1}}"#,
+            r#"{"content":[],"usage":{"input_tokens":1,"cache_read_input_tokens":"9"}}"#,
         ] {
             assert!(serde_json::from_str::<incoming::Reply<'_>>(body).is_err(), "{body}");
             assert_eq!(parse_reply_body(body.as_bytes()), parse_reply(&serde_json::from_str(body)?), "{body}");
@@ -837,6 +903,9 @@ mod tests {
             r#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":""}}"#,
             r#"{"type":"content_block_start","index":2,"content_block":{"type":"text","text":"more"}}"#,
             r#"{"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null},"usage":{"output_tokens":7}}"#,
+            r#"{"type":"message_start","message":{"usage":{"input_tokens":4,"cache_creation_input_tokens":0,"cache_read_input_tokens":1500,"output_tokens":1}}}"#,
+            r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":9}}"#,
+            r#"{"type":"message_delta","delta":{},"usage":{"input_tokens":5,"cache_creation_input_tokens":100,"output_tokens":9}}"#,
             r#"{"type":"message_delta","delta":{"stop_reason":null},"usage":null}"#,
             r#"{"type":"message_delta","delta":{}}"#,
             r#"{"type":"message_stop"}"#,
@@ -862,6 +931,38 @@ mod tests {
     }
 
     #[test]
+    fn prompt_cache_counts_are_read_and_written_as_anthropic_counts_them() -> Result<(), String> {
+        // Anthropic's `input_tokens` leaves the cache's out; the neutral count holds every prompt token.
+        let reply = parse_reply_body(
+            br#"{"content":[{"type":"text","text":"hi"}],"usage":{"input_tokens":10,"cache_creation_input_tokens":200,"cache_read_input_tokens":3000,"output_tokens":5}}"#,
+        )?;
+        let usage = Usage { cache_read_tokens: 3000, cache_write_tokens: 200, ..Usage::uncached(3210, 5) };
+        assert_eq!(reply.usage, usage);
+        let rendered = serde_json::to_value(render_reply(&reply)).unwrap_or_default();
+        assert_eq!(
+            rendered["usage"],
+            json!({"input_tokens": 10, "cache_creation_input_tokens": 200, "cache_read_input_tokens": 3000, "output_tokens": 5})
+        );
+        // A stream: the prompt's counts come with `message_start`, the output's with `message_delta`.
+        let mut reader = StreamReader::default();
+        reader.read(r#"{"type":"message_start","message":{"usage":{"input_tokens":10,"cache_creation_input_tokens":200,"cache_read_input_tokens":3000,"output_tokens":1}}}"#)?;
+        assert_eq!(reader.read(r#"{"type":"message_delta","delta":{},"usage":{"output_tokens":5}}"#)?, vec![ChatEvent::Usage(usage)]);
+        let mut writer = StreamWriter::new("msg_1".to_string(), "claude".to_string(), 3210);
+        writer.write(&ChatEvent::Usage(usage));
+        let end = writer.end().concat();
+        assert!(
+            end.contains(
+                r#""usage":{"cache_creation_input_tokens":200,"cache_read_input_tokens":3000,"input_tokens":10,"output_tokens":5}"#
+            ),
+            "{end}"
+        );
+        // Without caching, nothing more is written than before.
+        let plain = serde_json::to_value(render_reply(&ChatReply { usage: Usage::uncached(7, 2), ..reply })).unwrap_or_default();
+        assert_eq!(plain["usage"], json!({"input_tokens": 7, "output_tokens": 2}));
+        Ok(())
+    }
+
+    #[test]
     fn client_bodies_are_validated() {
         let code = |body: Value| parse_request(&body).err().map(|error| error.code);
         assert_eq!(code(json!({"model": "claude", "messages": [{"role": "user", "content": "hi"}]})), Some("missing_field"));
@@ -882,7 +983,7 @@ mod tests {
                 Part::ToolCall { id: "toolu_9".to_string(), name: "f".to_string(), arguments: "{\"a\":1}".to_string() },
             ],
             finish: FinishReason::ToolCalls,
-            usage: Usage { input_tokens: 4, output_tokens: 6 },
+            usage: Usage::uncached(4, 6),
         };
         assert_eq!(
             serde_json::to_value(render_reply(&reply)).unwrap_or_default(),
@@ -1062,7 +1163,7 @@ mod tests {
                 Part::ToolCall { id: "toolu_9".to_string(), name: "f".to_string(), arguments: "{\"a\":1}".to_string() },
             ],
             finish: FinishReason::ToolCalls,
-            usage: Usage { input_tokens: 4, output_tokens: 6 },
+            usage: Usage::uncached(4, 6),
         };
         let mut writer = StreamWriter::new(reply.id.clone(), reply.model.clone(), 4);
         let mut frames: Vec<String> = reply_events(&reply).iter().flat_map(|event| writer.write(event)).collect();

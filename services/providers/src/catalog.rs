@@ -140,12 +140,28 @@ pub fn base_url<'a>(provider: &'a Provider, overrides: &'a BTreeMap<String, Stri
 pub struct Price {
     pub input_per_million: Usd,
     pub output_per_million: Usd,
+    /// Prompt tokens read from the provider's cache.
+    pub cache_read_per_million: Usd,
+    /// Prompt tokens written to the provider's cache.
+    pub cache_write_per_million: Usd,
 }
 
 impl Price {
+    /// A price without cache discounts or surcharges: cached tokens cost what input does.
+    pub const fn uncached(input_per_million: Usd, output_per_million: Usd) -> Self {
+        Price {
+            input_per_million,
+            output_per_million,
+            cache_read_per_million: input_per_million,
+            cache_write_per_million: input_per_million,
+        }
+    }
+
     /// The exact cost of `usage`: one rounding (up, to the nano-dollar) on the exact product.
     pub fn cost(&self, usage: Usage) -> Usd {
-        let numerator = i128::from(usage.input_tokens) * i128::from(self.input_per_million.nanos())
+        let numerator = i128::from(usage.uncached_input_tokens()) * i128::from(self.input_per_million.nanos())
+            + i128::from(usage.cache_read_tokens) * i128::from(self.cache_read_per_million.nanos())
+            + i128::from(usage.cache_write_tokens) * i128::from(self.cache_write_per_million.nanos())
             + i128::from(usage.output_tokens) * i128::from(self.output_per_million.nanos());
         let nanos = (numerator + 999_999) / 1_000_000;
         Usd::from_nanos(i64::try_from(nanos).unwrap_or(i64::MAX))
@@ -201,6 +217,10 @@ struct ModelEntry {
     model: String,
     input: String,
     output: String,
+    /// Per million prompt tokens read from the provider's cache; the provider's rule when absent.
+    cache_read: Option<String>,
+    /// Per million prompt tokens written to it; the provider's rule when absent.
+    cache_write: Option<String>,
     context: u64,
     max_output: u32,
     #[serde(default)]
@@ -210,6 +230,16 @@ struct ModelEntry {
     #[serde(default = "default_tier")]
     tier: u8,
     deprecated: Option<Deprecation>,
+}
+
+/// Cache prices per million where the catalog lists none: Anthropic's published rule (reads at a
+/// tenth of input, five-minute writes at 1.25 times); elsewhere what input costs, so a cached token
+/// is never priced below what the provider may charge for it.
+fn cache_rule(provider: &str, input: Usd) -> (Usd, Usd) {
+    match provider {
+        "anthropic" => (Usd::from_nanos(input.nanos() / 10), Usd::from_nanos(input.nanos().saturating_mul(5) / 4)),
+        _ => (input, input),
+    }
 }
 
 fn default_tier() -> u8 {
@@ -256,8 +286,18 @@ impl ModelCatalog {
             let price = |text: &str| {
                 Usd::parse_decimal(text).map_err(|error| CatalogError::Invalid(format!("{}/{}: {error}", entry.provider, entry.model)))
             };
-            let price = Price { input_per_million: price(&entry.input)?, output_per_million: price(&entry.output)? };
-            if price.input_per_million < Usd::ZERO || price.output_per_million < Usd::ZERO {
+            let input = price(&entry.input)?;
+            let (read, write) = cache_rule(&entry.provider, input);
+            let price = Price {
+                input_per_million: input,
+                output_per_million: price(&entry.output)?,
+                cache_read_per_million: entry.cache_read.as_deref().map_or(Ok(read), price)?,
+                cache_write_per_million: entry.cache_write.as_deref().map_or(Ok(write), price)?,
+            };
+            if [price.input_per_million, price.output_per_million, price.cache_read_per_million, price.cache_write_per_million]
+                .iter()
+                .any(|price| *price < Usd::ZERO)
+            {
                 return Err(CatalogError::Invalid(format!("{}/{}: negative price", entry.provider, entry.model)));
             }
             models.push(Model {
@@ -325,14 +365,49 @@ mod tests {
         let catalog = ModelCatalog::bundled()?;
         let mini = catalog.find("openai", "gpt-4o-mini").map(|model| model.price).unwrap_or_default();
         // 1000 input at $0.15/M + 500 output at $0.60/M = $0.00015 + $0.0003 = $0.00045 exactly.
-        assert_eq!(mini.cost(Usage { input_tokens: 1000, output_tokens: 500 }), Usd::from_nanos(450_000));
+        assert_eq!(mini.cost(Usage::uncached(1000, 500)), Usd::from_nanos(450_000));
         // One token at $0.15/M is exactly 150 nano-dollars.
-        assert_eq!(mini.cost(Usage { input_tokens: 1, output_tokens: 0 }), Usd::from_nanos(150));
+        assert_eq!(mini.cost(Usage::uncached(1, 0)), Usd::from_nanos(150));
         // Below a nano-dollar, the exact product is rounded up once.
-        let tiny = Price { input_per_million: Usd::from_nanos(3), output_per_million: Usd::ZERO };
-        assert_eq!(tiny.cost(Usage { input_tokens: 1, output_tokens: 0 }), Usd::from_nanos(1));
-        assert_eq!(tiny.cost(Usage { input_tokens: 1_000_000, output_tokens: 0 }), Usd::from_nanos(3));
+        let tiny = Price::uncached(Usd::from_nanos(3), Usd::ZERO);
+        assert_eq!(tiny.cost(Usage::uncached(1, 0)), Usd::from_nanos(1));
+        assert_eq!(tiny.cost(Usage::uncached(1_000_000, 0)), Usd::from_nanos(3));
         assert_eq!(mini.cost(Usage::default()), Usd::ZERO);
+        Ok(())
+    }
+
+    #[test]
+    fn cached_prompt_tokens_are_priced_as_the_provider_prices_them() -> Result<(), CatalogError> {
+        let catalog = ModelCatalog::bundled()?;
+        let price = |provider: &str, model: &str| catalog.find(provider, model).map(|model| model.price).unwrap_or_default();
+        // OpenAI, listed: 600 uncached at $0.15/M + 400 read at $0.075/M + 100 output at $0.60/M.
+        let openai = Usage { cache_read_tokens: 400, ..Usage::uncached(1000, 100) };
+        assert_eq!(price("openai", "gpt-4o-mini").cost(openai), Usd::from_nanos(90_000 + 30_000 + 60_000));
+        // Anthropic's rule ($1/M input): 200 uncached, 600 read at a tenth, 200 written at 1.25 times.
+        let anthropic = Usage { cache_read_tokens: 600, cache_write_tokens: 200, ..Usage::uncached(1000, 0) };
+        assert_eq!(price("anthropic", "claude-haiku-4-5").cost(anthropic), Usd::from_nanos(200_000 + 60_000 + 250_000));
+        // Unlisted elsewhere: a cached token costs what input does (never priced below the provider's bill).
+        let gemini = price("google", "gemini-2.5-flash");
+        assert_eq!(gemini.cost(Usage { cache_read_tokens: 500, ..Usage::uncached(1000, 0) }), gemini.cost(Usage::uncached(1000, 0)));
+        // The catalog's own figures win; counts that do not add up never go below zero.
+        let listed = ModelCatalog::parse(
+            r#"{"models":[{"provider":"anthropic","model":"m","input":"1","output":"1","cache_read":"0.5","cache_write":"2","context":1,"max_output":1}]}"#,
+        )?;
+        let listed = listed.find("anthropic", "m").map(|model| model.price).unwrap_or_default();
+        assert_eq!(
+            (listed.cache_read_per_million, listed.cache_write_per_million),
+            (Usd::from_nanos(500_000_000), Usd::from_nanos(2_000_000_000))
+        );
+        assert_eq!(
+            listed.cost(Usage { cache_read_tokens: 10, cache_write_tokens: 10, ..Usage::uncached(5, 0) }),
+            Usd::from_nanos(5_000 + 20_000)
+        );
+        assert!(
+            ModelCatalog::parse(
+                r#"{"models":[{"provider":"openai","model":"m","input":"1","output":"1","cache_read":"-1","context":1,"max_output":1}]}"#
+            )
+            .is_err()
+        );
         Ok(())
     }
 

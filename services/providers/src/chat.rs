@@ -309,8 +309,25 @@ pub enum FinishReason {
 /// Token counts of a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Usage {
+    /// Every prompt token, those read from or written to the provider's prompt cache included.
     pub input_tokens: u64,
     pub output_tokens: u64,
+    /// Of `input_tokens`, those read from the provider's prompt cache (priced below input).
+    pub cache_read_tokens: u64,
+    /// Of `input_tokens`, those written to the provider's prompt cache (Anthropic prices them above input).
+    pub cache_write_tokens: u64,
+}
+
+impl Usage {
+    /// Counts without any prompt caching.
+    pub const fn uncached(input_tokens: u64, output_tokens: u64) -> Self {
+        Usage { input_tokens, output_tokens, cache_read_tokens: 0, cache_write_tokens: 0 }
+    }
+
+    /// The prompt tokens neither read from nor written to the cache.
+    pub fn uncached_input_tokens(&self) -> u64 {
+        self.input_tokens.saturating_sub(self.cache_read_tokens).saturating_sub(self.cache_write_tokens)
+    }
 }
 
 /// A complete reply in neither client's format.
@@ -500,7 +517,7 @@ mod tests {
                 Part::ToolCall { id: "call_1".to_string(), name: "search".to_string(), arguments: "{\"q\":1}".to_string() },
             ],
             finish: FinishReason::ToolCalls,
-            usage: Usage { input_tokens: 3, output_tokens: 7 },
+            usage: Usage::uncached(3, 7),
         };
         let mut assembler = ReplyAssembler::default();
         for event in reply_events(&reply) {

@@ -155,7 +155,12 @@ fn parse_finish(reason: &str, has_tool_calls: bool) -> FinishReason {
 fn usage_of(body: &Value) -> Option<Usage> {
     let metadata = body.get("usageMetadata")?;
     let count = |field: &str| metadata.get(field).and_then(Value::as_u64).unwrap_or(0);
-    Some(Usage { input_tokens: count("promptTokenCount"), output_tokens: count("candidatesTokenCount") + count("thoughtsTokenCount") })
+    let input_tokens = count("promptTokenCount");
+    Some(Usage {
+        // Implicitly or explicitly cached content, counted within the prompt's tokens.
+        cache_read_tokens: count("cachedContentTokenCount").min(input_tokens),
+        ..Usage::uncached(input_tokens, count("candidatesTokenCount") + count("thoughtsTokenCount"))
+    })
 }
 
 /// Reads Gemini's `GenerateContentResponse`.
@@ -300,7 +305,7 @@ mod tests {
         });
         let reply = parse_reply(&body, "gemini-2.5-flash")?;
         assert_eq!(reply.finish, FinishReason::ToolCalls);
-        assert_eq!(reply.usage, Usage { input_tokens: 3, output_tokens: 4 });
+        assert_eq!(reply.usage, Usage::uncached(3, 4));
         let mut reader = StreamReader::default();
         let mut assembler = ReplyAssembler::default();
         for chunk in [
@@ -313,7 +318,7 @@ mod tests {
         }
         assert_eq!(assembler.text(), "Hello");
         assert_eq!(assembler.finish, Some(FinishReason::Length));
-        assert_eq!(assembler.usage, Usage { input_tokens: 2, output_tokens: 2 });
+        assert_eq!(assembler.usage, Usage::uncached(2, 2));
         Ok(())
     }
 }

@@ -282,6 +282,8 @@ struct RenderedUsage<'a> {
     completion_tokens: u64,
     total_tokens: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_tokens_details: Option<chunk::PromptDetails>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     cost_usd: Option<&'a Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     routing_strategy: Option<&'a str>,
@@ -322,6 +324,7 @@ pub fn render_reply<'a>(reply: &'a ChatReply, created: i64, usage_extra: Option<
             prompt_tokens: reply.usage.input_tokens,
             completion_tokens: reply.usage.output_tokens,
             total_tokens: reply.usage.input_tokens + reply.usage.output_tokens,
+            prompt_tokens_details: chunk::PromptDetails::of(reply.usage),
             cost_usd: usage_extra.map(|extra| extra.cost_usd),
             routing_strategy: usage_extra.map(|extra| extra.routing_strategy),
         },
@@ -425,6 +428,7 @@ impl StreamWriter {
             let usage = chunk::Usage {
                 completion_tokens: usage.output_tokens,
                 prompt_tokens: usage.input_tokens,
+                prompt_tokens_details: chunk::PromptDetails::of(usage),
                 total_tokens: usage.input_tokens + usage.output_tokens,
             };
             frames.push(self.frame(&[], Some(usage)));
@@ -491,7 +495,22 @@ mod chunk {
     pub(super) struct Usage {
         pub completion_tokens: u64,
         pub prompt_tokens: u64,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub prompt_tokens_details: Option<PromptDetails>,
         pub total_tokens: u64,
+    }
+
+    /// The prompt tokens read from the provider's cache (OpenAI counts them within `prompt_tokens`).
+    #[derive(Debug, Serialize)]
+    pub(super) struct PromptDetails {
+        pub cached_tokens: u64,
+    }
+
+    impl PromptDetails {
+        /// Sent only when some were read.
+        pub(super) fn of(usage: crate::chat::Usage) -> Option<Self> {
+            (usage.cache_read_tokens > 0).then_some(PromptDetails { cached_tokens: usage.cache_read_tokens })
+        }
     }
 }
 
@@ -758,8 +777,13 @@ pub fn parse_reply(body: &[u8]) -> Result<ChatReply, String> {
         model: wire.model.map(Cow::into_owned).unwrap_or_default(),
         parts,
         finish: parse_finish(choice.finish_reason.as_deref().unwrap_or("stop")),
-        usage: Usage { input_tokens: usage.prompt_tokens, output_tokens: usage.completion_tokens },
+        usage: usage_with_cache(usage.prompt_tokens, usage.completion_tokens, usage.prompt_tokens_details),
     })
+}
+
+/// Neutral usage from OpenAI's counts: the cached tokens are some of the prompt's.
+fn usage_with_cache(prompt_tokens: u64, completion_tokens: u64, cached_tokens: u64) -> Usage {
+    Usage { cache_read_tokens: cached_tokens.min(prompt_tokens), ..Usage::uncached(prompt_tokens, completion_tokens) }
 }
 
 /// The parts of a provider's `chat.completion` the gateway reads, borrowed from the body where no
@@ -823,6 +847,51 @@ mod wire {
         pub prompt_tokens: u64,
         #[serde(default, deserialize_with = "count")]
         pub completion_tokens: u64,
+        /// Its `cached_tokens`; 0 when it is not an object with a whole number there.
+        #[serde(default, deserialize_with = "cached_tokens")]
+        pub prompt_tokens_details: u64,
+    }
+
+    #[derive(Deserialize)]
+    struct PromptDetails {
+        #[serde(default, deserialize_with = "count")]
+        cached_tokens: u64,
+    }
+
+    fn cached_tokens<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
+        struct Details;
+        impl<'de> Visitor<'de> for Details {
+            type Value = u64;
+            fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+                formatter.write_str("any JSON value")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, members: A) -> Result<u64, A::Error> {
+                PromptDetails::deserialize(de::value::MapAccessDeserializer::new(members)).map(|details| details.cached_tokens)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut items: A) -> Result<u64, A::Error> {
+                while items.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(0)
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<u64, E> {
+                Ok(0)
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<u64, E> {
+                Ok(0)
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<u64, E> {
+                Ok(0)
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<u64, E> {
+                Ok(0)
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<u64, E> {
+                Ok(0)
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<u64, E> {
+                Ok(0)
+            }
+        }
+        deserializer.deserialize_any(Details)
     }
 
     /// A string, borrowed when it has no escapes; any other value reads as absent.
@@ -914,8 +983,8 @@ mod wire {
 }
 
 fn usage_of(usage: Option<&Value>) -> Usage {
-    let count = |field: &str| usage.and_then(|usage| usage.get(field)).and_then(Value::as_u64).unwrap_or(0);
-    Usage { input_tokens: count("prompt_tokens"), output_tokens: count("completion_tokens") }
+    let count = |pointer: &str| usage.and_then(|usage| usage.pointer(pointer)).and_then(Value::as_u64).unwrap_or(0);
+    usage_with_cache(count("/prompt_tokens"), count("/completion_tokens"), count("/prompt_tokens_details/cached_tokens"))
 }
 
 /// Turns a provider's SSE `data:` payloads into neutral events.
@@ -979,7 +1048,7 @@ mod incoming {
 
     use serde::Deserialize;
 
-    use crate::chat::{ChatEvent, Usage};
+    use crate::chat::ChatEvent;
 
     #[derive(Deserialize)]
     pub(super) struct Chunk<'a> {
@@ -1032,6 +1101,14 @@ mod incoming {
         prompt_tokens: Option<u64>,
         #[serde(default)]
         completion_tokens: Option<u64>,
+        #[serde(default)]
+        prompt_tokens_details: Option<ChunkPromptDetails>,
+    }
+
+    #[derive(Deserialize)]
+    struct ChunkPromptDetails {
+        #[serde(default)]
+        cached_tokens: Option<u64>,
     }
 
     impl Chunk<'_> {
@@ -1058,10 +1135,11 @@ mod incoming {
                 }
             }
             if let Some(usage) = self.usage {
-                events.push(ChatEvent::Usage(Usage {
-                    input_tokens: usage.prompt_tokens.unwrap_or(0),
-                    output_tokens: usage.completion_tokens.unwrap_or(0),
-                }));
+                events.push(ChatEvent::Usage(super::usage_with_cache(
+                    usage.prompt_tokens.unwrap_or(0),
+                    usage.completion_tokens.unwrap_or(0),
+                    usage.prompt_tokens_details.and_then(|details| details.cached_tokens).unwrap_or(0),
+                )));
             }
             events
         }
@@ -1097,6 +1175,8 @@ mod tests {
             r#"{"choices":[{"delta":{"tool_calls":[{"function":{"name":"","arguments":"x"}}]}}]}"#,
             r#"{"choices":[{"delta":{},"finish_reason":"tool_calls"}],"usage":null}"#,
             r#"{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":5,"total_tokens":15}}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":2000,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":1536,"audio_tokens":0}}}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":10,"prompt_tokens_details":null}}"#,
             r#"{"choices":[{"delta":null,"finish_reason":"length"}],"usage":{"prompt_tokens":3}}"#,
             r#"{"choices":null}"#,
             r#"{}"#,
@@ -1134,7 +1214,7 @@ mod tests {
             ChatEvent::ToolCallStart { index: 1, id: "call_1".to_string(), name: "lookup".to_string() },
             ChatEvent::ToolCallDelta { index: 1, arguments: "{\"q\":\"TCK-42\"}".to_string() },
             ChatEvent::Finish(FinishReason::ToolCalls),
-            ChatEvent::Usage(Usage { input_tokens: 10, output_tokens: 5 }),
+            ChatEvent::Usage(Usage::uncached(10, 5)),
         ];
         let mut frames: Vec<String> = events.iter().flat_map(|event| writer.write(event)).collect();
         frames.extend(writer.end());
@@ -1341,7 +1421,7 @@ mod tests {
                 Part::ToolCall { id: "call_9".to_string(), name: "f".to_string(), arguments: "{\"a\":1}".to_string() },
             ],
             finish: FinishReason::ToolCalls,
-            usage: Usage { input_tokens: 4, output_tokens: 6 },
+            usage: Usage::uncached(4, 6),
         };
         let mut writer = StreamWriter::new(reply.id.clone(), reply.model.clone(), 0, true);
         let mut frames: Vec<String> = reply_events(&reply).iter().flat_map(|event| writer.write(event)).collect();
@@ -1365,7 +1445,7 @@ mod tests {
             model: "openai/gpt-4o".to_string(),
             parts: vec![Part::ToolCall { id: "call_1".to_string(), name: "f".to_string(), arguments: "{}".to_string() }],
             finish: FinishReason::ToolCalls,
-            usage: Usage { input_tokens: 1, output_tokens: 2 },
+            usage: Usage::uncached(1, 2),
         };
         let cost = json!(0.5);
         let rendered = serde_json::to_value(render_reply(&reply, 7, Some(UsageExtra { cost_usd: &cost, routing_strategy: "price" })))
@@ -1395,7 +1475,7 @@ mod tests {
         assert_eq!(reply.id, "chatcmpl-9");
         assert_eq!(reply.model, "gpt-4o-mini");
         assert_eq!(reply.finish, FinishReason::ToolCalls);
-        assert_eq!(reply.usage, Usage { input_tokens: 12, output_tokens: 0 }, "a count that is not a whole number reads as 0");
+        assert_eq!(reply.usage, Usage::uncached(12, 0), "a count that is not a whole number reads as 0");
         assert_eq!(
             reply.parts,
             vec![
@@ -1415,13 +1495,55 @@ mod tests {
     }
 
     #[test]
+    fn cached_prompt_tokens_are_read_and_written_within_the_prompt_tokens() -> Result<(), String> {
+        let reply = |details: &str| {
+            let body = format!(
+                r#"{{"choices":[{{"message":{{"content":"hi"}}}}],"usage":{{"prompt_tokens":2000,"completion_tokens":5,"prompt_tokens_details":{details}}}}}"#
+            );
+            parse_reply(body.as_bytes()).map(|reply| reply.usage)
+        };
+        let cached = Usage { cache_read_tokens: 1536, ..Usage::uncached(2000, 5) };
+        assert_eq!(reply(r#"{"cached_tokens":1536,"audio_tokens":0}"#)?, cached);
+        // Details of an unexpected shape read as none; more cached than sent is capped.
+        for odd in ["null", "5", "[1536]", r#"{"cached_tokens":"1536"}"#, r#"{"cached_tokens":-1}"#] {
+            assert_eq!(reply(odd)?, Usage::uncached(2000, 5), "{odd}");
+        }
+        assert_eq!(reply(r#"{"cached_tokens":9999}"#)?.cache_read_tokens, 2000);
+        // A client sees them as OpenAI shows them, in replies and in a stream's usage chunk.
+        let answer = ChatReply { id: "x".to_string(), model: "m".to_string(), parts: vec![], finish: FinishReason::Stop, usage: cached };
+        let rendered = serde_json::to_value(render_reply(&answer, 0, None)).unwrap_or_default();
+        assert_eq!(
+            rendered["usage"],
+            json!({"prompt_tokens": 2000, "completion_tokens": 5, "total_tokens": 2005, "prompt_tokens_details": {"cached_tokens": 1536}})
+        );
+        let mut writer = StreamWriter::new("x".to_string(), "m".to_string(), 0, true);
+        writer.write(&ChatEvent::Usage(cached));
+        let frames = writer.end().concat();
+        assert!(
+            frames.contains(
+                r#""usage":{"completion_tokens":5,"prompt_tokens":2000,"prompt_tokens_details":{"cached_tokens":1536},"total_tokens":2005}"#
+            ),
+            "{frames}"
+        );
+        assert_eq!(
+            StreamReader.read(
+                r#"{"choices":[],"usage":{"prompt_tokens":2000,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":1536}}}"#
+            )?,
+            vec![ChatEvent::Usage(cached)]
+        );
+        let plain = serde_json::to_value(render_reply(&ChatReply { usage: Usage::uncached(1, 2), ..answer }, 0, None)).unwrap_or_default();
+        assert_eq!(plain["usage"].get("prompt_tokens_details"), None);
+        Ok(())
+    }
+
+    #[test]
     fn text_replies_render_content_and_no_tool_calls() {
         let reply = ChatReply {
             id: "x".to_string(),
             model: "openai/gpt-4o".to_string(),
             parts: vec![Part::Text("hello".to_string())],
             finish: FinishReason::Stop,
-            usage: Usage { input_tokens: 1, output_tokens: 2 },
+            usage: Usage::uncached(1, 2),
         };
         let rendered = serde_json::to_value(render_reply(&reply, 7, None)).unwrap_or_default();
         assert_eq!(rendered["choices"][0]["message"], json!({"role": "assistant", "content": "hello"}));

@@ -180,7 +180,7 @@ impl<'a> Pricing<'a> {
 /// `input_tokens` and the request's output budget (or the model's, capped) on a model.
 fn usage_on(input_tokens: u64, request: &ChatRequest, entry: Option<&Model>) -> Usage {
     let max_output = entry.map_or(DEFAULT_OUTPUT_ESTIMATE, |entry| entry.max_output.min(DEFAULT_OUTPUT_ESTIMATE));
-    Usage { input_tokens, output_tokens: u64::from(request.max_tokens.unwrap_or(max_output)) }
+    Usage::uncached(input_tokens, u64::from(request.max_tokens.unwrap_or(max_output)))
 }
 
 fn candidate(provider: &'static Provider, model: &str, catalog: &ModelCatalog, pricing: &Pricing<'_>) -> Candidate {

@@ -180,6 +180,7 @@ impl MessagesRequest {
             ends_with_tool_result: self.messages.last().is_some_and(|message| message.content.has_tool_result()),
             first_tool: self.tools.iter().flatten().next().filter(|_| tools_allowed).map(|tool| tool.name.clone()),
             max_tokens: self.max_tokens,
+            cached_words: 0,
         }
     }
 

@@ -32,6 +32,17 @@ pub(crate) struct Prompt {
     /// The first declared tool, unless the request forbids tool calls.
     pub first_tool: Option<String>,
     pub max_tokens: Option<u64>,
+    /// Of `input_words`, those the provider serves from its prompt cache (see each format's rule).
+    pub cached_words: u64,
+}
+
+/// OpenAI caches a prompt's prefix automatically once it reaches this many tokens, in steps of 128.
+pub(crate) const CACHE_MINIMUM: u64 = 1024;
+
+/// What an automatic prompt cache serves of a prefix of `words`: nothing under the minimum, then
+/// whole steps of 128.
+pub(crate) fn cacheable(words: u64) -> u64 {
+    if words < CACHE_MINIMUM { 0 } else { words / 128 * 128 }
 }
 
 /// The number of whitespace-separated words in a text.
@@ -69,6 +80,8 @@ pub(crate) struct Reply {
     pub stop: Stop,
     pub input_tokens: u64,
     pub output_tokens: u64,
+    /// Of `input_tokens`, those served from the prompt cache.
+    pub cached_tokens: u64,
 }
 
 /// Output tokens reported for a tool call.
@@ -87,6 +100,7 @@ impl Reply {
                 stop: Stop::ToolCall,
                 input_tokens: prompt.input_words,
                 output_tokens: TOOL_CALL_TOKENS,
+                cached_tokens: prompt.cached_words,
             };
         }
         let mut text = format!("mock {} reply to: {}", provider.name(), prompt.last_user_text);
@@ -101,7 +115,7 @@ impl Reply {
             words = max_tokens;
             stop = Stop::Length;
         }
-        Reply { text, tool_call: None, stop, input_tokens: prompt.input_words, output_tokens: words }
+        Reply { text, tool_call: None, stop, input_tokens: prompt.input_words, output_tokens: words, cached_tokens: prompt.cached_words }
     }
 
     /// The text streamed in deltas: the reply, or the tool call's arguments.

@@ -191,6 +191,8 @@ impl GenerateRequest {
                 .filter(|_| tools_allowed)
                 .map(|function| function.name.clone()),
             max_tokens: self.generation_config.as_ref().and_then(|config| config.max_output_tokens),
+            // Implicit caching, as OpenAI's automatic one: the turns before the last.
+            cached_words: crate::conversation::cacheable(self.contents.iter().rev().skip(1).map(Content::words).sum()),
         }
     }
 
@@ -239,6 +241,7 @@ fn response<'a>(part: PartOut<'a>, finished: Option<&Reply>, model: &'a str, res
             prompt_token_count: reply.input_tokens,
             candidates_token_count: reply.output_tokens,
             total_token_count: reply.input_tokens + reply.output_tokens,
+            cached_content_token_count: (reply.cached_tokens > 0).then_some(reply.cached_tokens),
         }),
         model_version: model,
         response_id,
@@ -294,6 +297,8 @@ struct UsageMetadata {
     prompt_token_count: u64,
     candidates_token_count: u64,
     total_token_count: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cached_content_token_count: Option<u64>,
 }
 
 /// Renders `GenerateContentResponse` chunks: SSE `data:` frames (`alt=sse`, CRLF-separated as Google

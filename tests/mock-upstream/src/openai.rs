@@ -158,6 +158,10 @@ impl ChatRequest {
                 .filter(|_| tools_allowed)
                 .map(|function| function.name.clone()),
             max_tokens: self.max_completion_tokens.or(self.max_tokens),
+            // Automatic caching: the turns before the last, as if the conversation had been seen.
+            cached_words: crate::conversation::cacheable(
+                self.messages.iter().rev().skip(1).filter_map(|message| message.content.as_ref()).map(ChatContent::words).sum(),
+            ),
         }
     }
 
@@ -277,6 +281,13 @@ struct Usage {
     prompt_tokens: u64,
     completion_tokens: u64,
     total_tokens: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_tokens_details: Option<PromptDetails>,
+}
+
+#[derive(Serialize)]
+struct PromptDetails {
+    cached_tokens: u64,
 }
 
 impl Usage {
@@ -285,6 +296,7 @@ impl Usage {
             prompt_tokens: reply.input_tokens,
             completion_tokens: reply.output_tokens,
             total_tokens: reply.input_tokens + reply.output_tokens,
+            prompt_tokens_details: (reply.cached_tokens > 0).then_some(PromptDetails { cached_tokens: reply.cached_tokens }),
         }
     }
 }
