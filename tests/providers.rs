@@ -23,6 +23,7 @@ brainstorm_e2e::in_both_shapes!(
     response_formats_reach_openai_format_providers,
     openai_options_reach_the_providers_that_have_them,
     cached_prompt_tokens_are_priced_and_reported,
+    anthropic_cache_breakpoints_reach_anthropic_and_are_priced,
     upstream_errors_are_forwarded_and_fallbacks_tried_in_order,
     aliases_presets_and_model_resolution_errors,
     models_runnable_allowlists_and_deprecations,
@@ -524,6 +525,62 @@ async fn cached_prompt_tokens_are_priced_and_reported(shape: Shape) -> TestResul
     let reply = gateway.call(Method::POST, "/v1/messages", Some(key), Some(streamed)).await?;
     let delta = sse_data(&reply.text).into_iter().find(|event| event["type"] == "message_delta").unwrap_or_default();
     assert_eq!((&delta["usage"]["input_tokens"], &delta["usage"]["cache_read_input_tokens"]), (&json!(79), &json!(1024)), "{}", reply.text);
+    Ok(())
+}
+
+/// An Anthropic client's `cache_control` breakpoints reach Anthropic on the blocks they were set on;
+/// the mock caches the prefix through the last one (from 1,024 tokens): written on the first call,
+/// read on the next, each priced by Anthropic's rule (writes 1.25 times input, one-hour writes
+/// twice, reads a tenth).
+async fn anthropic_cache_breakpoints_reach_anthropic_and_are_priced(shape: Shape) -> TestResult {
+    let setup = setup(shape).await?;
+    let (gateway, mock, key) = (&setup.gateway, &setup.mock, setup.key.as_str());
+    let body = |ttl: Option<&str>, stream: bool| {
+        let mut control = json!({"type": "ephemeral"});
+        if let Some(ttl) = ttl {
+            control["ttl"] = json!(ttl);
+        }
+        json!({"model": "anthropic/claude-haiku-4-5", "max_tokens": 50, "stream": stream,
+            "system": [{"type": "text", "text": format!("{} {}", ttl.unwrap_or("default"), "rule ".repeat(1099)), "cache_control": control}],
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "hello there"}]}]})
+    };
+    // claude-haiku-4-5: $1/M input (1,000 nano-dollars a token), $5/M output.
+    let cost = |usage: &Value| {
+        let count = |name: &str| usage[name].as_u64().unwrap_or(0);
+        let long = usage.pointer("/cache_creation/ephemeral_1h_input_tokens").and_then(Value::as_u64).unwrap_or(0);
+        let nanos = count("input_tokens") * 1_000
+            + (count("cache_creation_input_tokens") - long) * 1_250
+            + long * 2_000
+            + count("cache_read_input_tokens") * 100
+            + count("output_tokens") * 5_000;
+        format!("0.{:06}", nanos / 1_000)
+    };
+    for (ttl, long) in [(None, 0), (Some("1h"), 1100)] {
+        let first = gateway.call(Method::POST, "/v1/messages", Some(key), Some(body(ttl, false))).await?;
+        assert_eq!(first.status, 200, "{}", first.text);
+        let sent = last_request(mock)?.body;
+        assert_eq!(sent["system"][0]["cache_control"], body(ttl, false)["system"][0]["cache_control"], "{sent}");
+        let usage = &first.body["usage"];
+        assert_eq!((&usage["input_tokens"], &usage["cache_creation_input_tokens"]), (&json!(2), &json!(1100)), "{usage}");
+        assert_eq!(usage["cache_creation"]["ephemeral_1h_input_tokens"], long, "{usage}");
+        assert_eq!(first.header("x-br-actual-cost"), Some(cost(usage).as_str()));
+        let again = gateway.call(Method::POST, "/v1/messages", Some(key), Some(body(ttl, false))).await?;
+        let usage = &again.body["usage"];
+        assert_eq!((&usage["input_tokens"], &usage["cache_read_input_tokens"]), (&json!(2), &json!(1100)), "{usage}");
+        assert_eq!(again.header("x-br-actual-cost"), Some(cost(usage).as_str()));
+    }
+    // Streamed, the counts come with the closing `message_delta`, the cost as the SSE comment.
+    let streamed = gateway.call(Method::POST, "/v1/messages", Some(key), Some(body(None, true))).await?;
+    let delta = sse_data(&streamed.text).into_iter().find(|event| event["type"] == "message_delta").unwrap_or_default();
+    assert_eq!(delta["usage"]["cache_read_input_tokens"], 1100, "{}", streamed.text);
+    assert!(streamed.text.contains(&format!(": x-br-actual-cost={}", cost(&delta["usage"]))), "{}", streamed.text);
+    // A breakpoint Anthropic would refuse is the body's 400, before any provider call.
+    mock.clear();
+    let mut refused = body(None, false);
+    refused["system"][0]["cache_control"] = json!({"type": "ephemeral", "ttl": "1d"});
+    let reply = gateway.call(Method::POST, "/v1/messages", Some(key), Some(refused)).await?;
+    assert_eq!(reply.status, 400, "{}", reply.text);
+    assert!(mock.requests().is_empty());
     Ok(())
 }
 

@@ -123,3 +123,14 @@ def test_cached_prompt_tokens_reach_both_sdks(gateway):
     assert completion.usage.prompt_tokens_details.cached_tokens == 1024
     message = anthropic_client(gateway).messages.create(model="openai/gpt-4o-mini", max_tokens=50, messages=messages)
     assert (message.usage.input_tokens, message.usage.cache_read_input_tokens) == (79, 1024)
+
+
+def test_anthropic_sdk_cache_breakpoints_are_written_then_read(gateway):
+    system = [{"type": "text", "text": "sdk rule " * 600, "cache_control": {"type": "ephemeral"}}]
+    def call():
+        return anthropic_client(gateway).messages.create(
+            model="anthropic/claude-haiku-4-5", max_tokens=50, system=system, messages=[{"role": "user", "content": "hello there"}])
+    first, second = call(), call()
+    assert (first.usage.cache_creation_input_tokens, first.usage.cache_read_input_tokens) == (1200, 0)
+    assert (second.usage.cache_creation_input_tokens, second.usage.cache_read_input_tokens) == (0, 1200)
+    assert second.usage.input_tokens == 2

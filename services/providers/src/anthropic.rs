@@ -6,7 +6,8 @@ use serde_json::{Value, json};
 
 use crate::chat::fields::{optional_bool, optional_number_in, optional_positive_u32, required_array, required_string, stop_list};
 use crate::chat::{
-    ChatEvent, ChatReply, ChatRequest, FinishReason, InvalidRequest, Message, OpenAiOptions, Part, Role, Schema, Tool, ToolChoice, Usage,
+    CacheAt, CachePoint, CacheTtl, ChatEvent, ChatReply, ChatRequest, FinishReason, InvalidRequest, Message, OpenAiOptions, Part, Role,
+    Schema, Tool, ToolChoice, Usage,
 };
 
 /// Output budget sent when the caller gave none (Anthropic requires one).
@@ -29,6 +30,7 @@ pub fn parse_request(body: &Value) -> Result<ChatRequest, InvalidRequest> {
     let max_tokens = optional_positive_u32(body, "max_tokens")?.ok_or_else(|| InvalidRequest::missing("max_tokens"))?;
     let raw_messages = required_array(body, "messages")?;
     let mut messages = Vec::new();
+    let mut cache_points = Vec::new();
     for (position, message) in raw_messages.iter().enumerate() {
         let role = match message.get("role").and_then(Value::as_str) {
             Some("user") => Role::User,
@@ -36,24 +38,19 @@ pub fn parse_request(body: &Value) -> Result<ChatRequest, InvalidRequest> {
             Some(other) => return Err(InvalidRequest::new(format!("messages[{position}].role `{other}` is not one of user, assistant"))),
             None => return Err(InvalidRequest::new(format!("messages[{position}].role is required"))),
         };
-        let parts = blocks(message.get("content"), position)?;
-        // Tool results travel in user turns in this format; the neutral model gives them their own role.
-        let (results, others): (Vec<Part>, Vec<Part>) = parts.into_iter().partition(|part| matches!(part, Part::ToolResult { .. }));
-        if !results.is_empty() {
-            messages.push(Message { role: Role::Tool, parts: results });
-        }
-        if !others.is_empty() || role == Role::Assistant {
-            messages.push(Message { role, parts: others });
-        }
+        push_turn(&mut messages, &mut cache_points, role, blocks(message.get("content"), position)?);
     }
     let system = match body.get("system") {
         None | Some(Value::Null) => None,
         Some(Value::String(text)) => Some(text.clone()),
-        Some(Value::Array(_)) => Some(Message { role: Role::User, parts: blocks(body.get("system"), 0)? }.text()),
+        Some(Value::Array(_)) => Some(system_text(blocks(body.get("system"), 0)?, &mut cache_points)),
         Some(_) => return Err(InvalidRequest::new("system must be a string or an array of text blocks")),
     };
     let mut tools = Vec::new();
-    for tool in body.get("tools").and_then(Value::as_array).into_iter().flatten() {
+    for (index, tool) in body.get("tools").and_then(Value::as_array).into_iter().flatten().enumerate() {
+        if let Some(ttl) = cache_control(tool, || format!("tools[{index}]"))? {
+            cache_points.push(CachePoint { at: CacheAt::Tool(index), ttl });
+        }
         let name = tool
             .get("name")
             .and_then(Value::as_str)
@@ -96,18 +93,87 @@ pub fn parse_request(body: &Value) -> Result<ChatRequest, InvalidRequest> {
         response_format: None,
         parallel_tool_calls,
         openai: OpenAiOptions::default(),
+        cache_points,
     })
 }
 
-fn blocks(content: Option<&Value>, position: usize) -> Result<Vec<Part>, InvalidRequest> {
+/// A block's `cache_control`: None when absent or null, else the breakpoint's ttl (None for the
+/// provider's default).
+fn cache_control(block: &Value, place: impl Fn() -> String) -> Result<Option<Option<CacheTtl>>, InvalidRequest> {
+    let refused =
+        || InvalidRequest::new(format!("{}.cache_control must be {{\"type\": \"ephemeral\"}}, with an optional ttl of 5m or 1h", place()));
+    match block.get("cache_control") {
+        None | Some(Value::Null) => Ok(None),
+        Some(control) if control.get("type").and_then(Value::as_str) == Some("ephemeral") => match control.get("ttl") {
+            None | Some(Value::Null) => Ok(Some(None)),
+            Some(ttl) => ttl.as_str().and_then(CacheTtl::parse).map(|ttl| Some(Some(ttl))).ok_or_else(refused),
+        },
+        Some(_) => Err(refused()),
+    }
+}
+
+/// A content block read into a neutral part, with the cache breakpoint the client set on it.
+pub(crate) struct Marked {
+    pub part: Part,
+    /// Some when the block carried `cache_control` (its ttl, None for the provider's default).
+    pub cache: Option<Option<CacheTtl>>,
+}
+
+impl From<Part> for Marked {
+    fn from(part: Part) -> Self {
+        Marked { part, cache: None }
+    }
+}
+
+/// Adds one client turn to the neutral conversation: its tool results first, as a turn of their own
+/// (the neutral model gives them their own role), then the rest; a marked block becomes a cache
+/// point at the place its part takes.
+pub(crate) fn push_turn(messages: &mut Vec<Message>, cache_points: &mut Vec<CachePoint>, role: Role, blocks: Vec<Marked>) {
+    let (results, others): (Vec<Marked>, Vec<Marked>) = blocks.into_iter().partition(|block| matches!(block.part, Part::ToolResult { .. }));
+    let mut push = |role: Role, blocks: Vec<Marked>| {
+        let message = messages.len();
+        let mut parts = Vec::with_capacity(blocks.len());
+        for (part, block) in blocks.into_iter().enumerate() {
+            if let Some(ttl) = block.cache {
+                cache_points.push(CachePoint { at: CacheAt::Part { message, part }, ttl });
+            }
+            parts.push(block.part);
+        }
+        messages.push(Message { role, parts });
+    };
+    if !results.is_empty() {
+        push(Role::Tool, results);
+    }
+    if !others.is_empty() || role == Role::Assistant {
+        push(role, others);
+    }
+}
+
+/// The system prompt of its blocks; any breakpoint among them caches the whole system prompt (the
+/// neutral request holds it as one text), with the last one's ttl.
+pub(crate) fn system_text(blocks: Vec<Marked>, cache_points: &mut Vec<CachePoint>) -> String {
+    if let Some(ttl) = blocks.iter().rev().find_map(|block| block.cache) {
+        cache_points.push(CachePoint { at: CacheAt::System, ttl });
+    }
+    Message { role: Role::User, parts: blocks.into_iter().map(|block| block.part).collect() }.text()
+}
+
+/// Nested content (a tool result's): its parts, breakpoints inside it not kept.
+fn unmarked(blocks: Vec<Marked>) -> Vec<Part> {
+    blocks.into_iter().map(|block| block.part).collect()
+}
+
+fn blocks(content: Option<&Value>, position: usize) -> Result<Vec<Marked>, InvalidRequest> {
     match content {
         None | Some(Value::Null) => Ok(Vec::new()),
-        Some(Value::String(text)) => Ok(vec![Part::Text(text.clone())]),
+        Some(Value::String(text)) => Ok(vec![Part::Text(text.clone()).into()]),
         Some(Value::Array(items)) => {
-            let mut parts = Vec::new();
+            let mut parts: Vec<Marked> = Vec::new();
             for item in items {
+                let cache = cache_control(item, || format!("messages[{position}].content[]"))?;
+                let before = parts.len();
                 match item.get("type").and_then(Value::as_str) {
-                    Some("text") => parts.push(Part::Text(item.get("text").and_then(Value::as_str).unwrap_or_default().to_string())),
+                    Some("text") => parts.push(Part::Text(item.get("text").and_then(Value::as_str).unwrap_or_default().to_string()).into()),
                     Some("image") => {
                         let source = item.get("source").unwrap_or(&Value::Null);
                         let url = match source.get("type").and_then(Value::as_str) {
@@ -118,20 +184,30 @@ fn blocks(content: Option<&Value>, position: usize) -> Result<Vec<Part>, Invalid
                             ),
                             _ => source.get("url").and_then(Value::as_str).unwrap_or_default().to_string(),
                         };
-                        parts.push(Part::Image { url });
+                        parts.push(Part::Image { url }.into());
                     }
-                    Some("tool_use") => parts.push(Part::ToolCall {
-                        id: item.get("id").and_then(Value::as_str).unwrap_or_default().to_string(),
-                        name: item.get("name").and_then(Value::as_str).unwrap_or_default().to_string(),
-                        arguments: item.get("input").map_or_else(|| "{}".to_string(), Value::to_string),
-                    }),
-                    Some("tool_result") => parts.push(Part::ToolResult {
-                        call_id: item.get("tool_use_id").and_then(Value::as_str).unwrap_or_default().to_string(),
-                        content: Message { role: Role::User, parts: blocks(item.get("content"), position)? }.text(),
-                        is_error: item.get("is_error").and_then(Value::as_bool).unwrap_or(false),
-                    }),
+                    Some("tool_use") => parts.push(
+                        Part::ToolCall {
+                            id: item.get("id").and_then(Value::as_str).unwrap_or_default().to_string(),
+                            name: item.get("name").and_then(Value::as_str).unwrap_or_default().to_string(),
+                            arguments: item.get("input").map_or_else(|| "{}".to_string(), Value::to_string),
+                        }
+                        .into(),
+                    ),
+                    Some("tool_result") => parts.push(
+                        Part::ToolResult {
+                            call_id: item.get("tool_use_id").and_then(Value::as_str).unwrap_or_default().to_string(),
+                            content: Message { role: Role::User, parts: unmarked(blocks(item.get("content"), position)?) }.text(),
+                            is_error: item.get("is_error").and_then(Value::as_bool).unwrap_or(false),
+                        }
+                        .into(),
+                    ),
                     Some(_) => {}
                     None => return Err(InvalidRequest::new(format!("messages[{position}].content blocks need a type"))),
+                }
+                // A breakpoint on a block the neutral model skips is dropped with it.
+                if let Some(block) = parts.get_mut(before) {
+                    block.cache = cache;
                 }
             }
             Ok(parts)
@@ -202,30 +278,40 @@ pub struct RenderedReply<'a> {
 }
 
 /// Usage as Anthropic counts it: `input_tokens` leaves out the tokens read from or written to the
-/// prompt cache, which have members of their own (sent when there are any).
+/// prompt cache, which have members of their own (sent, both, when the cache was used).
 #[derive(Debug, serde::Serialize)]
 struct RenderedUsage {
     input_tokens: u64,
     output_tokens: u64,
-    #[serde(skip_serializing_if = "is_zero")]
-    cache_creation_input_tokens: u64,
-    #[serde(skip_serializing_if = "is_zero")]
-    cache_read_input_tokens: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache_creation_input_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache_read_input_tokens: Option<u64>,
+    /// The writes by time kept, when there are any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache_creation: Option<CacheCreation>,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct CacheCreation {
+    ephemeral_5m_input_tokens: u64,
+    ephemeral_1h_input_tokens: u64,
 }
 
 impl RenderedUsage {
     fn of(usage: Usage) -> Self {
+        let cached = usage.cache_read_tokens > 0 || usage.cache_write_tokens > 0;
         RenderedUsage {
             input_tokens: usage.uncached_input_tokens(),
             output_tokens: usage.output_tokens,
-            cache_creation_input_tokens: usage.cache_write_tokens,
-            cache_read_input_tokens: usage.cache_read_tokens,
+            cache_creation_input_tokens: cached.then_some(usage.cache_write_tokens),
+            cache_read_input_tokens: cached.then_some(usage.cache_read_tokens),
+            cache_creation: cached.then_some(CacheCreation {
+                ephemeral_5m_input_tokens: usage.cache_write_tokens.saturating_sub(usage.cache_write_long_tokens),
+                ephemeral_1h_input_tokens: usage.cache_write_long_tokens,
+            }),
         }
     }
-}
-
-fn is_zero(count: &u64) -> bool {
-    *count == 0
 }
 
 /// Neutral usage from Anthropic's counts (its `input_tokens` leaves out the cache's).
@@ -235,13 +321,15 @@ fn usage_of(counts: CacheCounts, output_tokens: u64) -> Usage {
         output_tokens,
         cache_read_tokens: counts.cache_read,
         cache_write_tokens: counts.cache_write,
+        cache_write_long_tokens: counts.cache_write_long.min(counts.cache_write),
     }
 }
 
-/// Anthropic's prompt counts: uncached input, cache writes, cache reads.
+/// Anthropic's prompt counts: uncached input, cache writes (of which one-hour ones), cache reads.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct CacheCounts {
     input: u64,
+    cache_write_long: u64,
     cache_write: u64,
     cache_read: u64,
 }
@@ -250,8 +338,10 @@ impl CacheCounts {
     /// The counts of a `usage` object; a member absent or not a whole number counts as `fallback`'s.
     fn of_value(usage: &Value, fallback: CacheCounts) -> Self {
         let count = |field: &str, fallback: u64| usage.get(field).and_then(Value::as_u64).unwrap_or(fallback);
+        let long = usage.pointer("/cache_creation/ephemeral_1h_input_tokens").and_then(Value::as_u64);
         CacheCounts {
             input: count("input_tokens", fallback.input),
+            cache_write_long: long.unwrap_or(fallback.cache_write_long),
             cache_write: count("cache_creation_input_tokens", fallback.cache_write),
             cache_read: count("cache_read_input_tokens", fallback.cache_read),
         }
@@ -396,14 +486,30 @@ pub fn build_request<'a>(request: &'a ChatRequest, upstream_model: &'a str, defa
     // Anthropic wants strictly alternating user and assistant turns: tool results become user turns,
     // and consecutive turns of one side merge.
     let mut messages: Vec<outgoing::Turn<'a>> = Vec::with_capacity(request.messages.len());
-    for message in &request.messages {
+    for (index, message) in request.messages.iter().enumerate() {
         let role = match message.role {
             Role::User | Role::Tool => "user",
             Role::Assistant => "assistant",
         };
-        match messages.last_mut() {
-            Some(turn) if turn.role == role => turn.content.extend(message.parts.iter().map(outgoing::Block::of)),
-            _ => messages.push(outgoing::Turn { role, content: content_blocks(&message.parts) }),
+        let first = match messages.last_mut() {
+            Some(turn) if turn.role == role => {
+                turn.content.extend(message.parts.iter().map(outgoing::Block::of));
+                turn.content.len() - message.parts.len()
+            }
+            _ => {
+                messages.push(outgoing::Turn { role, content: content_blocks(&message.parts) });
+                0
+            }
+        };
+        // The client's breakpoints, on the blocks of this message's parts (which keep them when
+        // tool results move to the front of their turn below).
+        for point in &request.cache_points {
+            if let CacheAt::Part { message, part } = point.at
+                && message == index
+                && let Some(block) = messages.last_mut().and_then(|turn| turn.content.get_mut(first + part))
+            {
+                block.cache(outgoing::CacheControl::of(point.ttl));
+            }
         }
     }
     for turn in &mut messages {
@@ -416,17 +522,31 @@ pub fn build_request<'a>(request: &'a ChatRequest, upstream_model: &'a str, defa
         model: upstream_model,
         stop_sequences: &request.stop,
         stream: request.stream,
-        system: request.system.as_deref(),
+        system: request.system.as_deref().map(|text| match cache_control_at(request, CacheAt::System) {
+            None => outgoing::System::Text(text),
+            Some(cache_control) => outgoing::System::Blocks([outgoing::SystemBlock { cache_control, text, kind: "text" }]),
+        }),
         // OpenAI allows up to 2; Anthropic up to 1.
         temperature: request.temperature.map(|temperature| temperature.min(1.0)),
         tool_choice: tool_choice(request),
         tools: request
             .tools
             .iter()
-            .map(|tool| outgoing::Tool { description: tool.description.as_deref(), input_schema: &tool.parameters, name: &tool.name })
+            .enumerate()
+            .map(|(index, tool)| outgoing::Tool {
+                cache_control: cache_control_at(request, CacheAt::Tool(index)),
+                description: tool.description.as_deref(),
+                input_schema: &tool.parameters,
+                name: &tool.name,
+            })
             .collect(),
         top_p: request.top_p,
     }
+}
+
+/// The client's breakpoint at `at`, as Anthropic takes it.
+fn cache_control_at(request: &ChatRequest, at: CacheAt) -> Option<outgoing::CacheControl> {
+    request.cache_points.iter().find(|point| point.at == at).map(|point| outgoing::CacheControl::of(point.ttl))
 }
 
 /// The tool choice, carrying a refusal of parallel tool calls (Anthropic's default allows them) in
@@ -462,7 +582,7 @@ pub mod outgoing {
         #[serde(skip_serializing_if = "std::ops::Not::not")]
         pub stream: bool,
         #[serde(skip_serializing_if = "Option::is_none")]
-        pub system: Option<&'a str>,
+        pub system: Option<System<'a>>,
         #[serde(skip_serializing_if = "Option::is_none")]
         pub temperature: Option<f64>,
         #[serde(skip_serializing_if = "Option::is_none")]
@@ -471,6 +591,37 @@ pub mod outgoing {
         pub tools: Vec<Tool<'a>>,
         #[serde(skip_serializing_if = "Option::is_none")]
         pub top_p: Option<f64>,
+    }
+
+    /// The system prompt: text, or one block when it carries a cache breakpoint.
+    #[derive(Debug, Serialize)]
+    #[serde(untagged)]
+    pub enum System<'a> {
+        Text(&'a str),
+        Blocks([SystemBlock<'a>; 1]),
+    }
+
+    #[derive(Debug, Serialize)]
+    pub struct SystemBlock<'a> {
+        pub cache_control: CacheControl,
+        pub text: &'a str,
+        #[serde(rename = "type")]
+        pub kind: &'static str,
+    }
+
+    /// A prompt cache breakpoint: `ephemeral`, with the ttl the client asked for.
+    #[derive(Debug, Clone, Copy, Serialize)]
+    pub struct CacheControl {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub ttl: Option<&'static str>,
+        #[serde(rename = "type")]
+        pub kind: &'static str,
+    }
+
+    impl CacheControl {
+        pub fn of(ttl: Option<crate::chat::CacheTtl>) -> Self {
+            CacheControl { ttl: ttl.map(crate::chat::CacheTtl::as_str), kind: "ephemeral" }
+        }
     }
 
     /// One side's turn.
@@ -484,25 +635,58 @@ pub mod outgoing {
     #[derive(Debug, Serialize)]
     #[serde(tag = "type", rename_all = "snake_case")]
     pub enum Block<'a> {
-        Text { text: &'a str },
-        ToolUse { id: &'a str, input: Value, name: &'a str },
-        Image { source: ImageSource<'a> },
-        ToolResult { content: &'a str, is_error: bool, tool_use_id: &'a str },
+        Text {
+            text: &'a str,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            cache_control: Option<CacheControl>,
+        },
+        ToolUse {
+            id: &'a str,
+            input: Value,
+            name: &'a str,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            cache_control: Option<CacheControl>,
+        },
+        Image {
+            source: ImageSource<'a>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            cache_control: Option<CacheControl>,
+        },
+        ToolResult {
+            content: &'a str,
+            is_error: bool,
+            tool_use_id: &'a str,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            cache_control: Option<CacheControl>,
+        },
     }
 
     impl<'a> Block<'a> {
         /// The block of a neutral part (an image's `data:` URL becomes a base64 source).
         pub fn of(part: &'a Part) -> Self {
             match part {
-                Part::Text(text) => Block::Text { text },
-                Part::ToolCall { id, name, arguments } => Block::ToolUse { id, input: tool_input(arguments), name },
+                Part::Text(text) => Block::Text { text, cache_control: None },
+                Part::ToolCall { id, name, arguments } => Block::ToolUse { id, input: tool_input(arguments), name, cache_control: None },
                 Part::Image { url } => Block::Image {
                     source: match url.strip_prefix("data:").and_then(|rest| rest.split_once(";base64,")) {
                         Some((media_type, data)) => ImageSource::Base64 { data, media_type },
                         None => ImageSource::Url { url },
                     },
+                    cache_control: None,
                 },
-                Part::ToolResult { call_id, content, is_error } => Block::ToolResult { content, is_error: *is_error, tool_use_id: call_id },
+                Part::ToolResult { call_id, content, is_error } => {
+                    Block::ToolResult { content, is_error: *is_error, tool_use_id: call_id, cache_control: None }
+                }
+            }
+        }
+
+        /// Sets the block's cache breakpoint.
+        pub fn cache(&mut self, control: CacheControl) {
+            match self {
+                Block::Text { cache_control, .. }
+                | Block::ToolUse { cache_control, .. }
+                | Block::Image { cache_control, .. }
+                | Block::ToolResult { cache_control, .. } => *cache_control = Some(control),
             }
         }
     }
@@ -535,6 +719,8 @@ pub mod outgoing {
 
     #[derive(Debug, Serialize)]
     pub struct Tool<'a> {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub cache_control: Option<CacheControl>,
         #[serde(skip_serializing_if = "Option::is_none")]
         pub description: Option<&'a str>,
         pub input_schema: &'a crate::chat::Schema,
@@ -768,6 +954,15 @@ mod incoming {
         pub cache_creation_input_tokens: Option<u64>,
         #[serde(default)]
         pub cache_read_input_tokens: Option<u64>,
+        #[serde(default)]
+        pub cache_creation: Option<CacheCreation>,
+    }
+
+    /// The cache writes by time kept.
+    #[derive(Deserialize, Default)]
+    pub(super) struct CacheCreation {
+        #[serde(default)]
+        pub ephemeral_1h_input_tokens: Option<u64>,
     }
 
     impl Usage {
@@ -775,6 +970,11 @@ mod incoming {
         pub(super) fn counts(&self, fallback: super::CacheCounts) -> super::CacheCounts {
             super::CacheCounts {
                 input: self.input_tokens.unwrap_or(fallback.input),
+                cache_write_long: self
+                    .cache_creation
+                    .as_ref()
+                    .and_then(|creation| creation.ephemeral_1h_input_tokens)
+                    .unwrap_or(fallback.cache_write_long),
                 cache_write: self.cache_creation_input_tokens.unwrap_or(fallback.cache_write),
                 cache_read: self.cache_read_input_tokens.unwrap_or(fallback.cache_read),
             }
@@ -852,6 +1052,7 @@ mod tests {
             r#"{"content":[{"type":"tool_use","name":"f","input":null},{"type":"tool_use","name":"g"},{"type":"thinking","thinking":"x"},{"text":"untyped"}],"stop_reason":null,"usage":null}"#,
             r#"{"content":[],"usage":{"input_tokens":3}}"#,
             r#"{"content":[],"usage":{"input_tokens":3,"cache_creation_input_tokens":2048,"cache_read_input_tokens":null,"output_tokens":1,"service_tier":"standard"}}"#,
+            r#"{"content":[],"usage":{"input_tokens":3,"cache_creation_input_tokens":2048,"cache_creation":{"ephemeral_5m_input_tokens":48,"ephemeral_1h_input_tokens":2000}}}"#,
         ];
         for body in typed {
             let reply: incoming::Reply<'_> = serde_json::from_str(body)?;
@@ -865,6 +1066,7 @@ mod tests {
             r#"{"content":[{"type":"text","text":5}]}"#,
             r#"{"content":[],"usage":{"input_tokens":-1}}"#,
             r#"{"content":[],"usage":{"input_tokens":1,"cache_read_input_tokens":"9"}}"#,
+            r#"{"content":[],"usage":{"input_tokens":1,"cache_creation":7}}"#,
         ] {
             assert!(serde_json::from_str::<incoming::Reply<'_>>(body).is_err(), "{body}");
             assert_eq!(parse_reply_body(body.as_bytes()), parse_reply(&serde_json::from_str(body)?), "{body}");
@@ -941,7 +1143,8 @@ mod tests {
         let rendered = serde_json::to_value(render_reply(&reply)).unwrap_or_default();
         assert_eq!(
             rendered["usage"],
-            json!({"input_tokens": 10, "cache_creation_input_tokens": 200, "cache_read_input_tokens": 3000, "output_tokens": 5})
+            json!({"input_tokens": 10, "cache_creation_input_tokens": 200, "cache_read_input_tokens": 3000, "output_tokens": 5,
+                   "cache_creation": {"ephemeral_5m_input_tokens": 200, "ephemeral_1h_input_tokens": 0}})
         );
         // A stream: the prompt's counts come with `message_start`, the output's with `message_delta`.
         let mut reader = StreamReader::default();
@@ -952,10 +1155,15 @@ mod tests {
         let end = writer.end().concat();
         assert!(
             end.contains(
-                r#""usage":{"cache_creation_input_tokens":200,"cache_read_input_tokens":3000,"input_tokens":10,"output_tokens":5}"#
+                r#""usage":{"cache_creation":{"ephemeral_1h_input_tokens":0,"ephemeral_5m_input_tokens":200},"cache_creation_input_tokens":200,"cache_read_input_tokens":3000,"input_tokens":10,"output_tokens":5}"#
             ),
             "{end}"
         );
+        // One-hour writes, as Anthropic breaks them down.
+        let long = parse_reply_body(
+            br#"{"content":[],"usage":{"input_tokens":1,"cache_creation_input_tokens":300,"cache_creation":{"ephemeral_5m_input_tokens":100,"ephemeral_1h_input_tokens":200},"output_tokens":2}}"#,
+        )?;
+        assert_eq!(long.usage, Usage { cache_write_tokens: 300, cache_write_long_tokens: 200, ..Usage::uncached(301, 2) });
         // Without caching, nothing more is written than before.
         let plain = serde_json::to_value(render_reply(&ChatReply { usage: Usage::uncached(7, 2), ..reply })).unwrap_or_default();
         assert_eq!(plain["usage"], json!({"input_tokens": 7, "output_tokens": 2}));
@@ -1041,6 +1249,13 @@ mod tests {
             response_format: Some(json!({"type": "json_object"}).into()),
             parallel_tool_calls: Some(true),
             openai: crate::chat::OpenAiOptions { seed: Some(1), presence_penalty: Some(1.0), ..Default::default() },
+            cache_points: vec![
+                CachePoint { at: CacheAt::System, ttl: None },
+                CachePoint { at: CacheAt::Tool(1), ttl: Some(CacheTtl::FiveMinutes) },
+                CachePoint { at: CacheAt::Part { message: 2, part: 1 }, ttl: None },
+                // The tool result merges into the turn before it, and moves to its front.
+                CachePoint { at: CacheAt::Part { message: 4, part: 0 }, ttl: Some(CacheTtl::OneHour) },
+            ],
         };
         let built = serde_json::to_value(build_request(&request, "claude-x", 99)).unwrap_or_default();
         assert_eq!(
@@ -1048,7 +1263,7 @@ mod tests {
             json!({
                 "model": "claude-x",
                 "max_tokens": 99,
-                "system": "be brief",
+                "system": [{"type": "text", "text": "be brief", "cache_control": {"type": "ephemeral"}}],
                 "messages": [
                     {"role": "user", "content": [
                         {"type": "text", "text": "look"},
@@ -1057,19 +1272,20 @@ mod tests {
                     ]},
                     {"role": "assistant", "content": [
                         {"type": "text", "text": "calling"},
-                        {"type": "tool_use", "id": "t1", "name": "f", "input": {"a": [2], "b": 1}},
+                        {"type": "tool_use", "id": "t1", "name": "f", "input": {"a": [2], "b": 1}, "cache_control": {"type": "ephemeral"}},
                         {"type": "tool_use", "id": "t2", "name": "g", "input": {"value": 3}},
                         {"type": "tool_use", "id": "t3", "name": "h", "input": {}},
                         {"type": "tool_use", "id": "t4", "name": "i", "input": {"raw_arguments": "{oops"}},
                     ]},
                     {"role": "user", "content": [
-                        {"type": "tool_result", "tool_use_id": "t1", "content": "no", "is_error": true},
+                        {"type": "tool_result", "tool_use_id": "t1", "content": "no", "is_error": true,
+                         "cache_control": {"type": "ephemeral", "ttl": "1h"}},
                         {"type": "text", "text": "and?"},
                     ]},
                 ],
                 "tools": [
                     {"name": "f", "description": "finds", "input_schema": {"type": "object"}},
-                    {"name": "g", "input_schema": {"type": "object", "properties": {}}},
+                    {"name": "g", "input_schema": {"type": "object", "properties": {}}, "cache_control": {"type": "ephemeral", "ttl": "5m"}},
                 ],
                 "tool_choice": {"type": "tool", "name": "f"},
                 "temperature": 1.0,
@@ -1103,6 +1319,43 @@ mod tests {
         }
         let toolless = ChatRequest { parallel_tool_calls: Some(false), ..minimal };
         assert_eq!(serde_json::to_value(build_request(&toolless, "m", 7)).unwrap_or_default().get("tool_choice"), None);
+    }
+
+    #[test]
+    fn cache_breakpoints_are_read_where_their_parts_land_and_checked() -> Result<(), InvalidRequest> {
+        let request = parse_request(&json!({"model": "m", "max_tokens": 5,
+        "system": [{"type": "text", "text": "s", "cache_control": {"type": "ephemeral", "ttl": "1h"}}],
+        "tools": [{"name": "f"}, {"name": "g", "cache_control": {"type": "ephemeral"}}],
+        "messages": [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+            // A tool result and text in one turn: the result becomes its own neutral message first.
+            {"role": "user", "content": [{"type": "text", "text": "and", "cache_control": {"type": "ephemeral"}},
+                                         {"type": "tool_result", "tool_use_id": "t1", "content": "r", "cache_control": {"type": "ephemeral", "ttl": "5m"}}]}
+        ]}))?;
+        assert_eq!(
+            request.cache_points,
+            vec![
+                CachePoint { at: CacheAt::Part { message: 2, part: 0 }, ttl: Some(CacheTtl::FiveMinutes) },
+                CachePoint { at: CacheAt::Part { message: 3, part: 0 }, ttl: None },
+                CachePoint { at: CacheAt::System, ttl: Some(CacheTtl::OneHour) },
+                CachePoint { at: CacheAt::Tool(1), ttl: None },
+            ]
+        );
+        assert!(matches!(request.messages[2].parts[0], Part::ToolResult { .. }) && request.messages[3].text() == "and");
+        // Written back, each breakpoint sits on the block it came from.
+        let built = serde_json::to_value(build_request(&request, "m", 5)).unwrap_or_default();
+        assert_eq!(built["messages"][2]["content"][0]["cache_control"], json!({"type": "ephemeral", "ttl": "5m"}));
+        assert_eq!(built["messages"][2]["content"][1]["cache_control"], json!({"type": "ephemeral"}));
+        assert_eq!(built["system"][0]["cache_control"], json!({"type": "ephemeral", "ttl": "1h"}));
+        assert_eq!((built["tools"][0].get("cache_control"), &built["tools"][1]["cache_control"]), (None, &json!({"type": "ephemeral"})));
+        let refused = parse_request(&json!({"model": "m", "max_tokens": 5,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "q", "cache_control": {"type": "ephemeral", "ttl": "1d"}}]}]}));
+        assert_eq!(
+            refused.err().map(|error| error.message),
+            Some(r#"messages[0].content[].cache_control must be {"type": "ephemeral"}, with an optional ttl of 5m or 1h"#.to_string())
+        );
+        Ok(())
     }
 
     #[test]

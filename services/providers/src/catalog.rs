@@ -142,8 +142,10 @@ pub struct Price {
     pub output_per_million: Usd,
     /// Prompt tokens read from the provider's cache.
     pub cache_read_per_million: Usd,
-    /// Prompt tokens written to the provider's cache.
+    /// Prompt tokens written to the provider's cache for its default time (five minutes).
     pub cache_write_per_million: Usd,
+    /// Prompt tokens written to it for an hour.
+    pub cache_write_long_per_million: Usd,
 }
 
 impl Price {
@@ -154,6 +156,7 @@ impl Price {
             output_per_million,
             cache_read_per_million: input_per_million,
             cache_write_per_million: input_per_million,
+            cache_write_long_per_million: input_per_million,
         }
     }
 
@@ -161,7 +164,10 @@ impl Price {
     pub fn cost(&self, usage: Usage) -> Usd {
         let numerator = i128::from(usage.uncached_input_tokens()) * i128::from(self.input_per_million.nanos())
             + i128::from(usage.cache_read_tokens) * i128::from(self.cache_read_per_million.nanos())
-            + i128::from(usage.cache_write_tokens) * i128::from(self.cache_write_per_million.nanos())
+            + i128::from(usage.cache_write_tokens.saturating_sub(usage.cache_write_long_tokens))
+                * i128::from(self.cache_write_per_million.nanos())
+            + i128::from(usage.cache_write_long_tokens.min(usage.cache_write_tokens))
+                * i128::from(self.cache_write_long_per_million.nanos())
             + i128::from(usage.output_tokens) * i128::from(self.output_per_million.nanos());
         let nanos = (numerator + 999_999) / 1_000_000;
         Usd::from_nanos(i64::try_from(nanos).unwrap_or(i64::MAX))
@@ -221,6 +227,8 @@ struct ModelEntry {
     cache_read: Option<String>,
     /// Per million prompt tokens written to it; the provider's rule when absent.
     cache_write: Option<String>,
+    /// Per million prompt tokens written to it for an hour; the provider's rule when absent.
+    cache_write_long: Option<String>,
     context: u64,
     max_output: u32,
     #[serde(default)]
@@ -232,13 +240,14 @@ struct ModelEntry {
     deprecated: Option<Deprecation>,
 }
 
-/// Cache prices per million where the catalog lists none: Anthropic's published rule (reads at a
-/// tenth of input, five-minute writes at 1.25 times); elsewhere what input costs, so a cached token
-/// is never priced below what the provider may charge for it.
-fn cache_rule(provider: &str, input: Usd) -> (Usd, Usd) {
+/// Cache prices per million (reads, five-minute writes, one-hour writes) where the catalog lists
+/// none: Anthropic's published rule (a tenth, 1.25 times and twice input); elsewhere what input
+/// costs, so a cached token is never priced below what the provider may charge for it.
+fn cache_rule(provider: &str, input: Usd) -> (Usd, Usd, Usd) {
+    let times = |numerator: i64, denominator: i64| Usd::from_nanos(input.nanos().saturating_mul(numerator) / denominator);
     match provider {
-        "anthropic" => (Usd::from_nanos(input.nanos() / 10), Usd::from_nanos(input.nanos().saturating_mul(5) / 4)),
-        _ => (input, input),
+        "anthropic" => (times(1, 10), times(5, 4), times(2, 1)),
+        _ => (input, input, input),
     }
 }
 
@@ -287,16 +296,23 @@ impl ModelCatalog {
                 Usd::parse_decimal(text).map_err(|error| CatalogError::Invalid(format!("{}/{}: {error}", entry.provider, entry.model)))
             };
             let input = price(&entry.input)?;
-            let (read, write) = cache_rule(&entry.provider, input);
+            let (read, write, write_long) = cache_rule(&entry.provider, input);
             let price = Price {
                 input_per_million: input,
                 output_per_million: price(&entry.output)?,
                 cache_read_per_million: entry.cache_read.as_deref().map_or(Ok(read), price)?,
                 cache_write_per_million: entry.cache_write.as_deref().map_or(Ok(write), price)?,
+                cache_write_long_per_million: entry.cache_write_long.as_deref().map_or(Ok(write_long), price)?,
             };
-            if [price.input_per_million, price.output_per_million, price.cache_read_per_million, price.cache_write_per_million]
-                .iter()
-                .any(|price| *price < Usd::ZERO)
+            if [
+                price.input_per_million,
+                price.output_per_million,
+                price.cache_read_per_million,
+                price.cache_write_per_million,
+                price.cache_write_long_per_million,
+            ]
+            .iter()
+            .any(|price| *price < Usd::ZERO)
             {
                 return Err(CatalogError::Invalid(format!("{}/{}: negative price", entry.provider, entry.model)));
             }
@@ -386,6 +402,9 @@ mod tests {
         // Anthropic's rule ($1/M input): 200 uncached, 600 read at a tenth, 200 written at 1.25 times.
         let anthropic = Usage { cache_read_tokens: 600, cache_write_tokens: 200, ..Usage::uncached(1000, 0) };
         assert_eq!(price("anthropic", "claude-haiku-4-5").cost(anthropic), Usd::from_nanos(200_000 + 60_000 + 250_000));
+        // Of those writes, 100 kept an hour: twice input.
+        let long = Usage { cache_write_long_tokens: 100, ..anthropic };
+        assert_eq!(price("anthropic", "claude-haiku-4-5").cost(long), Usd::from_nanos(200_000 + 60_000 + 125_000 + 200_000));
         // Unlisted elsewhere: a cached token costs what input does (never priced below the provider's bill).
         let gemini = price("google", "gemini-2.5-flash");
         assert_eq!(gemini.cost(Usage { cache_read_tokens: 500, ..Usage::uncached(1000, 0) }), gemini.cost(Usage::uncached(1000, 0)));

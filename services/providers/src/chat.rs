@@ -249,6 +249,53 @@ pub struct ChatRequest {
     pub parallel_tool_calls: Option<bool>,
     /// OpenAI's options with no member in the other client format.
     pub openai: OpenAiOptions,
+    /// Where the client asked the provider to cache the prompt up to (Anthropic's `cache_control`).
+    pub cache_points: Vec<CachePoint>,
+}
+
+/// A prompt cache breakpoint: the provider caches the prompt up to and including `at`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CachePoint {
+    pub at: CacheAt,
+    /// As the client asked; None leaves the provider's default (five minutes at Anthropic).
+    pub ttl: Option<CacheTtl>,
+}
+
+/// Where a prompt cache breakpoint sits in the neutral request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheAt {
+    /// The end of the system prompt.
+    System,
+    /// The tool at this index (the tools come before the system prompt in Anthropic's prefix).
+    Tool(usize),
+    /// The part `part` of the message `message`.
+    Part { message: usize, part: usize },
+}
+
+/// How long a provider keeps a cached prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheTtl {
+    FiveMinutes,
+    OneHour,
+}
+
+impl CacheTtl {
+    /// As Anthropic writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CacheTtl::FiveMinutes => "5m",
+            CacheTtl::OneHour => "1h",
+        }
+    }
+
+    /// From Anthropic's spelling.
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "5m" => Some(CacheTtl::FiveMinutes),
+            "1h" => Some(CacheTtl::OneHour),
+            _ => None,
+        }
+    }
 }
 
 /// OpenAI options as the client sent them: OpenAI-format providers get them all, Gemini the ones it
@@ -316,12 +363,14 @@ pub struct Usage {
     pub cache_read_tokens: u64,
     /// Of `input_tokens`, those written to the provider's prompt cache (Anthropic prices them above input).
     pub cache_write_tokens: u64,
+    /// Of `cache_write_tokens`, those kept for an hour (priced above five-minute writes).
+    pub cache_write_long_tokens: u64,
 }
 
 impl Usage {
     /// Counts without any prompt caching.
     pub const fn uncached(input_tokens: u64, output_tokens: u64) -> Self {
-        Usage { input_tokens, output_tokens, cache_read_tokens: 0, cache_write_tokens: 0 }
+        Usage { input_tokens, output_tokens, cache_read_tokens: 0, cache_write_tokens: 0, cache_write_long_tokens: 0 }
     }
 
     /// The prompt tokens neither read from nor written to the cache.

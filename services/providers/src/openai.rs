@@ -119,6 +119,7 @@ pub fn parse_request(body: &Value) -> Result<ChatRequest, InvalidRequest> {
             logit_bias: logit_bias(body)?,
             reasoning_effort: optional_string(body, "reasoning_effort")?,
         },
+        cache_points: Vec::new(),
     })
 }
 

@@ -103,6 +103,35 @@ struct Block {
     text: Option<String>,
     /// The result of a `tool_result` block.
     content: Option<Content>,
+    cache_control: Option<CacheControl>,
+}
+
+#[derive(Debug, Deserialize)]
+struct CacheControl {
+    #[serde(rename = "type")]
+    kind: String,
+    ttl: Option<String>,
+}
+
+/// The prompt prefix up to the last cache breakpoint: its digest, words, and whether kept an hour.
+pub(crate) struct Breakpoint {
+    pub digest: u64,
+    words: u64,
+    long: bool,
+}
+
+/// What the cache did for one request: the prefix's words were written, or read.
+pub(crate) struct CacheUse {
+    words: u64,
+    read: bool,
+    long: bool,
+}
+
+impl Breakpoint {
+    /// The use of a prefix (Anthropic caches from 1,024 tokens): read when it was cached before.
+    pub fn used(&self, cached_before: bool) -> Option<CacheUse> {
+        (self.words >= crate::conversation::CACHE_MINIMUM).then_some(CacheUse { words: self.words, read: cached_before, long: self.long })
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -149,6 +178,35 @@ impl Content {
 }
 
 impl MessagesRequest {
+    /// The prefix through the last block marked `cache_control` (system blocks, then messages'), if any.
+    pub fn breakpoint(&self) -> Option<Breakpoint> {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        self.model.hash(&mut hasher);
+        let (mut words, mut found) = (0, None);
+        let system = self.system.iter().map(|content| ("system", content));
+        for (role, content) in system.chain(self.messages.iter().map(|message| (message.role.as_str(), &message.content))) {
+            role.hash(&mut hasher);
+            let blocks = match content {
+                Content::Text(text) => {
+                    text.hash(&mut hasher);
+                    words += count_words(text);
+                    continue;
+                }
+                Content::Blocks(blocks) => blocks,
+            };
+            for block in blocks {
+                block.kind.hash(&mut hasher);
+                block.text.hash(&mut hasher);
+                words += block.text.as_deref().map_or(0, count_words) + block.content.as_ref().map_or(0, Content::words);
+                if let Some(control) = block.cache_control.as_ref().filter(|control| control.kind == "ephemeral") {
+                    found = Some(Breakpoint { digest: hasher.finish(), words, long: control.ttl.as_deref() == Some("1h") });
+                }
+            }
+        }
+        found
+    }
+
     /// The request, or why it is refused (a 400).
     pub fn parse(body: &[u8]) -> Result<MessagesRequest, String> {
         let request: MessagesRequest = serde_json::from_slice(body).map_err(|error| format!("invalid request body: {error}"))?;
@@ -180,16 +238,21 @@ impl MessagesRequest {
             ends_with_tool_result: self.messages.last().is_some_and(|message| message.content.has_tool_result()),
             first_tool: self.tools.iter().flatten().next().filter(|_| tools_allowed).map(|tool| tool.name.clone()),
             max_tokens: self.max_tokens,
-            cached_words: 0,
+            ..Prompt::default()
         }
     }
 
-    pub fn reply(&self) -> Reply {
-        Reply::to(Provider::Anthropic, &self.prompt())
+    pub fn reply(&self, cache: Option<&CacheUse>) -> Reply {
+        let prompt = match cache {
+            Some(cache) if cache.read => Prompt { cached_words: cache.words, ..self.prompt() },
+            Some(cache) => Prompt { written_words: cache.words, written_long: cache.long, ..self.prompt() },
+            None => self.prompt(),
+        };
+        Reply::to(Provider::Anthropic, &prompt)
     }
 
-    pub fn complete(&self, seq: u64) -> Response {
-        let reply = self.reply();
+    pub fn complete(&self, seq: u64, cache: Option<&CacheUse>) -> Response {
+        let reply = self.reply(cache);
         let id = message_id(seq);
         let tool_id = tool_use_id(seq);
         let content = match &reply.tool_call {
@@ -204,13 +267,13 @@ impl MessagesRequest {
             content: [content],
             stop_reason: Some(stop_reason(reply.stop)),
             stop_sequence: None,
-            usage: UsageOut { input_tokens: reply.input_tokens, output_tokens: reply.output_tokens },
+            usage: UsageOut::of(&reply, reply.output_tokens),
         };
         respond::json(StatusCode::OK, &message)
     }
 
-    pub fn stream(&self, seq: u64) -> (StreamSteps, EventRenderer) {
-        (StreamSteps::new(self.reply()), EventRenderer { id: message_id(seq), tool_id: tool_use_id(seq), model: self.model.clone() })
+    pub fn stream(&self, seq: u64, cache: Option<&CacheUse>) -> (StreamSteps, EventRenderer) {
+        (StreamSteps::new(self.reply(cache)), EventRenderer { id: message_id(seq), tool_id: tool_use_id(seq), model: self.model.clone() })
     }
 }
 
@@ -252,8 +315,37 @@ enum ContentOut<'a, I> {
 
 #[derive(Serialize)]
 struct UsageOut {
+    /// The prompt's tokens neither read from nor written to the cache, as Anthropic counts.
     input_tokens: u64,
     output_tokens: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache_creation_input_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache_read_input_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache_creation: Option<CacheCreationOut>,
+}
+
+#[derive(Serialize)]
+struct CacheCreationOut {
+    ephemeral_5m_input_tokens: u64,
+    ephemeral_1h_input_tokens: u64,
+}
+
+impl UsageOut {
+    fn of(reply: &Reply, output_tokens: u64) -> UsageOut {
+        let cached = reply.cached_tokens > 0 || reply.written_tokens > 0;
+        UsageOut {
+            input_tokens: reply.input_tokens.saturating_sub(reply.cached_tokens + reply.written_tokens),
+            output_tokens,
+            cache_creation_input_tokens: cached.then_some(reply.written_tokens),
+            cache_read_input_tokens: cached.then_some(reply.cached_tokens),
+            cache_creation: cached.then(|| {
+                let long = if reply.written_long { reply.written_tokens } else { 0 };
+                CacheCreationOut { ephemeral_5m_input_tokens: reply.written_tokens - long, ephemeral_1h_input_tokens: long }
+            }),
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -315,7 +407,7 @@ impl Render for EventRenderer {
                     content: [],
                     stop_reason: None,
                     stop_sequence: None,
-                    usage: UsageOut { input_tokens: reply.input_tokens, output_tokens: 0 },
+                    usage: UsageOut::of(reply, 0),
                 };
                 write_event(out, "message_start", &Event::MessageStart { message });
             }
@@ -361,7 +453,7 @@ mod tests {
 
     /// (event name, data) of every event of the stream.
     fn events(request: &MessagesRequest) -> Vec<(String, Value)> {
-        let (mut steps, mut renderer) = request.stream(2);
+        let (mut steps, mut renderer) = request.stream(2, None);
         let mut out = BytesMut::new();
         while let Some(step) = steps.next() {
             renderer.render(&step, steps.reply(), &mut out);
@@ -389,7 +481,7 @@ mod tests {
                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "two words"}, {"type": "text", "text": "last one"}]},
             ],
         }));
-        let body = body_json(messages.complete(7)).await;
+        let body = body_json(messages.complete(7, None)).await;
         assert_eq!(body["id"], "msg_mock_7");
         assert_eq!(body["type"], "message");
         assert_eq!(body["role"], "assistant");
@@ -403,7 +495,7 @@ mod tests {
     #[tokio::test]
     async fn max_tokens_stops_the_message() {
         let messages = request(json!({"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]}));
-        let body = body_json(messages.complete(0)).await;
+        let body = body_json(messages.complete(0, None)).await;
         assert_eq!(body["content"][0]["text"], "mock");
         assert_eq!(body["stop_reason"], "max_tokens");
     }
@@ -415,7 +507,7 @@ mod tests {
             "tools": [{"name": "search", "input_schema": {"type": "object"}}],
             "messages": [{"role": "user", "content": [{"type": "text", "text": "use a tool"}]}],
         }));
-        let body = body_json(messages.complete(1)).await;
+        let body = body_json(messages.complete(1, None)).await;
         assert_eq!(
             body["content"],
             json!([{"type": "tool_use", "id": "toolu_mock_1", "name": "search", "input": {"query": "use a tool"}}])
@@ -431,7 +523,7 @@ mod tests {
                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_mock_1", "content": [{"type": "text", "text": "sunny"}]}]},
             ],
         }));
-        let body = body_json(after.complete(2)).await;
+        let body = body_json(after.complete(2, None)).await;
         assert_eq!(body["content"][0]["text"], "mock anthropic reply to: use a tool");
     }
 

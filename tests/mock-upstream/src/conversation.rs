@@ -34,6 +34,10 @@ pub(crate) struct Prompt {
     pub max_tokens: Option<u64>,
     /// Of `input_words`, those the provider serves from its prompt cache (see each format's rule).
     pub cached_words: u64,
+    /// Of `input_words`, those it writes to its prompt cache (Anthropic's breakpoints), and whether
+    /// for an hour.
+    pub written_words: u64,
+    pub written_long: bool,
 }
 
 /// OpenAI caches a prompt's prefix automatically once it reaches this many tokens, in steps of 128.
@@ -82,6 +86,9 @@ pub(crate) struct Reply {
     pub output_tokens: u64,
     /// Of `input_tokens`, those served from the prompt cache.
     pub cached_tokens: u64,
+    /// Of `input_tokens`, those written to the prompt cache, and whether for an hour.
+    pub written_tokens: u64,
+    pub written_long: bool,
 }
 
 /// Output tokens reported for a tool call.
@@ -101,6 +108,8 @@ impl Reply {
                 input_tokens: prompt.input_words,
                 output_tokens: TOOL_CALL_TOKENS,
                 cached_tokens: prompt.cached_words,
+                written_tokens: prompt.written_words,
+                written_long: prompt.written_long,
             };
         }
         let mut text = format!("mock {} reply to: {}", provider.name(), prompt.last_user_text);
@@ -115,7 +124,16 @@ impl Reply {
             words = max_tokens;
             stop = Stop::Length;
         }
-        Reply { text, tool_call: None, stop, input_tokens: prompt.input_words, output_tokens: words, cached_tokens: prompt.cached_words }
+        Reply {
+            text,
+            tool_call: None,
+            stop,
+            input_tokens: prompt.input_words,
+            output_tokens: words,
+            cached_tokens: prompt.cached_words,
+            written_tokens: prompt.written_words,
+            written_long: prompt.written_long,
+        }
     }
 
     /// The text streamed in deltas: the reply, or the tool call's arguments.

@@ -193,6 +193,7 @@ impl GenerateRequest {
             max_tokens: self.generation_config.as_ref().and_then(|config| config.max_output_tokens),
             // Implicit caching, as OpenAI's automatic one: the turns before the last.
             cached_words: crate::conversation::cacheable(self.contents.iter().rev().skip(1).map(Content::words).sum()),
+            ..Prompt::default()
         }
     }
 

@@ -94,6 +94,8 @@ pub(crate) struct Shared {
     failures: Mutex<VecDeque<FailSpec>>,
     // Lets the hot path skip the failure lock when nothing is queued.
     pending_failures: AtomicUsize,
+    // Prompt prefixes cached by an explicit breakpoint (Anthropic's `cache_control`), by digest.
+    cached_prefixes: Mutex<HashSet<u64>>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -110,7 +112,13 @@ impl Shared {
             journal: Mutex::new(VecDeque::new()),
             failures: Mutex::new(VecDeque::new()),
             pending_failures: AtomicUsize::new(0),
+            cached_prefixes: Mutex::new(HashSet::new()),
         }
+    }
+
+    /// Caches a prompt prefix (by its digest); whether it was cached already.
+    pub fn cache_prefix(&self, digest: u64) -> bool {
+        !lock(&self.cached_prefixes).insert(digest)
     }
 
     /// Whether `key` is accepted: any key (or none) when no valid keys are configured.

@@ -162,6 +162,7 @@ impl ChatRequest {
             cached_words: crate::conversation::cacheable(
                 self.messages.iter().rev().skip(1).filter_map(|message| message.content.as_ref()).map(ChatContent::words).sum(),
             ),
+            ..Prompt::default()
         }
     }
 

@@ -146,11 +146,15 @@ fn answer(shared: &Arc<Shared>, incoming: &Incoming) -> (Response, bool) {
         },
         Route::AnthropicMessages => match MessagesRequest::parse(&incoming.body) {
             Err(message) => bad_request(message),
-            Ok(messages) if messages.is_stream() => {
-                let (steps, renderer) = messages.stream(incoming.seq);
-                (respond::stream(shared, incoming.seq, steps, renderer, CONTENT_TYPE_SSE), true)
+            Ok(messages) => {
+                let cache = messages.breakpoint().and_then(|point| point.used(shared.cache_prefix(point.digest)));
+                if messages.is_stream() {
+                    let (steps, renderer) = messages.stream(incoming.seq, cache.as_ref());
+                    (respond::stream(shared, incoming.seq, steps, renderer, CONTENT_TYPE_SSE), true)
+                } else {
+                    full(messages.complete(incoming.seq, cache.as_ref()))
+                }
             }
-            Ok(messages) => full(messages.complete(incoming.seq)),
         },
         Route::GeminiGenerate { model, stream } => match GenerateRequest::parse(&incoming.body) {
             Err(message) => bad_request(message),

@@ -11,7 +11,8 @@ use serde::de::{SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
-use crate::chat::{ChatRequest, Message, OpenAiOptions, Part, Role, Schema, Tool, ToolChoice};
+use crate::anthropic::{Marked, push_turn, system_text};
+use crate::chat::{CacheAt, CachePoint, CacheTtl, ChatRequest, Message, OpenAiOptions, Part, Role, Schema, Tool, ToolChoice};
 use crate::typed::{Checked, Object, from_json, positive_u32, within};
 
 /// The neutral request of a body of the common shape; None for any other body.
@@ -126,8 +127,8 @@ struct Block<'a> {
     content: Option<TextOrBlocks<'a>>,
     #[serde(default)]
     is_error: Option<bool>,
-    #[serde(default, rename = "cache_control")]
-    _cache_control: Option<Checked>,
+    #[serde(borrow, default)]
+    cache_control: Option<Object<InCache<'a>>>,
     #[serde(default, rename = "citations")]
     _citations: Option<Checked>,
 }
@@ -144,8 +145,31 @@ struct InTool<'a> {
     input_schema: Option<Schema>,
     #[serde(default, rename = "type")]
     _kind: Option<Checked>,
-    #[serde(default, rename = "cache_control")]
-    _cache_control: Option<Checked>,
+    #[serde(borrow, default)]
+    cache_control: Option<Object<InCache<'a>>>,
+}
+
+/// `cache_control` as the tree reading takes it: `ephemeral`, with an optional ttl.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct InCache<'a> {
+    #[serde(borrow, rename = "type")]
+    kind: Cow<'a, str>,
+    #[serde(borrow, default)]
+    ttl: Option<Cow<'a, str>>,
+}
+
+/// A block's breakpoint as `anthropic::cache_control` reads it: Some(None) for no breakpoint; None
+/// where that reading refuses it.
+fn breakpoint(cache: Option<Object<InCache<'_>>>) -> Option<Option<Option<CacheTtl>>> {
+    match cache {
+        None => Some(None),
+        Some(Object(cache)) if cache.kind == "ephemeral" => match cache.ttl {
+            None => Some(Some(None)),
+            Some(ttl) => CacheTtl::parse(&ttl).map(|ttl| Some(Some(ttl))),
+        },
+        Some(_) => None,
+    }
 }
 
 #[derive(Deserialize)]
@@ -167,34 +191,37 @@ struct Metadata<'a> {
 }
 
 /// The parts of some content, as the tree reading's `blocks` makes them; None where it could differ.
-fn content_parts(content: Option<TextOrBlocks<'_>>) -> Option<Vec<Part>> {
+fn content_parts(content: Option<TextOrBlocks<'_>>) -> Option<Vec<Marked>> {
     let blocks = match content {
         None => return Some(Vec::new()),
-        Some(TextOrBlocks::Text(text)) => return Some(vec![Part::Text(text.into_owned())]),
+        Some(TextOrBlocks::Text(text)) => return Some(vec![Part::Text(text.into_owned()).into()]),
         Some(TextOrBlocks::Blocks(blocks)) => blocks,
     };
     let mut parts = Vec::with_capacity(blocks.len());
     for Object(block) in blocks {
-        match block.kind.as_ref() {
-            "text" => parts.push(Part::Text(block.text.map(Cow::into_owned).unwrap_or_default())),
-            "tool_use" => parts.push(Part::ToolCall {
+        let cache = breakpoint(block.cache_control)?;
+        let part = match block.kind.as_ref() {
+            "text" => Part::Text(block.text.map(Cow::into_owned).unwrap_or_default()),
+            "tool_use" => Part::ToolCall {
                 id: block.id.map(Cow::into_owned).unwrap_or_default(),
                 name: block.name.map(Cow::into_owned).unwrap_or_default(),
                 arguments: block.input.map_or_else(|| "{}".to_string(), |input| input.to_string()),
-            }),
+            },
             "tool_result" => {
-                let content = Message { role: Role::User, parts: content_parts(block.content)? }.text();
-                parts.push(Part::ToolResult {
+                // Breakpoints inside a tool result's content are not kept (as the tree reading).
+                let nested = content_parts(block.content)?.into_iter().map(|block| block.part).collect();
+                Part::ToolResult {
                     call_id: block.tool_use_id.map(Cow::into_owned).unwrap_or_default(),
-                    content,
+                    content: Message { role: Role::User, parts: nested }.text(),
                     is_error: block.is_error.unwrap_or(false),
-                });
+                }
             }
             // Images (a source to rebuild) are left to the tree reading.
             "image" => return None,
-            // Other kinds are skipped, as the tree reading skips them.
-            _ => {}
-        }
+            // Other kinds are skipped, as the tree reading skips them (their breakpoints with them).
+            _ => continue,
+        };
+        parts.push(Marked { part, cache });
     }
     Some(parts)
 }
@@ -212,30 +239,25 @@ impl Body<'_> {
         }
         let max_tokens = positive_u32(self.max_tokens?)?;
         let mut messages = Vec::with_capacity(self.messages.len());
+        let mut cache_points = Vec::new();
         for Object(message) in self.messages {
             let role = match message.role.as_ref() {
                 "user" => Role::User,
                 "assistant" => Role::Assistant,
                 _ => return None,
             };
-            // Tool results travel in user turns in this format; the neutral model gives them their
-            // own role (as the tree reading does).
-            let (results, others): (Vec<Part>, Vec<Part>) =
-                content_parts(message.content)?.into_iter().partition(|part| matches!(part, Part::ToolResult { .. }));
-            if !results.is_empty() {
-                messages.push(Message { role: Role::Tool, parts: results });
-            }
-            if !others.is_empty() || role == Role::Assistant {
-                messages.push(Message { role, parts: others });
-            }
+            push_turn(&mut messages, &mut cache_points, role, content_parts(message.content)?);
         }
         let system = match self.system {
             None => None,
             Some(TextOrBlocks::Text(text)) => Some(text.into_owned()),
-            Some(blocks) => Some(Message { role: Role::User, parts: content_parts(Some(blocks))? }.text()),
+            Some(blocks) => Some(system_text(content_parts(Some(blocks))?, &mut cache_points)),
         };
         let mut tools = Vec::new();
-        for Object(tool) in self.tools.into_iter().flatten() {
+        for (index, Object(tool)) in self.tools.into_iter().flatten().enumerate() {
+            if let Some(ttl) = breakpoint(tool.cache_control)? {
+                cache_points.push(CachePoint { at: CacheAt::Tool(index), ttl });
+            }
             tools.push(Tool {
                 name: tool.name.filter(|name| !name.is_empty())?.into_owned(),
                 description: tool.description.map(Cow::into_owned),
@@ -272,6 +294,7 @@ impl Body<'_> {
             response_format: None,
             parallel_tool_calls,
             openai: OpenAiOptions::default(),
+            cache_points,
         })
     }
 }
@@ -315,6 +338,16 @@ mod tests {
                    "messages": [{"role": "user", "content": "x"}]}),
             json!({"model": "m", "max_tokens": 3, "tool_choice": {"type": "none", "disable_parallel_tool_use": null},
                    "messages": [{"role": "user", "content": "x"}]}),
+            // Prompt cache breakpoints wherever Anthropic takes them (and null as none).
+            json!({"model": "m", "max_tokens": 9,
+                   "system": [{"type": "text", "text": "one", "cache_control": {"type": "ephemeral", "ttl": "1h"}}, {"type": "text", "text": "two"}],
+                   "tools": [{"name": "a", "cache_control": null}, {"name": "b", "input_schema": {"type": "object"}, "cache_control": {"type": "ephemeral"}}],
+                   "messages": [{"role": "user", "content": [{"type": "text", "text": "q", "cache_control": {"type": "ephemeral", "ttl": "5m"}}]},
+                                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "b", "input": {}, "cache_control": {"type": "ephemeral"}}]},
+                                {"role": "user", "content": [{"type": "text", "text": "also"},
+                                                             {"type": "tool_result", "tool_use_id": "t1", "cache_control": {"type": "ephemeral", "ttl": null},
+                                                              "content": [{"type": "text", "text": "r", "cache_control": {"type": "ephemeral"}}]},
+                                                             {"type": "thinking", "text": "x", "cache_control": {"type": "ephemeral"}}]}]}),
         ]
     }
 
@@ -356,6 +389,21 @@ mod tests {
             with("tool_choice", json!({"name": "f"})),
             with("tool_choice", json!({"type": "sometimes"})),
             with("tool_choice", json!({"type": "auto", "disable_parallel_tool_use": "yes"})),
+            with(
+                "messages",
+                json!([{"role": "user", "content": [{"type": "text", "text": "q", "cache_control": {"type": "persistent"}}]}]),
+            ),
+            with(
+                "messages",
+                json!([{"role": "user", "content": [{"type": "text", "text": "q", "cache_control": {"type": "ephemeral", "ttl": "2h"}}]}]),
+            ),
+            with("messages", json!([{"role": "user", "content": [{"type": "text", "text": "q", "cache_control": "ephemeral"}]}])),
+            with(
+                "messages",
+                json!([{"role": "user", "content": [{"type": "text", "text": "q", "cache_control": {"type": "ephemeral", "scope": "x"}}]}]),
+            ),
+            with("tools", json!([{"name": "f", "cache_control": {"type": "ephemeral", "ttl": 60}}])),
+            with("system", json!([{"type": "text", "text": "s", "cache_control": {}}])),
             with("temperature", json!(1.5)),
             with("top_p", json!("1")),
             with("stream", json!("yes")),

@@ -260,6 +260,7 @@ impl Body<'_> {
                 logit_bias: Vec::new(),
                 reasoning_effort: self.reasoning_effort.map(Cow::into_owned),
             },
+            cache_points: Vec::new(),
         })
     }
 }
