@@ -574,6 +574,21 @@ async fn anthropic_cache_breakpoints_reach_anthropic_and_are_priced(shape: Shape
     let delta = sse_data(&streamed.text).into_iter().find(|event| event["type"] == "message_delta").unwrap_or_default();
     assert_eq!(delta["usage"]["cache_read_input_tokens"], 1100, "{}", streamed.text);
     assert!(streamed.text.contains(&format!(": x-br-actual-cost={}", cost(&delta["usage"]))), "{}", streamed.text);
+    // From an OpenAI client (breakpoints on content parts, as LiteLLM takes them): reads show as
+    // OpenAI's cached tokens; the writes, which OpenAI's format has no member for, are still priced.
+    let openai = json!({"model": "anthropic/claude-haiku-4-5", "max_tokens": 50, "messages": [
+        {"role": "system", "content": [{"type": "text", "text": format!("openai {}", "rule ".repeat(1099)), "cache_control": {"type": "ephemeral"}}]},
+        {"role": "user", "content": "hello there"}]});
+    let first = gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(openai.clone())).await?;
+    assert_eq!(last_request(mock)?.body["system"][0]["cache_control"], json!({"type": "ephemeral"}));
+    let (prompt, output) =
+        (first.body["usage"]["prompt_tokens"].as_u64().unwrap_or(0), first.body["usage"]["completion_tokens"].as_u64().unwrap_or(0));
+    assert_eq!((prompt, first.body["usage"].get("prompt_tokens_details")), (1102, None), "{}", first.text);
+    assert_eq!(first.header("x-br-actual-cost"), Some(format!("0.{:06}", (2 * 1_000 + 1100 * 1_250 + output * 5_000) / 1_000).as_str()));
+    let again = gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(openai)).await?;
+    assert_eq!(again.body["usage"]["prompt_tokens_details"], json!({"cached_tokens": 1100}), "{}", again.text);
+    assert_eq!(again.header("x-br-actual-cost"), Some(format!("0.{:06}", (2 * 1_000 + 1100 * 100 + output * 5_000) / 1_000).as_str()));
+
     // A breakpoint Anthropic would refuse is the body's 400, before any provider call.
     mock.clear();
     let mut refused = body(None, false);

@@ -99,7 +99,7 @@ pub fn parse_request(body: &Value) -> Result<ChatRequest, InvalidRequest> {
 
 /// A block's `cache_control`: None when absent or null, else the breakpoint's ttl (None for the
 /// provider's default).
-fn cache_control(block: &Value, place: impl Fn() -> String) -> Result<Option<Option<CacheTtl>>, InvalidRequest> {
+pub(crate) fn cache_control(block: &Value, place: impl Fn() -> String) -> Result<Option<Option<CacheTtl>>, InvalidRequest> {
     let refused =
         || InvalidRequest::new(format!("{}.cache_control must be {{\"type\": \"ephemeral\"}}, with an optional ttl of 5m or 1h", place()));
     match block.get("cache_control") {

@@ -5,12 +5,14 @@ use std::borrow::Cow;
 
 use serde_json::Value;
 
+use crate::anthropic::{Marked, cache_control};
 use crate::chat::fields::{
     optional_bool, optional_flag, optional_i64, optional_number_in, optional_positive_u32, optional_string, required_array,
     required_string, stop_list,
 };
 use crate::chat::{
-    ChatEvent, ChatReply, ChatRequest, FinishReason, InvalidRequest, Message, OpenAiOptions, Part, Role, Schema, Tool, ToolChoice, Usage,
+    CacheAt, CachePoint, CacheTtl, ChatEvent, ChatReply, ChatRequest, FinishReason, InvalidRequest, Message, OpenAiOptions, Part, Role,
+    Schema, Tool, ToolChoice, Usage,
 };
 
 mod typed_request;
@@ -30,16 +32,27 @@ pub fn parse_request(body: &Value) -> Result<ChatRequest, InvalidRequest> {
     let raw_messages = required_array(body, "messages")?;
     let mut system = Vec::new();
     let mut messages = Vec::new();
+    // Anthropic's `cache_control` on content parts and tools (as LiteLLM takes it from OpenAI clients),
+    // for requests routed to Anthropic.
+    let mut cache_points = Vec::new();
+    let mut system_cache = None;
     for (position, message) in raw_messages.iter().enumerate() {
         let role = message
             .get("role")
             .and_then(Value::as_str)
             .ok_or_else(|| InvalidRequest::new(format!("messages[{position}].role is required")))?;
         match role {
-            "system" | "developer" => system.push(content_text(message.get("content"), position)?),
-            "user" => messages.push(Message { role: Role::User, parts: content_parts(message.get("content"), position)? }),
+            "system" | "developer" => {
+                let (text, cache) = content_text(message.get("content"), position)?;
+                system_cache = cache.or(system_cache);
+                system.push(text);
+            }
+            "user" => {
+                let parts = placed(&mut cache_points, messages.len(), content_parts(message.get("content"), position)?);
+                messages.push(Message { role: Role::User, parts });
+            }
             "assistant" => {
-                let mut parts = content_parts(message.get("content"), position)?;
+                let mut parts = placed(&mut cache_points, messages.len(), content_parts(message.get("content"), position)?);
                 for call in message.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
                     let function = call.get("function").unwrap_or(&Value::Null);
                     let name = function
@@ -61,7 +74,10 @@ pub fn parse_request(body: &Value) -> Result<ChatRequest, InvalidRequest> {
             "tool" | "function" => {
                 let call_id =
                     message.get("tool_call_id").or_else(|| message.get("name")).and_then(Value::as_str).unwrap_or_default().to_string();
-                let content = content_text(message.get("content"), position)?;
+                let (content, cache) = content_text(message.get("content"), position)?;
+                if let Some(ttl) = cache {
+                    cache_points.push(CachePoint { at: CacheAt::Part { message: messages.len(), part: 0 }, ttl });
+                }
                 messages.push(Message { role: Role::Tool, parts: vec![Part::ToolResult { call_id, content, is_error: false }] });
             }
             other => {
@@ -71,8 +87,14 @@ pub fn parse_request(body: &Value) -> Result<ChatRequest, InvalidRequest> {
             }
         }
     }
+    if let Some(ttl) = system_cache.filter(|_| !system.is_empty()) {
+        cache_points.push(CachePoint { at: CacheAt::System, ttl });
+    }
     let mut tools = Vec::new();
-    for tool in body.get("tools").and_then(Value::as_array).into_iter().flatten() {
+    for (index, tool) in body.get("tools").and_then(Value::as_array).into_iter().flatten().enumerate() {
+        if let Some(ttl) = cache_control(tool, || format!("tools[{index}]"))? {
+            cache_points.push(CachePoint { at: CacheAt::Tool(index), ttl });
+        }
         let function = tool.get("function").ok_or_else(|| InvalidRequest::new("tools[] entries need a function"))?;
         tools.push(tool_of(function)?);
     }
@@ -119,7 +141,7 @@ pub fn parse_request(body: &Value) -> Result<ChatRequest, InvalidRequest> {
             logit_bias: logit_bias(body)?,
             reasoning_effort: optional_string(body, "reasoning_effort")?,
         },
-        cache_points: Vec::new(),
+        cache_points,
     })
 }
 
@@ -179,28 +201,41 @@ fn arguments_text(arguments: Option<&Value>) -> String {
     }
 }
 
-fn content_text(content: Option<&Value>, position: usize) -> Result<String, InvalidRequest> {
+/// The content's text, and the last breakpoint among its parts (the text is one part).
+fn content_text(content: Option<&Value>, position: usize) -> Result<(String, Option<Option<CacheTtl>>), InvalidRequest> {
     let parts = content_parts(content, position)?;
-    Ok(Message { role: Role::User, parts }.text())
+    let cache = parts.iter().rev().find_map(|part| part.cache);
+    Ok((Message { role: Role::User, parts: parts.into_iter().map(|part| part.part).collect() }.text(), cache))
 }
 
-fn content_parts(content: Option<&Value>, position: usize) -> Result<Vec<Part>, InvalidRequest> {
+/// The parts of the message about to be `message`, each breakpoint placed as a cache point.
+fn placed(cache_points: &mut Vec<CachePoint>, message: usize, parts: Vec<Marked>) -> Vec<Part> {
+    for (part, marked) in parts.iter().enumerate() {
+        if let Some(ttl) = marked.cache {
+            cache_points.push(CachePoint { at: CacheAt::Part { message, part }, ttl });
+        }
+    }
+    parts.into_iter().map(|part| part.part).collect()
+}
+
+fn content_parts(content: Option<&Value>, position: usize) -> Result<Vec<Marked>, InvalidRequest> {
     match content {
         None | Some(Value::Null) => Ok(Vec::new()),
-        Some(Value::String(text)) => Ok(vec![Part::Text(text.clone())]),
+        Some(Value::String(text)) => Ok(vec![Part::Text(text.clone()).into()]),
         Some(Value::Array(items)) => {
             let mut parts = Vec::new();
             for item in items {
-                match item.get("type").and_then(Value::as_str) {
-                    Some("text") => parts.push(Part::Text(item.get("text").and_then(Value::as_str).unwrap_or_default().to_string())),
+                let part = match item.get("type").and_then(Value::as_str) {
+                    Some("text") => Part::Text(item.get("text").and_then(Value::as_str).unwrap_or_default().to_string()),
                     Some("image_url") => {
                         let url =
                             item.pointer("/image_url/url").or_else(|| item.get("image_url")).and_then(Value::as_str).unwrap_or_default();
-                        parts.push(Part::Image { url: url.to_string() });
+                        Part::Image { url: url.to_string() }
                     }
-                    Some(_) => {}
+                    Some(_) => continue,
                     None => return Err(InvalidRequest::new(format!("messages[{position}].content parts need a type"))),
-                }
+                };
+                parts.push(Marked { part, cache: cache_control(item, || format!("messages[{position}].content[]"))? });
             }
             Ok(parts)
         }
@@ -1364,6 +1399,41 @@ mod tests {
         let built = serde_json::to_value(build_request(&minimal, "m", TokenLimit::MaxTokens)).unwrap_or_default();
         let keys: Vec<&String> = built.as_object().map(|object| object.keys().collect()).unwrap_or_default();
         assert_eq!(keys, ["max_tokens", "messages", "model"], "nothing unset is sent");
+    }
+
+    #[test]
+    fn anthropic_breakpoints_in_openai_bodies_reach_anthropic() -> Result<(), InvalidRequest> {
+        let ephemeral = json!({"type": "ephemeral"});
+        let request = parse_request(&json!({"model": "anthropic/claude-haiku-4-5",
+        "tools": [{"type": "function", "function": {"name": "f"}, "cache_control": ephemeral}],
+        "messages": [
+            {"role": "system", "content": [{"type": "text", "text": "rules", "cache_control": {"type": "ephemeral", "ttl": "1h"}}]},
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b", "cache_control": ephemeral}]},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "done", "cache_control": ephemeral}]}
+        ]}))?;
+        assert_eq!(
+            request.cache_points,
+            vec![
+                CachePoint { at: CacheAt::Part { message: 0, part: 1 }, ttl: None },
+                CachePoint { at: CacheAt::Part { message: 2, part: 0 }, ttl: None },
+                CachePoint { at: CacheAt::System, ttl: Some(CacheTtl::OneHour) },
+                CachePoint { at: CacheAt::Tool(0), ttl: None },
+            ]
+        );
+        let built = serde_json::to_value(crate::anthropic::build_request(&request, "claude-haiku-4-5", 64)).unwrap_or_default();
+        assert_eq!(built["system"][0]["cache_control"], json!({"type": "ephemeral", "ttl": "1h"}));
+        assert_eq!(built["messages"][0]["content"][1]["cache_control"], ephemeral);
+        assert_eq!(built["messages"][2]["content"][0]["cache_control"], ephemeral, "{built}");
+        assert_eq!(built["tools"][0]["cache_control"], ephemeral);
+        // OpenAI's own body has no such member.
+        let openai = serde_json::to_value(build_request(&request, "gpt-4o", TokenLimit::MaxTokens)).unwrap_or_default();
+        assert!(!openai.to_string().contains("cache_control"), "{openai}");
+        let refused = parse_request(
+            &json!({"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "a", "cache_control": true}]}]}),
+        );
+        assert!(refused.is_err_and(|error| error.message.contains("cache_control")));
+        Ok(())
     }
 
     #[test]
