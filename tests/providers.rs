@@ -24,6 +24,7 @@ brainstorm_e2e::in_both_shapes!(
     openai_options_reach_the_providers_that_have_them,
     cached_prompt_tokens_are_priced_and_reported,
     anthropic_cache_breakpoints_reach_anthropic_and_are_priced,
+    extended_thinking_round_trips_through_a_tool_loop,
     upstream_errors_are_forwarded_and_fallbacks_tried_in_order,
     aliases_presets_and_model_resolution_errors,
     models_runnable_allowlists_and_deprecations,
@@ -596,6 +597,64 @@ async fn anthropic_cache_breakpoints_reach_anthropic_and_are_priced(shape: Shape
     let reply = gateway.call(Method::POST, "/v1/messages", Some(key), Some(refused)).await?;
     assert_eq!(reply.status, 400, "{}", reply.text);
     assert!(mock.requests().is_empty());
+    Ok(())
+}
+
+/// Extended thinking (Anthropic): the configuration reaches Anthropic, the signed thinking comes
+/// back to the client (whole and streamed), and sent back in the next turn of a tool loop it reaches
+/// Anthropic as it came (the mock, as Anthropic, refuses a tool-calling turn without its signed
+/// thinking).
+async fn extended_thinking_round_trips_through_a_tool_loop(shape: Shape) -> TestResult {
+    let setup = setup(shape).await?;
+    let (gateway, mock, key) = (&setup.gateway, &setup.mock, setup.key.as_str());
+    let thinking = json!({"type": "enabled", "budget_tokens": 1024});
+    let tools = json!([{"name": "lookup", "input_schema": {"type": "object", "properties": {"query": {"type": "string"}}}}]);
+    let ask = json!({"role": "user", "content": "please use a tool now"});
+    let first = json!({"model": "anthropic/claude-haiku-4-5", "max_tokens": 2048, "thinking": thinking, "tools": tools, "messages": [ask]});
+    let reply = gateway.call(Method::POST, "/v1/messages", Some(key), Some(first.clone())).await?;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(last_request(mock)?.body["thinking"], thinking);
+    let content = reply.body["content"].clone();
+    assert_eq!((&content[0]["type"], &content[0]["thinking"]), (&json!("thinking"), &json!("mock thinking about: please use a tool now")));
+    assert!(content[0]["signature"].as_str().is_some_and(|signature| signature.starts_with("sig-")), "{content}");
+    assert_eq!(content[1]["type"], "tool_use");
+
+    // The next turn carries the assistant's content as it came, thinking first.
+    let result = json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": content[1]["id"], "content": "found it"}]});
+    let mut next = first.clone();
+    next["messages"] = json!([ask, {"role": "assistant", "content": content}, result]);
+    let answer = gateway.call(Method::POST, "/v1/messages", Some(key), Some(next.clone())).await?;
+    assert_eq!(answer.status, 200, "{}", answer.text);
+    assert_eq!(last_request(mock)?.body["messages"][1]["content"][0], content[0]);
+    assert_eq!(answer.body["content"][1]["text"], "mock anthropic reply to: please use a tool now", "{}", answer.text);
+    // Without it (or with it altered), Anthropic refuses the turn: its error comes back.
+    for altered in
+        [json!([content[1]]), json!([{"type": "thinking", "thinking": "edited", "signature": content[0]["signature"]}, content[1]])]
+    {
+        next["messages"][1]["content"] = altered;
+        let refused = gateway.call(Method::POST, "/v1/messages", Some(key), Some(next.clone())).await?;
+        assert_eq!(refused.status, 400, "{}", refused.text);
+    }
+
+    // Streamed: a thinking block with its thinking and signature deltas before the tool call.
+    let mut streamed = first;
+    streamed["stream"] = json!(true);
+    let stream = gateway.call(Method::POST, "/v1/messages", Some(key), Some(streamed)).await?;
+    let events = sse_data(&stream.text);
+    let starts: Vec<&Value> =
+        events.iter().filter(|event| event["type"] == "content_block_start").map(|event| &event["content_block"]["type"]).collect();
+    assert_eq!(starts, [&json!("thinking"), &json!("tool_use")], "{}", stream.text);
+    let thought: String = events.iter().filter_map(|event| event["delta"]["thinking"].as_str()).collect();
+    let signature: String = events.iter().filter_map(|event| event["delta"]["signature"].as_str()).collect();
+    assert_eq!(
+        (thought.as_str(), signature.as_str()),
+        (content[0]["thinking"].as_str().unwrap_or(""), content[0]["signature"].as_str().unwrap_or(""))
+    );
+
+    // An OpenAI client has no thinking member: its replies carry the answer only.
+    let body = json!({"model": "anthropic/claude-haiku-4-5", "messages": [{"role": "user", "content": "hi"}]});
+    let reply = gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(body)).await?;
+    assert_eq!((reply.status, last_request(mock)?.body.get("thinking")), (200, None));
     Ok(())
 }
 

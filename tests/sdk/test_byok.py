@@ -134,3 +134,20 @@ def test_anthropic_sdk_cache_breakpoints_are_written_then_read(gateway):
     assert (first.usage.cache_creation_input_tokens, first.usage.cache_read_input_tokens) == (1200, 0)
     assert (second.usage.cache_creation_input_tokens, second.usage.cache_read_input_tokens) == (0, 1200)
     assert second.usage.input_tokens == 2
+
+
+def test_anthropic_sdk_thinks_through_a_tool_loop(gateway):
+    client = anthropic_client(gateway)
+    ask = {"role": "user", "content": "please use a tool now"}
+    common = dict(model="anthropic/claude-haiku-4-5", max_tokens=2048, thinking={"type": "enabled", "budget_tokens": 1024}, tools=[TOOL_ANTHROPIC])
+    first = client.messages.create(messages=[ask], **common)
+    assert [block.type for block in first.content] == ["thinking", "tool_use"]
+    assert first.content[0].thinking == "mock thinking about: please use a tool now" and first.content[0].signature
+    tool_use = first.content[1]
+    # The SDK's own objects go back as the assistant turn; the mock refuses them if the thinking is lost.
+    answer = client.messages.create(messages=[ask, {"role": "assistant", "content": first.content},
+                                              {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tool_use.id, "content": "found"}]}], **common)
+    assert [block.type for block in answer.content] == ["thinking", "text"]
+    with client.messages.stream(messages=[ask], **common) as stream:
+        final = stream.get_final_message()
+    assert final.content[0].type == "thinking" and final.content[0].signature == first.content[0].signature

@@ -94,6 +94,7 @@ pub fn parse_request(body: &Value) -> Result<ChatRequest, InvalidRequest> {
         parallel_tool_calls,
         openai: OpenAiOptions::default(),
         cache_points,
+        thinking: body.get("thinking").filter(|thinking| !thinking.is_null()).cloned().map(Schema::from),
     })
 }
 
@@ -193,6 +194,16 @@ fn blocks(content: Option<&Value>, position: usize) -> Result<Vec<Marked>, Inval
                             arguments: item.get("input").map_or_else(|| "{}".to_string(), Value::to_string),
                         }
                         .into(),
+                    ),
+                    Some("thinking") => parts.push(
+                        Part::Thinking {
+                            text: item.get("thinking").and_then(Value::as_str).unwrap_or_default().to_string(),
+                            signature: item.get("signature").and_then(Value::as_str).unwrap_or_default().to_string(),
+                        }
+                        .into(),
+                    ),
+                    Some("redacted_thinking") => parts.push(
+                        Part::RedactedThinking { data: item.get("data").and_then(Value::as_str).unwrap_or_default().to_string() }.into(),
                     ),
                     Some("tool_result") => parts.push(
                         Part::ToolResult {
@@ -352,6 +363,10 @@ impl CacheCounts {
 enum OpenBlock {
     Text,
     Tool,
+    Thinking,
+    /// A thinking block its signature closed (more thinking opens another).
+    SignedThinking,
+    RedactedThinking,
 }
 
 /// Writes a neutral event stream as Anthropic SSE events.
@@ -459,10 +474,44 @@ impl StreamWriter {
                     frames.push(block_delta(self.block_index, "input_json_delta", "partial_json", arguments));
                 }
             }
+            ChatEvent::ThinkingDelta(text) => {
+                self.open_thinking(&mut frames, false);
+                let delta = json!({"type": "thinking_delta", "thinking": text});
+                frames
+                    .push(event("content_block_delta", json!({"type": "content_block_delta", "index": self.block_index, "delta": delta})));
+            }
+            ChatEvent::ThinkingSignature(signature) => {
+                self.open_thinking(&mut frames, true);
+                let delta = json!({"type": "signature_delta", "signature": signature});
+                frames
+                    .push(event("content_block_delta", json!({"type": "content_block_delta", "index": self.block_index, "delta": delta})));
+                self.open = Some(OpenBlock::SignedThinking);
+            }
+            ChatEvent::RedactedThinking(data) => {
+                self.close_block(&mut frames);
+                self.open = Some(OpenBlock::RedactedThinking);
+                frames.push(event(
+                    "content_block_start",
+                    json!({"type": "content_block_start", "index": self.block_index, "content_block": {"type": "redacted_thinking", "data": data}}),
+                ));
+            }
             ChatEvent::Finish(reason) => self.finish = Some(*reason),
             ChatEvent::Usage(usage) => self.usage = Some(*usage),
         }
         frames
+    }
+
+    /// Opens a thinking block unless one is open (a signed one stays open for its signature only).
+    fn open_thinking(&mut self, frames: &mut Vec<String>, signing: bool) {
+        let open = self.open == Some(OpenBlock::Thinking) || (signing && self.open == Some(OpenBlock::SignedThinking));
+        if !open {
+            self.close_block(frames);
+            self.open = Some(OpenBlock::Thinking);
+            frames.push(event(
+                "content_block_start",
+                json!({"type": "content_block_start", "index": self.block_index, "content_block": {"type": "thinking", "thinking": ""}}),
+            ));
+        }
     }
 
     /// The closing events: the last block's stop, `message_delta` with the stop reason and usage, `message_stop`.
@@ -528,6 +577,7 @@ pub fn build_request<'a>(request: &'a ChatRequest, upstream_model: &'a str, defa
         }),
         // OpenAI allows up to 2; Anthropic up to 1.
         temperature: request.temperature.map(|temperature| temperature.min(1.0)),
+        thinking: request.thinking.as_ref(),
         tool_choice: tool_choice(request),
         tools: request
             .tools
@@ -585,6 +635,8 @@ pub mod outgoing {
         pub system: Option<System<'a>>,
         #[serde(skip_serializing_if = "Option::is_none")]
         pub temperature: Option<f64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub thinking: Option<&'a crate::chat::Schema>,
         #[serde(skip_serializing_if = "Option::is_none")]
         pub tool_choice: Option<Choice<'a>>,
         #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -659,6 +711,17 @@ pub mod outgoing {
             #[serde(skip_serializing_if = "Option::is_none")]
             cache_control: Option<CacheControl>,
         },
+        Thinking {
+            signature: &'a str,
+            thinking: &'a str,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            cache_control: Option<CacheControl>,
+        },
+        RedactedThinking {
+            data: &'a str,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            cache_control: Option<CacheControl>,
+        },
     }
 
     impl<'a> Block<'a> {
@@ -677,6 +740,8 @@ pub mod outgoing {
                 Part::ToolResult { call_id, content, is_error } => {
                     Block::ToolResult { content, is_error: *is_error, tool_use_id: call_id, cache_control: None }
                 }
+                Part::Thinking { text, signature } => Block::Thinking { signature, thinking: text, cache_control: None },
+                Part::RedactedThinking { data } => Block::RedactedThinking { data, cache_control: None },
             }
         }
 
@@ -686,7 +751,9 @@ pub mod outgoing {
                 Block::Text { cache_control, .. }
                 | Block::ToolUse { cache_control, .. }
                 | Block::Image { cache_control, .. }
-                | Block::ToolResult { cache_control, .. } => *cache_control = Some(control),
+                | Block::ToolResult { cache_control, .. }
+                | Block::Thinking { cache_control, .. }
+                | Block::RedactedThinking { cache_control, .. } => *cache_control = Some(control),
             }
         }
     }
@@ -744,6 +811,13 @@ pub fn parse_reply(body: &Value) -> Result<ChatReply, String> {
     for block in content {
         match block.get("type").and_then(Value::as_str) {
             Some("text") => parts.push(Part::Text(block.get("text").and_then(Value::as_str).unwrap_or_default().to_string())),
+            Some("thinking") => parts.push(Part::Thinking {
+                text: block.get("thinking").and_then(Value::as_str).unwrap_or_default().to_string(),
+                signature: block.get("signature").and_then(Value::as_str).unwrap_or_default().to_string(),
+            }),
+            Some("redacted_thinking") => {
+                parts.push(Part::RedactedThinking { data: block.get("data").and_then(Value::as_str).unwrap_or_default().to_string() })
+            }
             Some("tool_use") => parts.push(Part::ToolCall {
                 id: block.get("id").and_then(Value::as_str).unwrap_or_default().to_string(),
                 name: block.get("name").and_then(Value::as_str).unwrap_or_default().to_string(),
@@ -803,6 +877,12 @@ impl StreamReader {
                         id: block.id.map(Cow::into_owned).unwrap_or_default(),
                         name: block.name.map(Cow::into_owned).unwrap_or_default(),
                     });
+                } else if block.kind.as_deref() == Some("thinking") {
+                    if let Some(thinking) = block.thinking.filter(|thinking| !thinking.is_empty()) {
+                        events.push(ChatEvent::ThinkingDelta(thinking.into_owned()));
+                    }
+                } else if block.kind.as_deref() == Some("redacted_thinking") {
+                    events.push(ChatEvent::RedactedThinking(block.data.map(Cow::into_owned).unwrap_or_default()));
                 } else if let Some(text) = block.text.filter(|text| !text.is_empty()) {
                     events.push(ChatEvent::TextDelta(text.into_owned()));
                 }
@@ -811,6 +891,12 @@ impl StreamReader {
                 let delta = event.delta.unwrap_or_default();
                 match delta.kind.as_deref() {
                     Some("text_delta") => events.push(ChatEvent::TextDelta(delta.text.map(Cow::into_owned).unwrap_or_default())),
+                    Some("thinking_delta") => {
+                        events.push(ChatEvent::ThinkingDelta(delta.thinking.map(Cow::into_owned).unwrap_or_default()))
+                    }
+                    Some("signature_delta") => {
+                        events.push(ChatEvent::ThinkingSignature(delta.signature.map(Cow::into_owned).unwrap_or_default()));
+                    }
                     Some("input_json_delta") => {
                         let block_index = event.index.unwrap_or(0);
                         let index = self.tool_blocks.iter().position(|block| *block == block_index).unwrap_or(0);
@@ -854,16 +940,23 @@ impl StreamReader {
                         id: block.get("id").and_then(Value::as_str).unwrap_or_default().to_string(),
                         name: block.get("name").and_then(Value::as_str).unwrap_or_default().to_string(),
                     });
+                } else if block.get("type").and_then(Value::as_str) == Some("thinking") {
+                    if let Some(thinking) = block.get("thinking").and_then(Value::as_str).filter(|thinking| !thinking.is_empty()) {
+                        events.push(ChatEvent::ThinkingDelta(thinking.to_string()));
+                    }
+                } else if block.get("type").and_then(Value::as_str) == Some("redacted_thinking") {
+                    events.push(ChatEvent::RedactedThinking(block.get("data").and_then(Value::as_str).unwrap_or_default().to_string()));
                 } else if let Some(text) = block.get("text").and_then(Value::as_str).filter(|text| !text.is_empty()) {
                     events.push(ChatEvent::TextDelta(text.to_string()));
                 }
             }
             Some("content_block_delta") => {
                 let delta = payload.get("delta").unwrap_or(&Value::Null);
+                let text = |field: &str| delta.get(field).and_then(Value::as_str).unwrap_or_default().to_string();
                 match delta.get("type").and_then(Value::as_str) {
-                    Some("text_delta") => {
-                        events.push(ChatEvent::TextDelta(delta.get("text").and_then(Value::as_str).unwrap_or_default().to_string()));
-                    }
+                    Some("text_delta") => events.push(ChatEvent::TextDelta(text("text"))),
+                    Some("thinking_delta") => events.push(ChatEvent::ThinkingDelta(text("thinking"))),
+                    Some("signature_delta") => events.push(ChatEvent::ThinkingSignature(text("signature"))),
                     Some("input_json_delta") => {
                         let block_index = payload.get("index").and_then(Value::as_u64).unwrap_or(0);
                         let index = self.tool_blocks.iter().position(|block| *block == block_index).unwrap_or(0);
@@ -930,6 +1023,10 @@ mod incoming {
         pub name: Option<Cow<'a, str>>,
         #[serde(borrow, default)]
         pub text: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        pub thinking: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        pub data: Option<Cow<'a, str>>,
     }
 
     #[derive(Deserialize, Default)]
@@ -940,6 +1037,10 @@ mod incoming {
         pub text: Option<Cow<'a, str>>,
         #[serde(borrow, default)]
         pub partial_json: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        pub thinking: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        pub signature: Option<Cow<'a, str>>,
         #[serde(borrow, default)]
         pub stop_reason: Option<Cow<'a, str>>,
     }
@@ -1009,6 +1110,12 @@ mod incoming {
         /// Present (even as null) or absent.
         #[serde(default, deserialize_with = "crate::chat::presence::value")]
         input: Option<serde_json::Value>,
+        #[serde(borrow, default)]
+        thinking: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        signature: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        data: Option<Cow<'a, str>>,
     }
 
     impl Reply<'_> {
@@ -1020,6 +1127,8 @@ mod incoming {
             for block in self.content {
                 match block.kind.as_deref() {
                     Some("text") => parts.push(Part::Text(owned(block.text))),
+                    Some("thinking") => parts.push(Part::Thinking { text: owned(block.thinking), signature: owned(block.signature) }),
+                    Some("redacted_thinking") => parts.push(Part::RedactedThinking { data: owned(block.data) }),
                     Some("tool_use") => parts.push(Part::ToolCall {
                         id: owned(block.id),
                         name: owned(block.name),
@@ -1053,6 +1162,8 @@ mod tests {
             r#"{"content":[],"usage":{"input_tokens":3}}"#,
             r#"{"content":[],"usage":{"input_tokens":3,"cache_creation_input_tokens":2048,"cache_read_input_tokens":null,"output_tokens":1,"service_tier":"standard"}}"#,
             r#"{"content":[],"usage":{"input_tokens":3,"cache_creation_input_tokens":2048,"cache_creation":{"ephemeral_5m_input_tokens":48,"ephemeral_1h_input_tokens":2000}}}"#,
+            r#"{"content":[{"type":"thinking","thinking":"let me see","signature":"c2ln"},{"type":"redacted_thinking","data":"ZW5j"},{"type":"text","text":"42"}],"stop_reason":"end_turn"}"#,
+            r#"{"content":[{"type":"thinking"},{"type":"redacted_thinking"}]}"#,
         ];
         for body in typed {
             let reply: incoming::Reply<'_> = serde_json::from_str(body)?;
@@ -1109,6 +1220,12 @@ mod tests {
             r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":9}}"#,
             r#"{"type":"message_delta","delta":{},"usage":{"input_tokens":5,"cache_creation_input_tokens":100,"output_tokens":9}}"#,
             r#"{"type":"message_delta","delta":{"stop_reason":null},"usage":null}"#,
+            r#"{"type":"content_block_start","index":3,"content_block":{"type":"thinking","thinking":""}}"#,
+            r#"{"type":"content_block_start","index":3,"content_block":{"type":"thinking","thinking":"already"}}"#,
+            r#"{"type":"content_block_delta","index":3,"delta":{"type":"thinking_delta","thinking":"step \"one\""}}"#,
+            r#"{"type":"content_block_delta","index":3,"delta":{"type":"signature_delta","signature":"c2ln"}}"#,
+            r#"{"type":"content_block_start","index":4,"content_block":{"type":"redacted_thinking","data":"ZW5j"}}"#,
+            r#"{"type":"content_block_start","index":5,"content_block":{"type":"redacted_thinking"}}"#,
             r#"{"type":"message_delta","delta":{}}"#,
             r#"{"type":"message_stop"}"#,
             r#"{}"#,
@@ -1256,6 +1373,7 @@ mod tests {
                 // The tool result merges into the turn before it, and moves to its front.
                 CachePoint { at: CacheAt::Part { message: 4, part: 0 }, ttl: Some(CacheTtl::OneHour) },
             ],
+            thinking: Some(json!({"type": "enabled", "budget_tokens": 2048}).into()),
         };
         let built = serde_json::to_value(build_request(&request, "claude-x", 99)).unwrap_or_default();
         assert_eq!(
@@ -1288,6 +1406,7 @@ mod tests {
                     {"name": "g", "input_schema": {"type": "object", "properties": {}}, "cache_control": {"type": "ephemeral", "ttl": "5m"}},
                 ],
                 "tool_choice": {"type": "tool", "name": "f"},
+                "thinking": {"type": "enabled", "budget_tokens": 2048},
                 "temperature": 1.0,
                 "top_p": 0.5,
                 "stop_sequences": ["END"],
@@ -1418,14 +1537,21 @@ mod tests {
             finish: FinishReason::ToolCalls,
             usage: Usage::uncached(4, 6),
         };
-        let mut writer = StreamWriter::new(reply.id.clone(), reply.model.clone(), 4);
-        let mut frames: Vec<String> = reply_events(&reply).iter().flat_map(|event| writer.write(event)).collect();
-        frames.extend(writer.end());
+        let (frames, assembled) = stream_round_trip(&reply)?;
         let names: Vec<&str> =
             frames.iter().filter_map(|frame| frame.lines().next()).map(|line| line.trim_start_matches("event: ")).collect();
         assert_eq!(names.first(), Some(&"message_start"));
         assert_eq!(names.last(), Some(&"message_stop"));
         assert_eq!(names.iter().filter(|name| **name == "content_block_start").count(), 2);
+        assert_eq!(assembled, reply);
+        Ok(())
+    }
+
+    /// The reply written as an Anthropic client's stream, and that stream read back into a reply.
+    fn stream_round_trip(reply: &ChatReply) -> Result<(Vec<String>, ChatReply), String> {
+        let mut writer = StreamWriter::new(reply.id.clone(), reply.model.clone(), 4);
+        let mut frames: Vec<String> = reply_events(reply).iter().flat_map(|event| writer.write(event)).collect();
+        frames.extend(writer.end());
         let mut reader = StreamReader::default();
         let mut assembler = ReplyAssembler::default();
         for frame in &frames {
@@ -1434,7 +1560,42 @@ mod tests {
                 assembler.push(&event);
             }
         }
-        assert_eq!(assembler.into_reply(reply.id.clone(), reply.model.clone()), reply);
+        Ok((frames, assembler.into_reply(reply.id.clone(), reply.model.clone())))
+    }
+
+    #[test]
+    fn thinking_streams_as_anthropic_blocks_and_comes_back_whole() -> Result<(), String> {
+        let reply = ChatReply {
+            id: "msg_2".to_string(),
+            model: "m".to_string(),
+            parts: vec![
+                Part::Thinking { text: "first thought".to_string(), signature: "c2lnMQ==".to_string() },
+                Part::RedactedThinking { data: "ZW5j".to_string() },
+                Part::Thinking { text: "second".to_string(), signature: "c2lnMg==".to_string() },
+                Part::Text("answer".to_string()),
+                Part::ToolCall { id: "toolu_1".to_string(), name: "f".to_string(), arguments: "{}".to_string() },
+            ],
+            finish: FinishReason::ToolCalls,
+            usage: Usage::uncached(4, 6),
+        };
+        let (frames, assembled) = stream_round_trip(&reply)?;
+        let starts: Vec<Value> = frames
+            .iter()
+            .filter(|frame| frame.starts_with("event: content_block_start"))
+            .filter_map(|frame| serde_json::from_str::<Value>(frame.lines().nth(1)?.trim_start_matches("data: ")).ok())
+            .map(|event| event["content_block"]["type"].clone())
+            .collect();
+        assert_eq!(starts, [json!("thinking"), json!("redacted_thinking"), json!("thinking"), json!("text"), json!("tool_use")]);
+        assert_eq!(assembled, reply);
+        // Rendered whole for an Anthropic client; an OpenAI client sees the answer only.
+        let rendered = serde_json::to_value(render_reply(&reply)).unwrap_or_default();
+        assert_eq!(rendered["content"][0], json!({"type": "thinking", "thinking": "first thought", "signature": "c2lnMQ=="}));
+        assert_eq!(rendered["content"][1], json!({"type": "redacted_thinking", "data": "ZW5j"}));
+        let openai = serde_json::to_value(crate::openai::render_reply(&reply, 0, None)).unwrap_or_default();
+        assert_eq!(openai["choices"][0]["message"]["content"], "answer");
+        let mut openai_writer = crate::openai::StreamWriter::new("c".to_string(), "m".to_string(), 0, false);
+        let frames: String = reply_events(&reply).iter().flat_map(|event| openai_writer.write(event)).collect();
+        assert!(!frames.contains("thought") && !frames.contains("ZW5j"), "{frames}");
         Ok(())
     }
 }

@@ -31,6 +31,15 @@ pub enum Part {
         content: String,
         is_error: bool,
     },
+    /// The model's extended thinking (Anthropic), with the signature that lets it be sent back.
+    Thinking {
+        text: String,
+        signature: String,
+    },
+    /// Thinking the provider withheld, as its encrypted data (sent back as it came).
+    RedactedThinking {
+        data: String,
+    },
 }
 
 /// One message.
@@ -51,7 +60,7 @@ impl Message {
         let mut texts = self.parts.iter().filter_map(|part| match part {
             Part::Text(text) => Some(text.as_str()),
             Part::ToolResult { content, .. } => Some(content.as_str()),
-            Part::Image { .. } | Part::ToolCall { .. } => None,
+            Part::Image { .. } | Part::ToolCall { .. } | Part::Thinking { .. } | Part::RedactedThinking { .. } => None,
         });
         let Some(first) = texts.next() else { return std::borrow::Cow::Borrowed("") };
         match texts.next() {
@@ -251,6 +260,9 @@ pub struct ChatRequest {
     pub openai: OpenAiOptions,
     /// Where the client asked the provider to cache the prompt up to (Anthropic's `cache_control`).
     pub cache_points: Vec<CachePoint>,
+    /// Anthropic's `thinking` (extended thinking: enabled with a token budget, or disabled) as the
+    /// client sent it: forwarded to Anthropic, which alone has the member.
+    pub thinking: Option<Schema>,
 }
 
 /// A prompt cache breakpoint: the provider caches the prompt up to and including `at`.
@@ -330,6 +342,8 @@ impl ChatRequest {
                 Part::Text(text) => text.chars().count(),
                 Part::ToolCall { name, arguments, .. } => name.len() + arguments.len(),
                 Part::ToolResult { content, .. } => content.chars().count(),
+                Part::Thinking { text, .. } => text.chars().count(),
+                Part::RedactedThinking { .. } => 0,
                 // An image costs roughly a thousand tokens on the common providers.
                 Part::Image { .. } => 4000,
             })
@@ -412,6 +426,12 @@ pub enum ChatEvent {
     ToolCallStart { index: usize, id: String, name: String },
     /// More JSON text of a tool call's arguments.
     ToolCallDelta { index: usize, arguments: String },
+    /// A piece of the model's thinking.
+    ThinkingDelta(String),
+    /// The signature closing the thinking so far.
+    ThinkingSignature(String),
+    /// A block of withheld thinking, whole.
+    RedactedThinking(String),
     /// The reply ended.
     Finish(FinishReason),
     /// Token counts (may come before or after `Finish`).
@@ -446,6 +466,11 @@ pub fn reply_events(reply: &ChatReply) -> Vec<ChatEvent> {
                 events.push(ChatEvent::ToolCallDelta { index: tool_index, arguments: arguments.clone() });
                 tool_index += 1;
             }
+            Part::Thinking { text, signature } => {
+                events.push(ChatEvent::ThinkingDelta(text.clone()));
+                events.push(ChatEvent::ThinkingSignature(signature.clone()));
+            }
+            Part::RedactedThinking { data } => events.push(ChatEvent::RedactedThinking(data.clone())),
             Part::Image { .. } | Part::ToolResult { .. } => {}
         }
     }
@@ -457,6 +482,8 @@ pub fn reply_events(reply: &ChatReply) -> Vec<ChatEvent> {
 /// Rebuilds a reply from its streamed events (for tests and for stream accounting).
 #[derive(Debug, Default)]
 pub struct ReplyAssembler {
+    /// Thinking blocks, in order (they come before the answer).
+    thinking: Vec<Part>,
     text: String,
     tool_calls: Vec<(String, String, String)>,
     pub finish: Option<FinishReason>,
@@ -481,6 +508,16 @@ impl ReplyAssembler {
                 }
                 self.tool_calls[*index].2.push_str(arguments);
             }
+            ChatEvent::ThinkingDelta(piece) => match self.thinking.last_mut() {
+                // A new block begins after a signed one.
+                Some(Part::Thinking { text, signature }) if signature.is_empty() => text.push_str(piece),
+                _ => self.thinking.push(Part::Thinking { text: piece.clone(), signature: String::new() }),
+            },
+            ChatEvent::ThinkingSignature(piece) => match self.thinking.last_mut() {
+                Some(Part::Thinking { signature, .. }) => signature.push_str(piece),
+                _ => self.thinking.push(Part::Thinking { text: String::new(), signature: piece.clone() }),
+            },
+            ChatEvent::RedactedThinking(data) => self.thinking.push(Part::RedactedThinking { data: data.clone() }),
             ChatEvent::Finish(reason) => self.finish = Some(*reason),
             ChatEvent::Usage(usage) => self.usage = *usage,
         }
@@ -493,7 +530,7 @@ impl ReplyAssembler {
 
     /// The reply as assembled.
     pub fn into_reply(self, id: String, model: String) -> ChatReply {
-        let mut parts = Vec::new();
+        let mut parts = self.thinking;
         if !self.text.is_empty() {
             parts.push(Part::Text(self.text));
         }

@@ -58,14 +58,18 @@ pub fn build_request(request: &ChatRequest) -> Value {
         let parts: Vec<Value> = message
             .parts
             .iter()
-            .map(|part| match part {
-                Part::Text(text) => json!({"text": text}),
-                Part::Image { url } => image_part(url),
-                Part::ToolCall { name, arguments, .. } => json!({"functionCall": {"name": name, "args": arguments_object(arguments)}}),
+            .filter_map(|part| match part {
+                Part::Text(text) => Some(json!({"text": text})),
+                Part::Image { url } => Some(image_part(url)),
+                Part::ToolCall { name, arguments, .. } => {
+                    Some(json!({"functionCall": {"name": name, "args": arguments_object(arguments)}}))
+                }
                 Part::ToolResult { call_id, content, .. } => {
                     let name = names_by_call.get(call_id.as_str()).copied().unwrap_or(call_id.as_str());
-                    json!({"functionResponse": {"name": name, "response": {"content": content}}})
+                    Some(json!({"functionResponse": {"name": name, "response": {"content": content}}}))
                 }
+                // Anthropic's signed thinking means nothing to Gemini.
+                Part::Thinking { .. } | Part::RedactedThinking { .. } => None,
             })
             .collect();
         if parts.is_empty() {

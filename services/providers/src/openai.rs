@@ -142,6 +142,7 @@ pub fn parse_request(body: &Value) -> Result<ChatRequest, InvalidRequest> {
             reasoning_effort: optional_string(body, "reasoning_effort")?,
         },
         cache_points,
+        thinking: None,
     })
 }
 
@@ -449,6 +450,8 @@ impl StreamWriter {
                 let call = chunk::ToolCall { function: chunk::Function { arguments, name: None }, id: None, index: *index, kind: None };
                 frames.push(self.chunk(chunk::Delta { tool_calls: Some([call]), ..chunk::Delta::default() }, None));
             }
+            // The format has no thinking: a client sees the answer only.
+            ChatEvent::ThinkingDelta(_) | ChatEvent::ThinkingSignature(_) | ChatEvent::RedactedThinking(_) => {}
             ChatEvent::Finish(reason) => self.finish = Some(*reason),
             ChatEvent::Usage(usage) => self.usage = Some(*usage),
         }

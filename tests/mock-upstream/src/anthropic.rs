@@ -81,6 +81,14 @@ pub(crate) struct MessagesRequest {
     stream: Option<bool>,
     tools: Option<Vec<Tool>>,
     tool_choice: Option<ToolChoice>,
+    thinking: Option<ThinkingConfig>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ThinkingConfig {
+    #[serde(rename = "type")]
+    kind: String,
+    budget_tokens: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -104,6 +112,9 @@ struct Block {
     /// The result of a `tool_result` block.
     content: Option<Content>,
     cache_control: Option<CacheControl>,
+    /// A `thinking` block's text and signature.
+    thinking: Option<String>,
+    signature: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -178,6 +189,38 @@ impl Content {
 }
 
 impl MessagesRequest {
+    fn thinking_enabled(&self) -> bool {
+        self.thinking.as_ref().is_some_and(|thinking| thinking.kind == "enabled")
+    }
+
+    /// As Anthropic checks it with thinking on: the last assistant turn, when it calls a tool, starts
+    /// with its thinking, every thinking block signed as the mock signed it.
+    fn check_thinking_returned(&self) -> Result<(), String> {
+        let Some((position, message)) = self.messages.iter().enumerate().rev().find(|(_, message)| message.role == "assistant") else {
+            return Ok(());
+        };
+        let Content::Blocks(blocks) = &message.content else { return Ok(()) };
+        if !blocks.iter().any(|block| block.kind == "tool_use") {
+            return Ok(());
+        }
+        match blocks.first().map(|block| block.kind.as_str()) {
+            Some("thinking" | "redacted_thinking") => {}
+            found => {
+                return Err(format!(
+                    "messages.{position}.content.0.type: Expected `thinking` or `redacted_thinking`, but found `{}`. When `thinking` is enabled, a final `assistant` message must start with a thinking block",
+                    found.unwrap_or("nothing")
+                ));
+            }
+        }
+        for block in blocks.iter().filter(|block| block.kind == "thinking") {
+            let text = block.thinking.as_deref().unwrap_or_default();
+            if block.signature.as_deref() != Some(crate::conversation::sign(text).as_str()) {
+                return Err(format!("messages.{position}.content: invalid `signature` in `thinking` block"));
+            }
+        }
+        Ok(())
+    }
+
     /// The prefix through the last block marked `cache_control` (system blocks, then messages'), if any.
     pub fn breakpoint(&self) -> Option<Breakpoint> {
         use std::hash::{Hash, Hasher};
@@ -216,6 +259,13 @@ impl MessagesRequest {
         if request.messages.is_empty() {
             return Err("messages: at least one message is required".to_string());
         }
+        if let Some(thinking) = request.thinking.as_ref().filter(|thinking| thinking.kind == "enabled") {
+            let budget = thinking.budget_tokens.unwrap_or(0);
+            if budget < 1024 || request.max_tokens.is_some_and(|max_tokens| max_tokens <= budget) {
+                return Err("thinking.budget_tokens: must be at least 1024 and less than max_tokens".to_string());
+            }
+            request.check_thinking_returned()?;
+        }
         Ok(request)
     }
 
@@ -238,6 +288,7 @@ impl MessagesRequest {
             ends_with_tool_result: self.messages.last().is_some_and(|message| message.content.has_tool_result()),
             first_tool: self.tools.iter().flatten().next().filter(|_| tools_allowed).map(|tool| tool.name.clone()),
             max_tokens: self.max_tokens,
+            thinking: self.thinking_enabled(),
             ..Prompt::default()
         }
     }
@@ -255,6 +306,8 @@ impl MessagesRequest {
         let reply = self.reply(cache);
         let id = message_id(seq);
         let tool_id = tool_use_id(seq);
+        let thinking =
+            reply.thinking.as_ref().map(|thinking| ContentOut::Thinking { thinking: &thinking.text, signature: &thinking.signature });
         let content = match &reply.tool_call {
             Some(call) => ContentOut::ToolUse { id: &tool_id, name: &call.name, input: ToolArguments { query: &call.query } },
             None => ContentOut::Text { text: &reply.text },
@@ -264,7 +317,7 @@ impl MessagesRequest {
             kind: "message",
             role: "assistant",
             model: &self.model,
-            content: [content],
+            content: thinking.into_iter().chain([content]).collect::<Vec<_>>(),
             stop_reason: Some(stop_reason(reply.stop)),
             stop_sequence: None,
             usage: UsageOut::of(&reply, reply.output_tokens),
@@ -311,6 +364,7 @@ struct MessageOut<'a, C> {
 enum ContentOut<'a, I> {
     Text { text: &'a str },
     ToolUse { id: &'a str, name: &'a str, input: I },
+    Thinking { thinking: &'a str, signature: &'a str },
 }
 
 #[derive(Serialize)]
@@ -364,9 +418,12 @@ enum Event<'a> {
 
 #[derive(Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
+#[expect(clippy::enum_variant_names, reason = "the names are Anthropic's delta types")]
 enum DeltaOut<'a> {
     TextDelta { text: &'a str },
     InputJsonDelta { partial_json: &'a str },
+    ThinkingDelta { thinking: &'a str },
+    SignatureDelta { signature: &'a str },
 }
 
 #[derive(Serialize)]
@@ -397,6 +454,8 @@ fn write_event(out: &mut BytesMut, name: &str, event: &Event<'_>) {
 
 impl Render for EventRenderer {
     fn render(&mut self, step: &Step, reply: &Reply, out: &mut BytesMut) {
+        // The answer's block follows the thinking block when there is one.
+        let index = u32::from(reply.thinking.is_some());
         match step {
             Step::Open => {
                 let message = MessageOut {
@@ -410,21 +469,30 @@ impl Render for EventRenderer {
                     usage: UsageOut::of(reply, 0),
                 };
                 write_event(out, "message_start", &Event::MessageStart { message });
+                if let Some(thinking) = &reply.thinking {
+                    let content_block = ContentOut::Thinking { thinking: "", signature: "" };
+                    write_event(out, "content_block_start", &Event::ContentBlockStart { index: 0, content_block });
+                    let delta = DeltaOut::ThinkingDelta { thinking: &thinking.text };
+                    write_event(out, "content_block_delta", &Event::ContentBlockDelta { index: 0, delta });
+                    let delta = DeltaOut::SignatureDelta { signature: &thinking.signature };
+                    write_event(out, "content_block_delta", &Event::ContentBlockDelta { index: 0, delta });
+                    write_event(out, "content_block_stop", &Event::ContentBlockStop { index: 0 });
+                }
             }
             Step::BlockStart => {
                 let content_block = match &reply.tool_call {
                     Some(call) => ContentOut::ToolUse { id: &self.tool_id, name: &call.name, input: Empty {} },
                     None => ContentOut::Text { text: "" },
                 };
-                write_event(out, "content_block_start", &Event::ContentBlockStart { index: 0, content_block });
+                write_event(out, "content_block_start", &Event::ContentBlockStart { index, content_block });
             }
             Step::Delta(range) => {
                 let text = reply.streamed_text().get(range.clone()).unwrap_or_default();
                 let delta =
                     if reply.tool_call.is_some() { DeltaOut::InputJsonDelta { partial_json: text } } else { DeltaOut::TextDelta { text } };
-                write_event(out, "content_block_delta", &Event::ContentBlockDelta { index: 0, delta });
+                write_event(out, "content_block_delta", &Event::ContentBlockDelta { index, delta });
             }
-            Step::BlockStop => write_event(out, "content_block_stop", &Event::ContentBlockStop { index: 0 }),
+            Step::BlockStop => write_event(out, "content_block_stop", &Event::ContentBlockStop { index }),
             Step::Finish => {
                 let event = Event::MessageDelta {
                     delta: MessageDeltaOut { stop_reason: stop_reason(reply.stop), stop_sequence: None },

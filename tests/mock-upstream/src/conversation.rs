@@ -38,6 +38,23 @@ pub(crate) struct Prompt {
     /// for an hour.
     pub written_words: u64,
     pub written_long: bool,
+    /// Extended thinking was asked for (Anthropic): the reply thinks first.
+    pub thinking: bool,
+}
+
+/// The mock's signature of a thinking text: what it checks when the thinking comes back.
+pub(crate) fn sign(thinking: &str) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    thinking.hash(&mut hasher);
+    format!("sig-{:016x}", hasher.finish())
+}
+
+/// A signed thinking block.
+#[derive(Debug)]
+pub(crate) struct Thinking {
+    pub text: String,
+    pub signature: String,
 }
 
 /// OpenAI caches a prompt's prefix automatically once it reaches this many tokens, in steps of 128.
@@ -89,6 +106,8 @@ pub(crate) struct Reply {
     /// Of `input_tokens`, those written to the prompt cache, and whether for an hour.
     pub written_tokens: u64,
     pub written_long: bool,
+    /// What the model thought first, when asked to.
+    pub thinking: Option<Thinking>,
 }
 
 /// Output tokens reported for a tool call.
@@ -96,6 +115,15 @@ const TOOL_CALL_TOKENS: u64 = 5;
 
 impl Reply {
     pub fn to(provider: Provider, prompt: &Prompt) -> Reply {
+        let mut reply = Reply::answer(provider, prompt);
+        if prompt.thinking {
+            let text = format!("mock thinking about: {}", prompt.last_user_text);
+            reply.thinking = Some(Thinking { signature: sign(&text), text });
+        }
+        reply
+    }
+
+    fn answer(provider: Provider, prompt: &Prompt) -> Reply {
         if let Some(tool) = &prompt.first_tool
             && !prompt.ends_with_tool_result
             && asks_for_a_tool(&prompt.last_user_text)
@@ -110,6 +138,7 @@ impl Reply {
                 cached_tokens: prompt.cached_words,
                 written_tokens: prompt.written_words,
                 written_long: prompt.written_long,
+                thinking: None,
             };
         }
         let mut text = format!("mock {} reply to: {}", provider.name(), prompt.last_user_text);
@@ -133,6 +162,7 @@ impl Reply {
             cached_tokens: prompt.cached_words,
             written_tokens: prompt.written_words,
             written_long: prompt.written_long,
+            thinking: None,
         }
     }
 

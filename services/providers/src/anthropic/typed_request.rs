@@ -60,8 +60,9 @@ struct Body<'a> {
     // Options the tree reading ignores.
     #[serde(default)]
     top_k: Option<Checked>,
-    #[serde(default)]
-    thinking: Option<Checked>,
+    /// Some whenever the member is there, `null` included (read as absent, as the tree reading does).
+    #[serde(default, deserialize_with = "crate::typed::schema")]
+    thinking: Option<Schema>,
     #[serde(default)]
     service_tier: Option<Checked>,
 }
@@ -131,6 +132,12 @@ struct Block<'a> {
     cache_control: Option<Object<InCache<'a>>>,
     #[serde(default, rename = "citations")]
     _citations: Option<Checked>,
+    #[serde(borrow, default)]
+    thinking: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    signature: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    data: Option<Cow<'a, str>>,
 }
 
 #[derive(Deserialize)]
@@ -207,6 +214,11 @@ fn content_parts(content: Option<TextOrBlocks<'_>>) -> Option<Vec<Marked>> {
                 name: block.name.map(Cow::into_owned).unwrap_or_default(),
                 arguments: block.input.map_or_else(|| "{}".to_string(), |input| input.to_string()),
             },
+            "thinking" => Part::Thinking {
+                text: block.thinking.map(Cow::into_owned).unwrap_or_default(),
+                signature: block.signature.map(Cow::into_owned).unwrap_or_default(),
+            },
+            "redacted_thinking" => Part::RedactedThinking { data: block.data.map(Cow::into_owned).unwrap_or_default() },
             "tool_result" => {
                 // Breakpoints inside a tool result's content are not kept (as the tree reading).
                 let nested = content_parts(block.content)?.into_iter().map(|block| block.part).collect();
@@ -295,6 +307,7 @@ impl Body<'_> {
             parallel_tool_calls,
             openai: OpenAiOptions::default(),
             cache_points,
+            thinking: self.thinking.filter(|thinking| thinking.text() != "null"),
         })
     }
 }
@@ -338,6 +351,14 @@ mod tests {
                    "messages": [{"role": "user", "content": "x"}]}),
             json!({"model": "m", "max_tokens": 3, "tool_choice": {"type": "none", "disable_parallel_tool_use": null},
                    "messages": [{"role": "user", "content": "x"}]}),
+            // Extended thinking: the configuration as sent, signed and redacted thinking kept.
+            json!({"model": "m", "max_tokens": 4096, "thinking": {"type": "enabled", "budget_tokens": 2048},
+                   "messages": [{"role": "user", "content": "think"},
+                                {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm \"so\"", "signature": "sig=="},
+                                                                  {"type": "redacted_thinking", "data": "enc"},
+                                                                  {"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+                                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "r"}]}]}),
+            json!({"model": "m", "max_tokens": 9, "thinking": null, "messages": [{"role": "user", "content": "x"}]}),
             // Prompt cache breakpoints wherever Anthropic takes them (and null as none).
             json!({"model": "m", "max_tokens": 9,
                    "system": [{"type": "text", "text": "one", "cache_control": {"type": "ephemeral", "ttl": "1h"}}, {"type": "text", "text": "two"}],
@@ -404,6 +425,8 @@ mod tests {
             ),
             with("tools", json!([{"name": "f", "cache_control": {"type": "ephemeral", "ttl": 60}}])),
             with("system", json!([{"type": "text", "text": "s", "cache_control": {}}])),
+            with("messages", json!([{"role": "assistant", "content": [{"type": "thinking", "thinking": 5, "signature": "s"}]}])),
+            with("messages", json!([{"role": "assistant", "content": [{"type": "redacted_thinking", "data": ["x"]}]}])),
             with("temperature", json!(1.5)),
             with("top_p", json!("1")),
             with("stream", json!("yes")),

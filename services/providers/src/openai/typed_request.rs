@@ -261,6 +261,7 @@ impl Body<'_> {
                 reasoning_effort: self.reasoning_effort.map(Cow::into_owned),
             },
             cache_points: Vec::new(),
+            thinking: None,
         })
     }
 }
