@@ -721,7 +721,7 @@ async fn guard_whole_reply(
     }
     if guarded.is_ok()
         && !guardian_off
-        && let Some(scan) = state.guardian.scan_output(tenant_id, &reply.text()).await?
+        && let Some(scan) = state.guardian.scan_output(tenant_id, &reply.readable_text()).await?
     {
         if scan.action != brainstorm_policy_firewall::ScanAction::Pass {
             facts.guardian_headers.extend(scan.headers());
@@ -1141,7 +1141,7 @@ impl RelayState {
     async fn judge_output(&mut self) {
         let Some(scan) = self.output_scan.take() else { return };
         let held = std::mem::take(&mut self.held_events);
-        match scan.guardian.scan_output(&scan.tenant_id, self.assembler.text()).await {
+        match scan.guardian.scan_output(&scan.tenant_id, &self.assembler.readable_text()).await {
             Ok(Some(result)) => {
                 if result.action != brainstorm_policy_firewall::ScanAction::Pass {
                     for (name, value) in result.headers() {

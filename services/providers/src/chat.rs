@@ -415,6 +415,33 @@ impl ChatReply {
             })
             .collect()
     }
+
+    /// Everything a client may read of the reply's prose: its thinking, then its text (what output
+    /// guardrails judge: thinking reaches Anthropic clients as it came).
+    pub fn readable_text(&self) -> String {
+        let text = self.text();
+        match readable(&self.parts, &text) {
+            Some(readable) => readable.into_owned(),
+            None => text,
+        }
+    }
+}
+
+/// The thinking among `parts`, then `text`, newline-separated; None when there is no thinking (the
+/// text alone, not copied).
+fn readable<'a>(parts: &[Part], text: &'a str) -> Option<std::borrow::Cow<'a, str>> {
+    let mut thinking = parts.iter().filter_map(|part| match part {
+        Part::Thinking { text, .. } => Some(text.as_str()),
+        _ => None,
+    });
+    let first = thinking.next()?;
+    let mut readable = format!("{first}\n");
+    for text in thinking {
+        readable.push_str(text);
+        readable.push('\n');
+    }
+    readable.push_str(text);
+    Some(readable.into())
 }
 
 /// One step of a streamed reply, in neither client's format.
@@ -528,6 +555,11 @@ impl ReplyAssembler {
         &self.text
     }
 
+    /// The thinking and the text so far (`ChatReply::readable_text`).
+    pub fn readable_text(&self) -> std::borrow::Cow<'_, str> {
+        readable(&self.thinking, &self.text).unwrap_or(std::borrow::Cow::Borrowed(&self.text))
+    }
+
     /// The reply as assembled.
     pub fn into_reply(self, id: String, model: String) -> ChatReply {
         let mut parts = self.thinking;
@@ -542,6 +574,27 @@ impl ReplyAssembler {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn readable_text_holds_the_thinking_before_the_answer() {
+        let reply = ChatReply {
+            id: "r".to_string(),
+            model: "m".to_string(),
+            parts: vec![
+                Part::Thinking { text: "mail bob@example.com".to_string(), signature: "s".to_string() },
+                Part::RedactedThinking { data: "enc".to_string() },
+                Part::Text("done".to_string()),
+            ],
+            finish: FinishReason::Stop,
+            usage: Usage::default(),
+        };
+        assert_eq!((reply.text(), reply.readable_text()), ("done".to_string(), "mail bob@example.com\ndone".to_string()));
+        let mut assembler = ReplyAssembler::default();
+        for event in reply_events(&reply) {
+            assembler.push(&event);
+        }
+        assert_eq!(assembler.readable_text(), reply.readable_text());
+    }
 
     #[test]
     fn a_schemas_compact_length_leaves_out_only_the_whitespace_between_tokens() {
