@@ -420,28 +420,20 @@ impl ChatReply {
     /// guardrails judge: thinking reaches Anthropic clients as it came).
     pub fn readable_text(&self) -> String {
         let text = self.text();
-        match readable(&self.parts, &text) {
-            Some(readable) => readable.into_owned(),
-            None => text,
-        }
+        readable(&self.parts, &text).unwrap_or(text)
     }
 }
 
-/// The thinking among `parts`, then `text`, newline-separated; None when there is no thinking (the
-/// text alone, not copied).
-fn readable<'a>(parts: &[Part], text: &'a str) -> Option<std::borrow::Cow<'a, str>> {
-    let mut thinking = parts.iter().filter_map(|part| match part {
-        Part::Thinking { text, .. } => Some(text.as_str()),
-        _ => None,
-    });
-    let first = thinking.next()?;
-    let mut readable = format!("{first}\n");
-    for text in thinking {
-        readable.push_str(text);
-        readable.push('\n');
+/// The thinking among `parts`, then `text`, newline-separated; None when there is no thinking.
+fn readable(parts: &[Part], text: &str) -> Option<String> {
+    let mut readable = String::new();
+    for part in parts {
+        if let Part::Thinking { text, .. } = part {
+            readable.push_str(text);
+            readable.push('\n');
+        }
     }
-    readable.push_str(text);
-    Some(readable.into())
+    (!readable.is_empty()).then(|| readable + text)
 }
 
 /// One step of a streamed reply, in neither client's format.
@@ -557,7 +549,7 @@ impl ReplyAssembler {
 
     /// The thinking and the text so far (`ChatReply::readable_text`).
     pub fn readable_text(&self) -> std::borrow::Cow<'_, str> {
-        readable(&self.thinking, &self.text).unwrap_or(std::borrow::Cow::Borrowed(&self.text))
+        readable(&self.thinking, &self.text).map_or(std::borrow::Cow::Borrowed(self.text.as_str()), std::borrow::Cow::Owned)
     }
 
     /// The reply as assembled.

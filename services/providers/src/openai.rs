@@ -898,39 +898,7 @@ mod wire {
     }
 
     fn cached_tokens<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
-        struct Details;
-        impl<'de> Visitor<'de> for Details {
-            type Value = u64;
-            fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-                formatter.write_str("any JSON value")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, members: A) -> Result<u64, A::Error> {
-                PromptDetails::deserialize(de::value::MapAccessDeserializer::new(members)).map(|details| details.cached_tokens)
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut items: A) -> Result<u64, A::Error> {
-                while items.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(0)
-            }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<u64, E> {
-                Ok(0)
-            }
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<u64, E> {
-                Ok(0)
-            }
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<u64, E> {
-                Ok(0)
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<u64, E> {
-                Ok(0)
-            }
-            fn visit_str<E: de::Error>(self, _: &str) -> Result<u64, E> {
-                Ok(0)
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<u64, E> {
-                Ok(0)
-            }
-        }
-        deserializer.deserialize_any(Details)
+        Ok(deserializer.deserialize_any(Lenient::<PromptDetails>::default())?.map_or(0, |details| details.cached_tokens))
     }
 
     /// A string, borrowed when it has no escapes; any other value reads as absent.
@@ -952,7 +920,7 @@ mod wire {
         }
     }
 
-    /// What a lenient visitor keeps: borrowed or owned text, or whole numbers.
+    /// What a lenient visitor keeps: borrowed or owned text, whole numbers, or objects.
     trait Kept<'de>: Sized {
         fn borrowed(_text: &'de str) -> Option<Self> {
             None
@@ -962,6 +930,10 @@ mod wire {
         }
         fn unsigned(_number: u64) -> Option<Self> {
             None
+        }
+        fn object<A: MapAccess<'de>>(mut members: A) -> Result<Option<Self>, A::Error> {
+            while members.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+            Ok(None)
         }
     }
 
@@ -977,6 +949,12 @@ mod wire {
     impl Kept<'_> for u64 {
         fn unsigned(number: u64) -> Option<Self> {
             Some(number)
+        }
+    }
+
+    impl<'de> Kept<'de> for PromptDetails {
+        fn object<A: MapAccess<'de>>(members: A) -> Result<Option<Self>, A::Error> {
+            PromptDetails::deserialize(de::value::MapAccessDeserializer::new(members)).map(Some)
         }
     }
 
@@ -1014,9 +992,8 @@ mod wire {
             while items.next_element::<IgnoredAny>()?.is_some() {}
             Ok(None)
         }
-        fn visit_map<A: MapAccess<'de>>(self, mut members: A) -> Result<Self::Value, A::Error> {
-            while members.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-            Ok(None)
+        fn visit_map<A: MapAccess<'de>>(self, members: A) -> Result<Self::Value, A::Error> {
+            T::object(members)
         }
     }
 }
