@@ -151,3 +151,35 @@ def test_anthropic_sdk_thinks_through_a_tool_loop(gateway):
     with client.messages.stream(messages=[ask], **common) as stream:
         final = stream.get_final_message()
     assert final.content[0].type == "thinking" and final.content[0].signature == first.content[0].signature
+
+
+def test_documents_from_both_sdks_reach_the_other_format(gateway):
+    pdf = "JVBERi0xLjQK"
+    # The OpenAI SDK's file part reaches Anthropic as a document block, named by its filename.
+    completion = openai_client(gateway).chat.completions.create(
+        model="anthropic/claude-haiku-4-5",
+        messages=[{"role": "user", "content": [
+            {"type": "text", "text": "summarize the file"},
+            {"type": "file", "file": {"filename": "report.pdf", "file_data": f"data:application/pdf;base64,{pdf}"}}]}])
+    assert completion.choices[0].message.content == "mock anthropic reply to: summarize the file"
+    assert last_upstream_body(gateway)["messages"][0]["content"][1] == {
+        "type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": pdf}, "title": "report.pdf"}
+
+    # The Anthropic SDK's document block reaches OpenAI as a file part.
+    message = anthropic_client(gateway).messages.create(
+        model="openai/gpt-4o-mini", max_tokens=64,
+        messages=[{"role": "user", "content": [
+            {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": pdf}},
+            {"type": "text", "text": "what is in it?"}]}])
+    assert message.content[0].text == "mock openai reply to: what is in it?"
+    assert last_upstream_body(gateway)["messages"][0]["content"][0] == {
+        "type": "file", "file": {"filename": "document.pdf", "file_data": f"data:application/pdf;base64,{pdf}"}}
+
+    # A file in one provider's storage cannot follow the request elsewhere: refused, as the SDK reports it.
+    try:
+        openai_client(gateway).chat.completions.create(
+            model="openai/gpt-4o-mini", messages=[{"role": "user", "content": [{"type": "file", "file": {"file_id": "file-abc"}}]}])
+    except openai.BadRequestError as refused:
+        assert refused.status_code == 400 and refused.body["code"] == "unsupported_content"
+    else:
+        raise AssertionError("a file id was answered")

@@ -6,8 +6,8 @@ use serde_json::{Value, json};
 
 use crate::chat::fields::{optional_bool, optional_number_in, optional_positive_u32, required_array, required_string, stop_list};
 use crate::chat::{
-    CacheAt, CachePoint, CacheTtl, ChatEvent, ChatReply, ChatRequest, FinishReason, InvalidRequest, Message, OpenAiOptions, Part, Role,
-    Schema, Tool, ToolChoice, Usage,
+    CacheAt, CachePoint, CacheTtl, ChatEvent, ChatReply, ChatRequest, DocumentSource, FinishReason, InvalidRequest, Message, OpenAiOptions,
+    Part, Role, Schema, Tool, ToolChoice, Usage,
 };
 
 /// Output budget sent when the caller gave none (Anthropic requires one).
@@ -213,7 +213,12 @@ fn blocks(content: Option<&Value>, position: usize) -> Result<Vec<Marked>, Inval
                         }
                         .into(),
                     ),
-                    Some(_) => {}
+                    Some("document") => parts.push(document(item, position)?.into()),
+                    Some(kind) => {
+                        return Err(InvalidRequest::unsupported(format!(
+                            "messages[{position}].content: `{kind}` blocks are not supported (text, image, document, tool_use, tool_result, thinking and redacted_thinking are)"
+                        )));
+                    }
                     None => return Err(InvalidRequest::new(format!("messages[{position}].content blocks need a type"))),
                 }
                 // A breakpoint on a block the neutral model skips is dropped with it.
@@ -225,6 +230,48 @@ fn blocks(content: Option<&Value>, position: usize) -> Result<Vec<Marked>, Inval
         }
         Some(_) => Err(InvalidRequest::new(format!("messages[{position}].content must be a string or an array of blocks"))),
     }
+}
+
+/// A `document` block: a PDF in base64 or by URL, plain text, or text blocks (Anthropic's custom
+/// content, joined). Its `title` names it; `context` and `citations` are not carried (replies carry
+/// no citations back). A file id is refused: it names a file in one provider's storage.
+fn document(item: &Value, position: usize) -> Result<Part, InvalidRequest> {
+    let at = || format!("messages[{position}].content[].source");
+    let source = item.get("source").filter(|source| source.is_object()).ok_or_else(|| InvalidRequest::missing(&at()))?;
+    let text = |member: &str| {
+        source
+            .get(member)
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .ok_or_else(|| InvalidRequest::new(format!("{}.{member} must be a string", at())))
+    };
+    let source = match source.get("type").and_then(Value::as_str) {
+        Some("base64") => DocumentSource::Base64 { media_type: text("media_type")?, data: text("data")? },
+        Some("url") => DocumentSource::Url(text("url")?),
+        Some("text") => DocumentSource::Text(text("data")?),
+        Some("content") => match source.get("content") {
+            Some(Value::String(content)) => DocumentSource::Text(content.clone()),
+            Some(Value::Array(blocks)) => {
+                let mut texts = Vec::with_capacity(blocks.len());
+                for block in blocks {
+                    match (block.get("type").and_then(Value::as_str), block.get("text").and_then(Value::as_str)) {
+                        (Some("text"), Some(text)) => texts.push(text),
+                        _ => return Err(InvalidRequest::unsupported(format!("{}.content: only text blocks are supported", at()))),
+                    }
+                }
+                DocumentSource::Text(texts.join("\n"))
+            }
+            _ => return Err(InvalidRequest::new(format!("{}.content must be a string or an array of text blocks", at()))),
+        },
+        Some("file") => {
+            return Err(InvalidRequest::unsupported(format!(
+                "{}: a file id names a file in one provider's storage; send the document as base64 data, a URL or text",
+                at()
+            )));
+        }
+        _ => return Err(InvalidRequest::new(format!("{}.type must be one of base64, url, text, content", at()))),
+    };
+    Ok(Part::Document { source, name: item.get("title").and_then(Value::as_str).map(str::to_string) })
 }
 
 /// The `stop_reason` of a reply.
@@ -620,7 +667,7 @@ pub mod outgoing {
     use serde_json::Value;
 
     use super::tool_input;
-    use crate::chat::Part;
+    use crate::chat::{DocumentSource, Part};
 
     #[derive(Debug, Serialize)]
     pub struct Request<'a> {
@@ -722,6 +769,13 @@ pub mod outgoing {
             #[serde(skip_serializing_if = "Option::is_none")]
             cache_control: Option<CacheControl>,
         },
+        Document {
+            source: DocumentBlockSource<'a>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            title: Option<&'a str>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            cache_control: Option<CacheControl>,
+        },
     }
 
     impl<'a> Block<'a> {
@@ -742,6 +796,15 @@ pub mod outgoing {
                 }
                 Part::Thinking { text, signature } => Block::Thinking { signature, thinking: text, cache_control: None },
                 Part::RedactedThinking { data } => Block::RedactedThinking { data, cache_control: None },
+                Part::Document { source, name } => Block::Document {
+                    source: match source {
+                        DocumentSource::Base64 { media_type, data } => DocumentBlockSource::Base64 { data, media_type },
+                        DocumentSource::Url(url) => DocumentBlockSource::Url { url },
+                        DocumentSource::Text(data) => DocumentBlockSource::Text { data, media_type: "text/plain" },
+                    },
+                    title: name.as_deref(),
+                    cache_control: None,
+                },
             }
         }
 
@@ -753,7 +816,8 @@ pub mod outgoing {
                 | Block::Image { cache_control, .. }
                 | Block::ToolResult { cache_control, .. }
                 | Block::Thinking { cache_control, .. }
-                | Block::RedactedThinking { cache_control, .. } => *cache_control = Some(control),
+                | Block::RedactedThinking { cache_control, .. }
+                | Block::Document { cache_control, .. } => *cache_control = Some(control),
             }
         }
     }
@@ -763,6 +827,14 @@ pub mod outgoing {
     pub enum ImageSource<'a> {
         Base64 { data: &'a str, media_type: &'a str },
         Url { url: &'a str },
+    }
+
+    #[derive(Debug, Serialize)]
+    #[serde(tag = "type", rename_all = "snake_case")]
+    pub enum DocumentBlockSource<'a> {
+        Base64 { data: &'a str, media_type: &'a str },
+        Url { url: &'a str },
+        Text { data: &'a str, media_type: &'static str },
     }
 
     #[derive(Debug, Serialize)]
@@ -1284,6 +1356,64 @@ mod tests {
         // Without caching, nothing more is written than before.
         let plain = serde_json::to_value(render_reply(&ChatReply { usage: Usage::uncached(7, 2), ..reply })).unwrap_or_default();
         assert_eq!(plain["usage"], json!({"input_tokens": 7, "output_tokens": 2}));
+        Ok(())
+    }
+
+    #[test]
+    fn documents_are_read_and_written_as_anthropic_blocks() -> Result<(), InvalidRequest> {
+        let body = json!({"model": "c", "max_tokens": 5, "messages": [{"role": "user", "content": [
+            {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="}, "title": "report.pdf",
+             "citations": {"enabled": true}, "context": "Q3"},
+            {"type": "document", "source": {"type": "url", "url": "https://example.com/a.pdf"}, "cache_control": {"type": "ephemeral"}},
+            {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "plain notes"}},
+            {"type": "document", "source": {"type": "content", "content": [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}]}},
+            {"type": "text", "text": "summarize"}]}]});
+        // The typed reading leaves documents to the tree reading.
+        assert!(read_request(body.to_string().as_bytes()).is_none());
+        let request = parse_request(&body)?;
+        let document = |source: DocumentSource, name: Option<&str>| Part::Document { source, name: name.map(str::to_string) };
+        assert_eq!(
+            request.messages[0].parts,
+            vec![
+                document(
+                    DocumentSource::Base64 { media_type: "application/pdf".to_string(), data: "JVBERi0=".to_string() },
+                    Some("report.pdf")
+                ),
+                document(DocumentSource::Url("https://example.com/a.pdf".to_string()), None),
+                document(DocumentSource::Text("plain notes".to_string()), None),
+                document(DocumentSource::Text("one\ntwo".to_string()), None),
+                Part::Text("summarize".to_string()),
+            ]
+        );
+        assert_eq!(request.cache_points, vec![CachePoint { at: CacheAt::Part { message: 0, part: 1 }, ttl: None }]);
+        // Plain-text documents are part of the text guardrails read.
+        assert_eq!(request.messages[0].text(), "plain notes\none\ntwo\nsummarize");
+        let built = serde_json::to_value(build_request(&request, "claude", 100)).unwrap_or_default();
+        assert_eq!(
+            built["messages"][0]["content"],
+            json!([
+                {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="}, "title": "report.pdf"},
+                {"type": "document", "source": {"type": "url", "url": "https://example.com/a.pdf"}, "cache_control": {"type": "ephemeral"}},
+                {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "plain notes"}},
+                {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "one\ntwo"}},
+                {"type": "text", "text": "summarize"},
+            ])
+        );
+        // Refused, not dropped: a file id, a broken source, and kinds the gateway cannot carry.
+        let code = |block: Value| {
+            parse_request(&json!({"model": "c", "max_tokens": 5, "messages": [{"role": "user", "content": [block]}]}))
+                .err()
+                .map(|error| error.code)
+        };
+        assert_eq!(code(json!({"type": "document", "source": {"type": "file", "file_id": "file_1"}})), Some("unsupported_content"));
+        assert_eq!(code(json!({"type": "document"})), Some("missing_field"));
+        assert_eq!(code(json!({"type": "document", "source": {"type": "base64", "data": "JVBERi0="}})), Some("invalid_request"));
+        assert_eq!(code(json!({"type": "document", "source": {"type": "pdf"}})), Some("invalid_request"));
+        assert_eq!(
+            code(json!({"type": "document", "source": {"type": "content", "content": [{"type": "image", "source": {}}]}})),
+            Some("unsupported_content")
+        );
+        assert_eq!(code(json!({"type": "search_result", "source": "s", "title": "t", "content": []})), Some("unsupported_content"));
         Ok(())
     }
 

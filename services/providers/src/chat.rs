@@ -40,6 +40,30 @@ pub enum Part {
     RedactedThinking {
         data: String,
     },
+    /// A document for the model to read (a PDF, or plain text), with the name the client gave it.
+    Document {
+        source: DocumentSource,
+        name: Option<String>,
+    },
+}
+
+/// Where a document's content is.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DocumentSource {
+    /// A file's bytes in base64, with its media type (`application/pdf`).
+    Base64 { media_type: String, data: String },
+    /// A file the provider fetches itself (Anthropic and Gemini do; OpenAI's chat API does not).
+    Url(String),
+    /// Plain text.
+    Text(String),
+}
+
+impl DocumentSource {
+    /// The source of an RFC 2397 `data:` URL with base64 data; None for any other text.
+    pub fn of_data_url(url: &str) -> Option<Self> {
+        let (media_type, data) = url.strip_prefix("data:")?.split_once(";base64,")?;
+        Some(DocumentSource::Base64 { media_type: media_type.to_string(), data: data.to_string() })
+    }
 }
 
 /// One message.
@@ -55,12 +79,16 @@ impl Message {
         self.text_borrowed().into_owned()
     }
 
-    /// The text parts joined by newlines, borrowed when there is only one.
+    /// The text parts, tool results and plain-text documents joined by newlines, borrowed when there
+    /// is only one.
     pub fn text_borrowed(&self) -> std::borrow::Cow<'_, str> {
         let mut texts = self.parts.iter().filter_map(|part| match part {
             Part::Text(text) => Some(text.as_str()),
             Part::ToolResult { content, .. } => Some(content.as_str()),
-            Part::Image { .. } | Part::ToolCall { .. } | Part::Thinking { .. } | Part::RedactedThinking { .. } => None,
+            Part::Document { source: DocumentSource::Text(text), .. } => Some(text.as_str()),
+            Part::Image { .. } | Part::ToolCall { .. } | Part::Thinking { .. } | Part::RedactedThinking { .. } | Part::Document { .. } => {
+                None
+            }
         });
         let Some(first) = texts.next() else { return std::borrow::Cow::Borrowed("") };
         match texts.next() {
@@ -346,6 +374,13 @@ impl ChatRequest {
                 Part::RedactedThinking { .. } => 0,
                 // An image costs roughly a thousand tokens on the common providers.
                 Part::Image { .. } => 4000,
+                Part::Document { source, .. } => match source {
+                    // A PDF page costs 1,500-3,000 tokens and about as many base64 characters in
+                    // the file; a fetched one is unknown until the provider counts it.
+                    DocumentSource::Base64 { data, .. } => data.len(),
+                    DocumentSource::Url(_) => 4000,
+                    DocumentSource::Text(text) => text.chars().count(),
+                },
             })
             .sum();
         let tools: usize = self.tools.iter().map(|tool| tool.name.len() + tool.parameters.compact_len()).sum();
@@ -355,6 +390,14 @@ impl ChatRequest {
     /// Whether any message carries an image.
     pub fn has_images(&self) -> bool {
         self.messages.iter().any(|message| message.parts.iter().any(|part| matches!(part, Part::Image { .. })))
+    }
+
+    /// The documents the messages carry.
+    pub fn documents(&self) -> impl Iterator<Item = &DocumentSource> {
+        self.messages.iter().flat_map(|message| &message.parts).filter_map(|part| match part {
+            Part::Document { source, .. } => Some(source),
+            _ => None,
+        })
     }
 }
 
@@ -490,7 +533,7 @@ pub fn reply_events(reply: &ChatReply) -> Vec<ChatEvent> {
                 events.push(ChatEvent::ThinkingSignature(signature.clone()));
             }
             Part::RedactedThinking { data } => events.push(ChatEvent::RedactedThinking(data.clone())),
-            Part::Image { .. } | Part::ToolResult { .. } => {}
+            Part::Image { .. } | Part::ToolResult { .. } | Part::Document { .. } => {}
         }
     }
     events.push(ChatEvent::Usage(reply.usage));
@@ -676,6 +719,11 @@ impl InvalidRequest {
     /// A required field is absent.
     pub fn missing(field: &str) -> Self {
         InvalidRequest { code: "missing_field", message: format!("{field} is required") }
+    }
+
+    /// Content the gateway cannot carry to a provider faithfully (refused rather than dropped).
+    pub fn unsupported(message: impl Into<String>) -> Self {
+        InvalidRequest { code: "unsupported_content", message: message.into() }
     }
 }
 

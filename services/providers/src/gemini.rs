@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use serde_json::{Map, Value, json};
 
-use crate::chat::{ChatEvent, ChatReply, ChatRequest, FinishReason, Part, Role, ToolChoice, Usage};
+use crate::chat::{ChatEvent, ChatReply, ChatRequest, DocumentSource, FinishReason, Part, Role, ToolChoice, Usage};
 
 /// JSON Schema keywords Gemini's function declarations refuse.
 const UNSUPPORTED_SCHEMA_KEYS: [&str; 5] = ["additionalProperties", "$schema", "strict", "$defs", "definitions"];
@@ -61,6 +61,11 @@ pub fn build_request(request: &ChatRequest) -> Value {
             .filter_map(|part| match part {
                 Part::Text(text) => Some(json!({"text": text})),
                 Part::Image { url } => Some(image_part(url)),
+                Part::Document { source, .. } => Some(match source {
+                    DocumentSource::Base64 { media_type, data } => json!({"inlineData": {"mimeType": media_type, "data": data}}),
+                    DocumentSource::Url(url) => json!({"fileData": {"mimeType": "application/pdf", "fileUri": url}}),
+                    DocumentSource::Text(text) => json!({"text": text}),
+                }),
                 Part::ToolCall { name, arguments, .. } => {
                     Some(json!({"functionCall": {"name": name, "args": arguments_object(arguments)}}))
                 }

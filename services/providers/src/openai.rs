@@ -11,8 +11,8 @@ use crate::chat::fields::{
     required_string, stop_list,
 };
 use crate::chat::{
-    CacheAt, CachePoint, CacheTtl, ChatEvent, ChatReply, ChatRequest, FinishReason, InvalidRequest, Message, OpenAiOptions, Part, Role,
-    Schema, Tool, ToolChoice, Usage,
+    CacheAt, CachePoint, CacheTtl, ChatEvent, ChatReply, ChatRequest, DocumentSource, FinishReason, InvalidRequest, Message, OpenAiOptions,
+    Part, Role, Schema, Tool, ToolChoice, Usage,
 };
 
 mod typed_request;
@@ -233,7 +233,14 @@ fn content_parts(content: Option<&Value>, position: usize) -> Result<Vec<Marked>
                             item.pointer("/image_url/url").or_else(|| item.get("image_url")).and_then(Value::as_str).unwrap_or_default();
                         Part::Image { url: url.to_string() }
                     }
-                    Some(_) => continue,
+                    Some("file") => file_part(item, position)?,
+                    // What an assistant declined to do, as it said it.
+                    Some("refusal") => Part::Text(item.get("refusal").and_then(Value::as_str).unwrap_or_default().to_string()),
+                    Some(kind) => {
+                        return Err(InvalidRequest::unsupported(format!(
+                            "messages[{position}].content: `{kind}` parts are not supported (text, image_url, file and refusal are)"
+                        )));
+                    }
                     None => return Err(InvalidRequest::new(format!("messages[{position}].content parts need a type"))),
                 };
                 parts.push(Marked { part, cache: cache_control(item, || format!("messages[{position}].content[]"))? });
@@ -241,6 +248,31 @@ fn content_parts(content: Option<&Value>, position: usize) -> Result<Vec<Marked>
             Ok(parts)
         }
         Some(_) => Err(InvalidRequest::new(format!("messages[{position}].content must be a string or an array of parts"))),
+    }
+}
+
+/// A `file` part: the file's bytes as a base64 `data:` URL in `file_data`, named by `filename`. A
+/// `file_id` is refused: it names a file in one provider's storage.
+fn file_part(item: &Value, position: usize) -> Result<Part, InvalidRequest> {
+    let at = format!("messages[{position}].content[].file");
+    let file = item.get("file").filter(|file| file.is_object()).ok_or_else(|| InvalidRequest::missing(&at))?;
+    let name = match file.get("filename") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(name)) => Some(name.clone()),
+        Some(_) => return Err(InvalidRequest::new(format!("{at}.filename must be a string"))),
+    };
+    match file.get("file_data") {
+        Some(Value::String(data)) => {
+            let source = DocumentSource::of_data_url(data).ok_or_else(|| {
+                InvalidRequest::new(format!("{at}.file_data must be a base64 data: URL (data:application/pdf;base64,...)"))
+            })?;
+            Ok(Part::Document { source, name })
+        }
+        Some(_) => Err(InvalidRequest::new(format!("{at}.file_data must be a string"))),
+        None if file.get("file_id").is_some() => Err(InvalidRequest::unsupported(format!(
+            "{at}.file_id names a file in one provider's storage; send the file's bytes as file_data"
+        ))),
+        None => Err(InvalidRequest::missing(&format!("{at}.file_data"))),
     }
 }
 
@@ -562,9 +594,18 @@ pub enum TokenLimit {
     MaxCompletionTokens,
 }
 
+/// The name a nameless file goes by (OpenAI refuses file data without one).
+fn default_filename(media_type: &str) -> &'static str {
+    match media_type {
+        "application/pdf" => "document.pdf",
+        "text/plain" => "document.txt",
+        _ => "document",
+    }
+}
+
 /// The body sent to an OpenAI-family provider.
 pub fn build_request<'a>(request: &'a ChatRequest, upstream_model: &'a str, limit: TokenLimit) -> outgoing::Request<'a> {
-    use outgoing::{Choice, ContentPart, FunctionName, ImageUrl, Message as Out, Tool as OutTool, ToolFunction, UserContent};
+    use outgoing::{Choice, ContentPart, FileData, FunctionName, ImageUrl, Message as Out, Tool as OutTool, ToolFunction, UserContent};
     let mut messages = Vec::with_capacity(request.messages.len() + 1);
     if let Some(system) = &request.system {
         messages.push(Out::System { content: system });
@@ -582,6 +623,17 @@ pub fn build_request<'a>(request: &'a ChatRequest, upstream_model: &'a str, limi
                             .filter_map(|part| match part {
                                 Part::Text(text) => Some(ContentPart::Text { text }),
                                 Part::Image { url } => Some(ContentPart::ImageUrl { image_url: ImageUrl { url } }),
+                                Part::Document { source, name } => match source {
+                                    DocumentSource::Base64 { media_type, data } => Some(ContentPart::File {
+                                        file: FileData {
+                                            filename: name.as_deref().unwrap_or(default_filename(media_type)),
+                                            file_data: format!("data:{media_type};base64,{data}"),
+                                        },
+                                    }),
+                                    DocumentSource::Text(text) => Some(ContentPart::Text { text }),
+                                    // Routing sends no document by URL here (`routing::can_read`).
+                                    DocumentSource::Url(_) => None,
+                                },
                                 _ => None,
                             })
                             .collect(),
@@ -753,6 +805,14 @@ pub mod outgoing {
     pub enum ContentPart<'a> {
         Text { text: &'a str },
         ImageUrl { image_url: ImageUrl<'a> },
+        File { file: FileData<'a> },
+    }
+
+    /// A file's bytes as a `data:` URL (OpenAI wants a name with them).
+    #[derive(Debug, Serialize)]
+    pub struct FileData<'a> {
+        pub filename: &'a str,
+        pub file_data: String,
     }
 
     #[derive(Debug, Serialize)]
@@ -1268,6 +1328,59 @@ mod tests {
                 assert_eq!(writer.text_frame(text), general, "{text:?}");
             }
         }
+    }
+
+    #[test]
+    fn files_are_read_as_documents_and_written_for_every_format() -> Result<(), InvalidRequest> {
+        let request = parse_request(&json!({"model": "m", "messages": [
+            {"role": "user", "content": [
+                {"type": "text", "text": "summarize"},
+                {"type": "file", "file": {"filename": "report.pdf", "file_data": "data:application/pdf;base64,JVBERi0="}},
+                {"type": "file", "file": {"file_data": "data:application/pdf;base64,AAAA"}}]},
+            {"role": "assistant", "content": [{"type": "refusal", "refusal": "I cannot read that"}]}]}))?;
+        let pdf = |data: &str| DocumentSource::Base64 { media_type: "application/pdf".to_string(), data: data.to_string() };
+        assert_eq!(
+            request.messages[0].parts,
+            vec![
+                Part::Text("summarize".to_string()),
+                Part::Document { source: pdf("JVBERi0="), name: Some("report.pdf".to_string()) },
+                Part::Document { source: pdf("AAAA"), name: None },
+            ]
+        );
+        assert_eq!(request.messages[1].parts, vec![Part::Text("I cannot read that".to_string())]);
+        let built = serde_json::to_value(build_request(&request, "gpt", TokenLimit::MaxTokens)).unwrap_or_default();
+        assert_eq!(
+            built["messages"][0]["content"],
+            json!([
+                {"type": "text", "text": "summarize"},
+                {"type": "file", "file": {"filename": "report.pdf", "file_data": "data:application/pdf;base64,JVBERi0="}},
+                {"type": "file", "file": {"filename": "document.pdf", "file_data": "data:application/pdf;base64,AAAA"}},
+            ])
+        );
+        let gemini = crate::gemini::build_request(&request);
+        assert_eq!(gemini["contents"][0]["parts"][1], json!({"inlineData": {"mimeType": "application/pdf", "data": "JVBERi0="}}));
+        // Plain text goes as text where the format has no text documents; URLs where it fetches them.
+        let mut more = request.clone();
+        more.messages[0].parts = vec![
+            Part::Document { source: DocumentSource::Text("notes".to_string()), name: None },
+            Part::Document { source: DocumentSource::Url("https://example.com/a.pdf".to_string()), name: None },
+        ];
+        let built = serde_json::to_value(build_request(&more, "gpt", TokenLimit::MaxTokens)).unwrap_or_default();
+        assert_eq!(built["messages"][0]["content"], json!([{"type": "text", "text": "notes"}]));
+        assert_eq!(
+            crate::gemini::build_request(&more)["contents"][0]["parts"],
+            json!([{"text": "notes"}, {"fileData": {"mimeType": "application/pdf", "fileUri": "https://example.com/a.pdf"}}])
+        );
+        // Refused, not dropped.
+        let code = |part: Value| {
+            parse_request(&json!({"model": "m", "messages": [{"role": "user", "content": [part]}]})).err().map(|error| error.code)
+        };
+        assert_eq!(code(json!({"type": "file", "file": {"file_id": "file-abc"}})), Some("unsupported_content"));
+        assert_eq!(code(json!({"type": "file", "file": {"file_data": "JVBERi0="}})), Some("invalid_request"));
+        assert_eq!(code(json!({"type": "file", "file": {"filename": "a.pdf"}})), Some("missing_field"));
+        assert_eq!(code(json!({"type": "file"})), Some("missing_field"));
+        assert_eq!(code(json!({"type": "input_audio", "input_audio": {"data": "AA", "format": "wav"}})), Some("unsupported_content"));
+        Ok(())
     }
 
     #[test]

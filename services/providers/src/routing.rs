@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 
 use brainstorm_common::money::Usd;
 
-use crate::catalog::{Model, ModelCatalog, Provider, provider_by_id};
-use crate::chat::{ChatRequest, Usage};
+use crate::catalog::{Model, ModelCatalog, Provider, WireFormat, provider_by_id};
+use crate::chat::{ChatRequest, DocumentSource, Usage};
 
 /// Route strategies a request or preset may ask for.
 pub const STRATEGIES: [&str; 6] = ["price", "latency", "throughput", "priority", "quality", "cascade"];
@@ -78,6 +78,36 @@ pub struct Candidate {
     pub estimated_cost: Option<Usd>,
     /// `provider/model`, written once: a request reads it about eight times.
     id: String,
+}
+
+/// What a request's documents ask of a model: reading files (PDFs), and fetching them by URL.
+#[derive(Debug, Clone, Copy)]
+struct Files {
+    any: bool,
+    by_url: bool,
+}
+
+impl Files {
+    fn of(request: &ChatRequest) -> Self {
+        let mut files = Files { any: false, by_url: false };
+        for source in request.documents() {
+            match source {
+                DocumentSource::Base64 { .. } => files.any = true,
+                DocumentSource::Url(_) => (files.any, files.by_url) = (true, true),
+                // Plain text any chat model reads.
+                DocumentSource::Text(_) => {}
+            }
+        }
+        files
+    }
+}
+
+/// Whether a candidate can read the request's files: a catalog model with the `documents`
+/// capability (an unlisted one is given the benefit of the doubt, as for images), and one outside
+/// OpenAI's format for a file by URL (OpenAI's chat API takes file data only).
+fn can_read(candidate: &Candidate, files: Files) -> bool {
+    candidate.entry.as_ref().is_none_or(|entry| entry.can("documents"))
+        && !(files.by_url && candidate.provider.format == WireFormat::OpenAi)
 }
 
 impl Candidate {
@@ -345,6 +375,10 @@ pub fn resolve(
     if request.has_images() {
         candidates.retain(|candidate| candidate.entry.as_ref().is_none_or(|entry| entry.can("vision")));
     }
+    let files = Files::of(request);
+    if files.any {
+        candidates.retain(|candidate| can_read(candidate, files));
+    }
     if candidates.is_empty() {
         let why = if before == 0 {
             "no candidate model"
@@ -518,6 +552,35 @@ mod tests {
         with_tools.tools.push(Tool { name: "t".to_string(), description: None, parameters: serde_json::json!({}).into() });
         assert!(
             matches!(resolve("auto", &keys, &catalog, &with_tools, &RouteOptions::default()), Ok(Resolution::Route(route)) if route.candidates.iter().all(|candidate| candidate.entry.as_ref().is_some_and(|entry| entry.can("tools"))))
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn documents_go_to_models_that_read_files_and_urls_only_where_fetched() -> Result<(), crate::catalog::CatalogError> {
+        use crate::chat::DocumentSource;
+        let catalog = ModelCatalog::bundled()?;
+        let keys = tenant(&["openai", "anthropic", "google", "groq"]);
+        let with = |source: DocumentSource| {
+            let mut request = request("summarize");
+            request.messages[0].parts.push(Part::Document { source, name: None });
+            request
+        };
+        let pdf = with(DocumentSource::Base64 { media_type: "application/pdf".to_string(), data: "JVBERi0=".to_string() });
+        let by_url = with(DocumentSource::Url("https://example.com/a.pdf".to_string()));
+        let text = with(DocumentSource::Text("notes".to_string()));
+        let route = |model: &str, request: &ChatRequest| ids(resolve(model, &keys, &catalog, request, &RouteOptions::default()));
+        assert_eq!(route("openai/gpt-4o-mini", &pdf), vec!["openai/gpt-4o-mini"]);
+        // A model that reads no files, and OpenAI's format for a file it would have to fetch.
+        assert!(route("groq/llama-3.3-70b-versatile", &pdf)[0].contains("NoRunnableModel"));
+        assert!(route("openai/gpt-4o-mini", &by_url)[0].contains("NoRunnableModel"));
+        assert_eq!(route("anthropic/claude-haiku-4-5", &by_url), vec!["anthropic/claude-haiku-4-5"]);
+        assert_eq!(route("google/gemini-2.5-flash", &by_url), vec!["google/gemini-2.5-flash"]);
+        // Plain text any chat model reads.
+        assert_eq!(route("groq/llama-3.3-70b-versatile", &text), vec!["groq/llama-3.3-70b-versatile"]);
+        let auto = resolve("auto", &keys, &catalog, &by_url, &RouteOptions::default());
+        assert!(
+            matches!(&auto, Ok(Resolution::Route(route)) if !route.candidates.is_empty() && route.candidates.iter().all(|candidate| candidate.provider.format != WireFormat::OpenAi && candidate.entry.as_ref().is_some_and(|entry| entry.can("documents"))))
         );
         Ok(())
     }

@@ -115,6 +115,47 @@ struct Block {
     /// A `thinking` block's text and signature.
     thinking: Option<String>,
     signature: Option<String>,
+    /// A `document` block's source.
+    source: Option<DocumentSource>,
+}
+
+/// Where a document is, as Anthropic takes it: a PDF in base64 or by URL, or plain text.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum DocumentSource {
+    Base64 { media_type: String, data: String },
+    Url { url: String },
+    Text { media_type: String, data: String },
+    Content { content: Content },
+}
+
+impl Block {
+    /// As Anthropic checks a `document` block.
+    fn check(&self, at: &str) -> Result<(), String> {
+        if self.kind != "document" {
+            return Ok(());
+        }
+        match &self.source {
+            None => Err(format!("{at}.source: Field required")),
+            Some(DocumentSource::Base64 { media_type, data }) if media_type != "application/pdf" || data.is_empty() => {
+                Err(format!("{at}.source.base64.media_type: Input should be 'application/pdf'"))
+            }
+            Some(DocumentSource::Text { media_type, .. }) if media_type != "text/plain" => {
+                Err(format!("{at}.source.text.media_type: Input should be 'text/plain'"))
+            }
+            Some(DocumentSource::Url { url }) if !url.starts_with("http") => Err(format!("{at}.source.url.url: invalid URL")),
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// The words of a plain-text document.
+    fn document_words(&self) -> u64 {
+        match &self.source {
+            Some(DocumentSource::Text { data, .. }) => count_words(data),
+            Some(DocumentSource::Content { content }) => content.words(),
+            _ => 0,
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -175,7 +216,9 @@ impl Content {
             Content::Text(text) => count_words(text),
             Content::Blocks(blocks) => blocks
                 .iter()
-                .map(|block| block.text.as_deref().map_or(0, count_words) + block.content.as_ref().map_or(0, Content::words))
+                .map(|block| {
+                    block.text.as_deref().map_or(0, count_words) + block.content.as_ref().map_or(0, Content::words) + block.document_words()
+                })
                 .sum(),
         }
     }
@@ -258,6 +301,13 @@ impl MessagesRequest {
         }
         if request.messages.is_empty() {
             return Err("messages: at least one message is required".to_string());
+        }
+        for (position, message) in request.messages.iter().enumerate() {
+            if let Content::Blocks(blocks) = &message.content {
+                for (index, block) in blocks.iter().enumerate() {
+                    block.check(&format!("messages.{position}.content.{index}"))?;
+                }
+            }
         }
         if let Some(thinking) = request.thinking.as_ref().filter(|thinking| thinking.kind == "enabled") {
             let budget = thinking.budget_tokens.unwrap_or(0);

@@ -107,6 +107,36 @@ struct Part {
     text: Option<String>,
     #[serde(alias = "function_response")]
     function_response: Option<IgnoredAny>,
+    // Read so a malformed one is refused as the real API refuses it; the mock reads no files.
+    #[serde(alias = "inline_data")]
+    #[allow(dead_code)]
+    inline_data: Option<Blob>,
+    #[serde(alias = "file_data")]
+    #[allow(dead_code)]
+    file_data: Option<FileData>,
+}
+
+/// Inline bytes: both members are required.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Blob {
+    #[serde(alias = "mime_type")]
+    #[allow(dead_code)]
+    mime_type: String,
+    #[allow(dead_code)]
+    data: String,
+}
+
+/// A file by URI: both members are required.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct FileData {
+    #[serde(alias = "mime_type")]
+    #[allow(dead_code)]
+    mime_type: String,
+    #[serde(alias = "file_uri")]
+    #[allow(dead_code)]
+    file_uri: String,
 }
 
 #[derive(Debug, Deserialize)]

@@ -85,7 +85,36 @@ enum ChatContent {
 
 #[derive(Debug, Deserialize)]
 struct ChatPart {
+    #[serde(rename = "type")]
+    kind: Option<String>,
     text: Option<String>,
+    file: Option<FilePart>,
+}
+
+/// A `file` part's file: its bytes as a base64 `data:` URL with a name, or an uploaded file's id.
+#[derive(Debug, Deserialize)]
+struct FilePart {
+    file_data: Option<String>,
+    filename: Option<String>,
+    file_id: Option<String>,
+}
+
+impl ChatPart {
+    /// As OpenAI checks a `file` part.
+    fn check(&self, at: &str) -> Result<(), String> {
+        if self.kind.as_deref() != Some("file") {
+            return Ok(());
+        }
+        let Some(file) = &self.file else { return Err(format!("Missing required parameter: '{at}.file'.")) };
+        match (&file.file_data, &file.file_id) {
+            (Some(data), _) if !(data.starts_with("data:") && data.contains(";base64,")) => {
+                Err(format!("Invalid value for '{at}.file.file_data': expected a base64-encoded data URL."))
+            }
+            (Some(_), _) if file.filename.is_none() => Err(format!("Missing required parameter: '{at}.file.filename'.")),
+            (None, None) => Err(format!("Missing required parameter: '{at}.file.file_data'.")),
+            _ => Ok(()),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -128,6 +157,13 @@ impl ChatRequest {
         let request: ChatRequest = serde_json::from_slice(body).map_err(|error| format!("invalid request body: {error}"))?;
         if request.messages.is_empty() {
             return Err("'messages' must not be empty".to_string());
+        }
+        for (position, message) in request.messages.iter().enumerate() {
+            if let Some(ChatContent::Parts(parts)) = &message.content {
+                for (index, part) in parts.iter().enumerate() {
+                    part.check(&format!("messages[{position}].content[{index}]"))?;
+                }
+            }
         }
         Ok(request)
     }

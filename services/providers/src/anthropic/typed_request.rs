@@ -228,10 +228,9 @@ fn content_parts(content: Option<TextOrBlocks<'_>>) -> Option<Vec<Marked>> {
                     is_error: block.is_error.unwrap_or(false),
                 }
             }
-            // Images (a source to rebuild) are left to the tree reading.
-            "image" => return None,
-            // Other kinds are skipped, as the tree reading skips them (their breakpoints with them).
-            _ => continue,
+            // Images and documents (a source to rebuild) are left to the tree reading, as are other
+            // kinds (which it refuses).
+            _ => return None,
         };
         parts.push(Marked { part, cache });
     }
