@@ -718,6 +718,28 @@ async fn documents_reach_every_provider_format(shape: Shape) -> TestResult {
                {"text": "revenue rose four percent"}, {"text": "what changed?"}])
     );
 
+    // A screenshot a tool returned stays with its result: in Anthropic's blocks, and after the tool
+    // message for OpenAI, whose tool messages are text.
+    let screenshot = |model: &str| {
+        json!({"model": model, "max_tokens": 100, "messages": [
+            {"role": "user", "content": "what does the page show?"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "screenshot", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [
+                {"type": "text", "text": "captured"},
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0K"}}]}]}]})
+    };
+    let reply = gateway.call(Method::POST, "/v1/messages", Some(key), Some(screenshot("anthropic/claude-haiku-4-5"))).await?;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(
+        last_request(mock)?.body["messages"][2]["content"][0]["content"],
+        json!([{"type": "text", "text": "captured"}, {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0K"}}])
+    );
+    let reply = gateway.call(Method::POST, "/v1/messages", Some(key), Some(screenshot("openai/gpt-4o-mini"))).await?;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    let sent = last_request(mock)?.body;
+    assert_eq!((&sent["messages"][2]["role"], &sent["messages"][2]["content"]), (&json!("tool"), &json!("captured")));
+    assert_eq!(sent["messages"][3]["content"][2], json!({"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0K"}}));
+
     // Refused before any provider is called: a file OpenAI's format would have to fetch, a PDF for a
     // model that reads none, a file id, audio.
     mock.clear();

@@ -206,11 +206,11 @@ fn blocks(content: Option<&Value>, position: usize) -> Result<Vec<Marked>, Inval
                         Part::RedactedThinking { data: item.get("data").and_then(Value::as_str).unwrap_or_default().to_string() }.into(),
                     ),
                     Some("tool_result") => parts.push(
-                        Part::ToolResult {
-                            call_id: item.get("tool_use_id").and_then(Value::as_str).unwrap_or_default().to_string(),
-                            content: Message { role: Role::User, parts: unmarked(blocks(item.get("content"), position)?) }.text(),
-                            is_error: item.get("is_error").and_then(Value::as_bool).unwrap_or(false),
-                        }
+                        Part::tool_result(
+                            item.get("tool_use_id").and_then(Value::as_str).unwrap_or_default().to_string(),
+                            unmarked(blocks(item.get("content"), position)?),
+                            item.get("is_error").and_then(Value::as_bool).unwrap_or(false),
+                        )
                         .into(),
                     ),
                     Some("document") => parts.push(document(item, position)?.into()),
@@ -752,7 +752,7 @@ pub mod outgoing {
             cache_control: Option<CacheControl>,
         },
         ToolResult {
-            content: &'a str,
+            content: ResultContent<'a>,
             is_error: bool,
             tool_use_id: &'a str,
             #[serde(skip_serializing_if = "Option::is_none")]
@@ -791,9 +791,17 @@ pub mod outgoing {
                     },
                     cache_control: None,
                 },
-                Part::ToolResult { call_id, content, is_error } => {
-                    Block::ToolResult { content, is_error: *is_error, tool_use_id: call_id, cache_control: None }
-                }
+                Part::ToolResult { call_id, content, is_error, media } => Block::ToolResult {
+                    content: if media.is_empty() {
+                        ResultContent::Text(content)
+                    } else {
+                        let text = (!content.is_empty()).then(|| Block::Text { text: content, cache_control: None });
+                        ResultContent::Blocks(text.into_iter().chain(media.iter().map(Block::of)).collect())
+                    },
+                    is_error: *is_error,
+                    tool_use_id: call_id,
+                    cache_control: None,
+                },
                 Part::Thinking { text, signature } => Block::Thinking { signature, thinking: text, cache_control: None },
                 Part::RedactedThinking { data } => Block::RedactedThinking { data, cache_control: None },
                 Part::Document { source, name } => Block::Document {
@@ -827,6 +835,14 @@ pub mod outgoing {
     pub enum ImageSource<'a> {
         Base64 { data: &'a str, media_type: &'a str },
         Url { url: &'a str },
+    }
+
+    /// A tool result's content: its text alone, or blocks when it returned images or files.
+    #[derive(Debug, Serialize)]
+    #[serde(untagged)]
+    pub enum ResultContent<'a> {
+        Text(&'a str),
+        Blocks(Vec<Block<'a>>),
     }
 
     #[derive(Debug, Serialize)]
@@ -1417,6 +1433,66 @@ mod tests {
         Ok(())
     }
 
+    /// A tool's screenshot or file stays with its result: in Anthropic's own blocks, after the tool
+    /// messages for OpenAI (whose tool messages are text), after the function responses for Gemini.
+    #[test]
+    fn images_and_files_a_tool_returned_reach_every_format() -> Result<(), InvalidRequest> {
+        let body = json!({"model": "c", "max_tokens": 5, "messages": [
+            {"role": "user", "content": "open the page"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "screenshot", "input": {}},
+                                              {"type": "tool_use", "id": "toolu_2", "name": "title", "input": {}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": [
+                    {"type": "text", "text": "the page"},
+                    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0K"}},
+                    {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "its source"}}]},
+                {"type": "tool_result", "tool_use_id": "toolu_2", "content": "Home"}]}]});
+        assert!(read_request(body.to_string().as_bytes()).is_none(), "images are the tree reading's");
+        let request = parse_request(&body)?;
+        let image = Part::Image { url: "data:image/png;base64,iVBORw0K".to_string() };
+        assert_eq!(
+            request.messages[2].parts,
+            vec![
+                Part::ToolResult {
+                    call_id: "toolu_1".to_string(),
+                    content: "the page\nits source".to_string(),
+                    is_error: false,
+                    media: vec![image]
+                },
+                Part::ToolResult { call_id: "toolu_2".to_string(), content: "Home".to_string(), is_error: false, media: vec![] },
+            ]
+        );
+        assert!(request.has_images());
+        let anthropic = serde_json::to_value(build_request(&request, "claude", 100)).unwrap_or_default();
+        assert_eq!(
+            anthropic["messages"][2]["content"],
+            json!([
+                {"type": "tool_result", "tool_use_id": "toolu_1", "is_error": false, "content": [
+                    {"type": "text", "text": "the page\nits source"},
+                    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0K"}}]},
+                {"type": "tool_result", "tool_use_id": "toolu_2", "is_error": false, "content": "Home"},
+            ])
+        );
+        let openai =
+            serde_json::to_value(crate::openai::build_request(&request, "gpt", crate::openai::TokenLimit::MaxTokens)).unwrap_or_default();
+        let messages = openai["messages"].as_array().cloned().unwrap_or_default();
+        assert_eq!(
+            messages.iter().map(|message| message["role"].clone()).collect::<Vec<_>>(),
+            [json!("user"), json!("assistant"), json!("tool"), json!("tool"), json!("user")]
+        );
+        assert_eq!(messages[2]["content"], "the page\nits source");
+        assert_eq!(
+            messages[4]["content"],
+            json!([{"type": "text", "text": "Images and files returned by the tool call with id:"}, {"type": "text", "text": "toolu_1"},
+                   {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0K"}}])
+        );
+        let gemini = crate::gemini::build_request(&request);
+        let parts = &gemini["contents"][2]["parts"];
+        assert_eq!((&parts[0]["functionResponse"]["name"], &parts[1]["functionResponse"]["name"]), (&json!("screenshot"), &json!("title")));
+        assert_eq!(parts[2], json!({"inlineData": {"mimeType": "image/png", "data": "iVBORw0K"}}));
+        Ok(())
+    }
+
     #[test]
     fn client_bodies_are_validated() {
         let code = |body: Value| parse_request(&body).err().map(|error| error.code);
@@ -1477,7 +1553,12 @@ mod tests {
                 Message { role: Role::User, parts: vec![part("and?")] },
                 Message {
                     role: Role::Tool,
-                    parts: vec![Part::ToolResult { call_id: "t1".to_string(), content: "no".to_string(), is_error: true }],
+                    parts: vec![Part::ToolResult {
+                        call_id: "t1".to_string(),
+                        content: "no".to_string(),
+                        is_error: true,
+                        media: Vec::new(),
+                    }],
                 },
             ],
             tools: vec![

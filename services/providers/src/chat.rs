@@ -25,11 +25,13 @@ pub enum Part {
         name: String,
         arguments: String,
     },
-    /// The answer to a tool call.
+    /// The answer to a tool call: its text, and the images and documents it returned (only `Image`
+    /// and `Document` parts: a screenshot, a fetched PDF).
     ToolResult {
         call_id: String,
         content: String,
         is_error: bool,
+        media: Vec<Part>,
     },
     /// The model's extended thinking (Anthropic), with the signature that lets it be sent back.
     Thinking {
@@ -45,6 +47,19 @@ pub enum Part {
         source: DocumentSource,
         name: Option<String>,
     },
+}
+
+impl Part {
+    /// A tool result of content parts: their text (plain-text documents included) as its content,
+    /// its images and files as its media.
+    pub fn tool_result(call_id: String, parts: Vec<Part>, is_error: bool) -> Part {
+        let (media, text): (Vec<Part>, Vec<Part>) = parts.into_iter().partition(|part| match part {
+            Part::Image { .. } => true,
+            Part::Document { source, .. } => !matches!(source, DocumentSource::Text(_)),
+            _ => false,
+        });
+        Part::ToolResult { call_id, content: Message { role: Role::User, parts: text }.text(), is_error, media }
+    }
 }
 
 /// Where a document's content is.
@@ -369,35 +384,54 @@ impl ChatRequest {
             .map(|part| match part {
                 Part::Text(text) => text.chars().count(),
                 Part::ToolCall { name, arguments, .. } => name.len() + arguments.len(),
-                Part::ToolResult { content, .. } => content.chars().count(),
+                Part::ToolResult { content, media, .. } => content.chars().count() + media.iter().map(media_characters).sum::<usize>(),
                 Part::Thinking { text, .. } => text.chars().count(),
                 Part::RedactedThinking { .. } => 0,
-                // An image costs roughly a thousand tokens on the common providers.
-                Part::Image { .. } => 4000,
-                Part::Document { source, .. } => match source {
-                    // A PDF page costs 1,500-3,000 tokens and about as many base64 characters in
-                    // the file; a fetched one is unknown until the provider counts it.
-                    DocumentSource::Base64 { data, .. } => data.len(),
-                    DocumentSource::Url(_) => 4000,
-                    DocumentSource::Text(text) => text.chars().count(),
-                },
+                Part::Image { .. } | Part::Document { .. } => media_characters(part),
             })
             .sum();
         let tools: usize = self.tools.iter().map(|tool| tool.name.len() + tool.parameters.compact_len()).sum();
         system + messages + tools
     }
 
-    /// Whether any message carries an image.
+    /// Whether any message (or tool result) carries an image.
     pub fn has_images(&self) -> bool {
-        self.messages.iter().any(|message| message.parts.iter().any(|part| matches!(part, Part::Image { .. })))
+        self.content().any(|part| matches!(part, Part::Image { .. }))
     }
 
-    /// The documents the messages carry.
+    /// The documents the messages (and tool results) carry.
     pub fn documents(&self) -> impl Iterator<Item = &DocumentSource> {
-        self.messages.iter().flat_map(|message| &message.parts).filter_map(|part| match part {
+        self.content().filter_map(|part| match part {
             Part::Document { source, .. } => Some(source),
             _ => None,
         })
+    }
+
+    /// Every part of the messages, the media inside tool results included.
+    fn content(&self) -> impl Iterator<Item = &Part> {
+        self.messages.iter().flat_map(|message| &message.parts).flat_map(|part| {
+            let media = match part {
+                Part::ToolResult { media, .. } => media.as_slice(),
+                _ => &[],
+            };
+            std::iter::once(part).chain(media)
+        })
+    }
+}
+
+/// The characters an image or a document counts as in a token estimate.
+fn media_characters(part: &Part) -> usize {
+    match part {
+        // An image costs roughly a thousand tokens on the common providers.
+        Part::Image { .. } => 4000,
+        Part::Document { source, .. } => match source {
+            // A PDF page costs 1,500-3,000 tokens and about as many base64 characters in the file;
+            // a fetched one is unknown until the provider counts it.
+            DocumentSource::Base64 { data, .. } => data.len(),
+            DocumentSource::Url(_) => 4000,
+            DocumentSource::Text(text) => text.chars().count(),
+        },
+        _ => 0,
     }
 }
 

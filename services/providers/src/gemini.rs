@@ -31,11 +31,20 @@ fn arguments_object(arguments: &str) -> Value {
     }
 }
 
-fn image_part(url: &str) -> Value {
-    match url.strip_prefix("data:").and_then(|rest| rest.split_once(";base64,")) {
-        Some((mime_type, data)) => json!({"inlineData": {"mimeType": mime_type, "data": data}}),
-        None => json!({"fileData": {"fileUri": url}}),
-    }
+/// The part of an image or a document.
+fn media_part(part: &Part) -> Option<Value> {
+    Some(match part {
+        Part::Image { url } => match url.strip_prefix("data:").and_then(|rest| rest.split_once(";base64,")) {
+            Some((mime_type, data)) => json!({"inlineData": {"mimeType": mime_type, "data": data}}),
+            None => json!({"fileData": {"fileUri": url}}),
+        },
+        Part::Document { source, .. } => match source {
+            DocumentSource::Base64 { media_type, data } => json!({"inlineData": {"mimeType": media_type, "data": data}}),
+            DocumentSource::Url(url) => json!({"fileData": {"mimeType": "application/pdf", "fileUri": url}}),
+            DocumentSource::Text(text) => json!({"text": text}),
+        },
+        _ => return None,
+    })
 }
 
 /// The body sent to Gemini.
@@ -55,17 +64,12 @@ pub fn build_request(request: &ChatRequest) -> Value {
             Role::Assistant => "model",
             Role::User | Role::Tool => "user",
         };
-        let parts: Vec<Value> = message
+        let mut parts: Vec<Value> = message
             .parts
             .iter()
             .filter_map(|part| match part {
                 Part::Text(text) => Some(json!({"text": text})),
-                Part::Image { url } => Some(image_part(url)),
-                Part::Document { source, .. } => Some(match source {
-                    DocumentSource::Base64 { media_type, data } => json!({"inlineData": {"mimeType": media_type, "data": data}}),
-                    DocumentSource::Url(url) => json!({"fileData": {"mimeType": "application/pdf", "fileUri": url}}),
-                    DocumentSource::Text(text) => json!({"text": text}),
-                }),
+                Part::Image { .. } | Part::Document { .. } => media_part(part),
                 Part::ToolCall { name, arguments, .. } => {
                     Some(json!({"functionCall": {"name": name, "args": arguments_object(arguments)}}))
                 }
@@ -77,6 +81,13 @@ pub fn build_request(request: &ChatRequest) -> Value {
                 Part::Thinking { .. } | Part::RedactedThinking { .. } => None,
             })
             .collect();
+        // The images and files tool calls returned, after the function responses (which Gemini
+        // takes together).
+        for part in &message.parts {
+            if let Part::ToolResult { media, .. } = part {
+                parts.extend(media.iter().filter_map(media_part));
+            }
+        }
         if parts.is_empty() {
             continue;
         }

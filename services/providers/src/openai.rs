@@ -78,7 +78,10 @@ pub fn parse_request(body: &Value) -> Result<ChatRequest, InvalidRequest> {
                 if let Some(ttl) = cache {
                     cache_points.push(CachePoint { at: CacheAt::Part { message: messages.len(), part: 0 }, ttl });
                 }
-                messages.push(Message { role: Role::Tool, parts: vec![Part::ToolResult { call_id, content, is_error: false }] });
+                messages.push(Message {
+                    role: Role::Tool,
+                    parts: vec![Part::ToolResult { call_id, content, is_error: false, media: Vec::new() }],
+                });
             }
             other => {
                 return Err(InvalidRequest::new(format!(
@@ -603,9 +606,33 @@ fn default_filename(media_type: &str) -> &'static str {
     }
 }
 
+/// What introduces the images and files a tool call returned, followed by the call's id.
+const MEDIA_INTRODUCTION: &str = "Images and files returned by the tool call with id:";
+
+/// The content part of a user message's part (None for parts a user message does not carry).
+fn content_part(part: &Part) -> Option<outgoing::ContentPart<'_>> {
+    use outgoing::{ContentPart, FileData, ImageUrl};
+    match part {
+        Part::Text(text) => Some(ContentPart::Text { text }),
+        Part::Image { url } => Some(ContentPart::ImageUrl { image_url: ImageUrl { url } }),
+        Part::Document { source, name } => match source {
+            DocumentSource::Base64 { media_type, data } => Some(ContentPart::File {
+                file: FileData {
+                    filename: name.as_deref().unwrap_or(default_filename(media_type)),
+                    file_data: format!("data:{media_type};base64,{data}"),
+                },
+            }),
+            DocumentSource::Text(text) => Some(ContentPart::Text { text }),
+            // Routing sends no document by URL here (`routing::can_read`).
+            DocumentSource::Url(_) => None,
+        },
+        _ => None,
+    }
+}
+
 /// The body sent to an OpenAI-family provider.
 pub fn build_request<'a>(request: &'a ChatRequest, upstream_model: &'a str, limit: TokenLimit) -> outgoing::Request<'a> {
-    use outgoing::{Choice, ContentPart, FileData, FunctionName, ImageUrl, Message as Out, Tool as OutTool, ToolFunction, UserContent};
+    use outgoing::{Choice, ContentPart, FunctionName, Message as Out, Tool as OutTool, ToolFunction, UserContent};
     let mut messages = Vec::with_capacity(request.messages.len() + 1);
     if let Some(system) = &request.system {
         messages.push(Out::System { content: system });
@@ -616,28 +643,7 @@ pub fn build_request<'a>(request: &'a ChatRequest, upstream_model: &'a str, limi
                 let content = if message.parts.iter().all(|part| matches!(part, Part::Text(_))) {
                     UserContent::Text(message.text_borrowed())
                 } else {
-                    UserContent::Parts(
-                        message
-                            .parts
-                            .iter()
-                            .filter_map(|part| match part {
-                                Part::Text(text) => Some(ContentPart::Text { text }),
-                                Part::Image { url } => Some(ContentPart::ImageUrl { image_url: ImageUrl { url } }),
-                                Part::Document { source, name } => match source {
-                                    DocumentSource::Base64 { media_type, data } => Some(ContentPart::File {
-                                        file: FileData {
-                                            filename: name.as_deref().unwrap_or(default_filename(media_type)),
-                                            file_data: format!("data:{media_type};base64,{data}"),
-                                        },
-                                    }),
-                                    DocumentSource::Text(text) => Some(ContentPart::Text { text }),
-                                    // Routing sends no document by URL here (`routing::can_read`).
-                                    DocumentSource::Url(_) => None,
-                                },
-                                _ => None,
-                            })
-                            .collect(),
-                    )
+                    UserContent::Parts(message.parts.iter().filter_map(content_part).collect())
                 };
                 messages.push(Out::User { content });
             }
@@ -655,10 +661,21 @@ pub fn build_request<'a>(request: &'a ChatRequest, upstream_model: &'a str, limi
                 messages.push(Out::Assistant { content, tool_calls });
             }
             Role::Tool => {
+                // OpenAI's tool messages are text: the images and files tool calls returned follow
+                // them in a user message, each call's introduced by its id.
+                let mut media = Vec::new();
                 for part in &message.parts {
-                    if let Part::ToolResult { call_id, content, .. } = part {
+                    if let Part::ToolResult { call_id, content, media: returned, .. } = part {
                         messages.push(Out::Tool { tool_call_id: call_id, content });
+                        if !returned.is_empty() {
+                            media.push(ContentPart::Text { text: MEDIA_INTRODUCTION });
+                            media.push(ContentPart::Text { text: call_id });
+                            media.extend(returned.iter().filter_map(content_part));
+                        }
                     }
+                }
+                if !media.is_empty() {
+                    messages.push(Out::User { content: UserContent::Parts(media) });
                 }
             }
         }

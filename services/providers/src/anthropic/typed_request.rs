@@ -12,7 +12,7 @@ use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
 use crate::anthropic::{Marked, push_turn, system_text};
-use crate::chat::{CacheAt, CachePoint, CacheTtl, ChatRequest, Message, OpenAiOptions, Part, Role, Schema, Tool, ToolChoice};
+use crate::chat::{CacheAt, CachePoint, CacheTtl, ChatRequest, OpenAiOptions, Part, Role, Schema, Tool, ToolChoice};
 use crate::typed::{Checked, Object, from_json, positive_u32, within};
 
 /// The neutral request of a body of the common shape; None for any other body.
@@ -222,11 +222,7 @@ fn content_parts(content: Option<TextOrBlocks<'_>>) -> Option<Vec<Marked>> {
             "tool_result" => {
                 // Breakpoints inside a tool result's content are not kept (as the tree reading).
                 let nested = content_parts(block.content)?.into_iter().map(|block| block.part).collect();
-                Part::ToolResult {
-                    call_id: block.tool_use_id.map(Cow::into_owned).unwrap_or_default(),
-                    content: Message { role: Role::User, parts: nested }.text(),
-                    is_error: block.is_error.unwrap_or(false),
-                }
+                Part::tool_result(block.tool_use_id.map(Cow::into_owned).unwrap_or_default(), nested, block.is_error.unwrap_or(false))
             }
             // Images and documents (a source to rebuild) are left to the tree reading, as are other
             // kinds (which it refuses).

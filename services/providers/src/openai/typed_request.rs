@@ -206,7 +206,10 @@ impl Body<'_> {
                     // is null; both read as None here, so neither is taken.
                     let call_id = message.tool_call_id?.into_owned();
                     let content = message.content.map(Cow::into_owned).unwrap_or_default();
-                    messages.push(Message { role: Role::Tool, parts: vec![Part::ToolResult { call_id, content, is_error: false }] });
+                    messages.push(Message {
+                        role: Role::Tool,
+                        parts: vec![Part::ToolResult { call_id, content, is_error: false, media: Vec::new() }],
+                    });
                 }
                 _ => return None,
             }
