@@ -26,6 +26,7 @@ brainstorm_e2e::in_both_shapes!(
     anthropic_cache_breakpoints_reach_anthropic_and_are_priced,
     extended_thinking_round_trips_through_a_tool_loop,
     documents_reach_every_provider_format,
+    tokens_are_counted_by_the_provider_or_estimated,
     upstream_errors_are_forwarded_and_fallbacks_tried_in_order,
     aliases_presets_and_model_resolution_errors,
     models_runnable_allowlists_and_deprecations,
@@ -782,6 +783,54 @@ async fn documents_reach_every_provider_format(shape: Shape) -> TestResult {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     assert_eq!(status, 403);
+    Ok(())
+}
+
+/// `POST /v1/messages/count_tokens`, as Anthropic's SDK and Claude Code call it: counted by Anthropic
+/// and Gemini (the mock counts words, and refuses members the endpoint does not take), estimated for
+/// OpenAI-format models, which have no such endpoint; nothing is spent.
+async fn tokens_are_counted_by_the_provider_or_estimated(shape: Shape) -> TestResult {
+    let setup = setup(shape).await?;
+    let (gateway, mock, key) = (&setup.gateway, &setup.mock, setup.key.as_str());
+    let body = |model: &str| {
+        json!({"model": model, "system": "be brief", "messages": [{"role": "user", "content": "count these five words please"}],
+               "tools": [{"name": "lookup", "input_schema": {"type": "object"}}]})
+    };
+    let count = |model: &str| gateway.call(Method::POST, "/v1/messages/count_tokens", Some(key), Some(body(model)));
+
+    let reply = count("anthropic/claude-haiku-4-5").await?;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    // The system prompt's two words and the message's five.
+    assert_eq!(reply.body, json!({"input_tokens": 7}));
+    assert_eq!(
+        (reply.header("x-br-token-count"), reply.header("x-br-routed-model")),
+        (Some("provider"), Some("anthropic/claude-haiku-4-5"))
+    );
+    let sent = last_request(mock)?;
+    assert_eq!(sent.path, "/v1/messages/count_tokens");
+    assert_eq!(sent.headers.get("x-api-key").map(String::as_str), Some(ANTHROPIC_KEY));
+    let mut members: Vec<&str> = sent.body.as_object().map(|body| body.keys().map(String::as_str).collect()).unwrap_or_default();
+    members.sort_unstable();
+    assert_eq!(members, ["messages", "model", "system", "tools"], "{}", sent.body);
+
+    let reply = count("google/gemini-2.5-flash").await?;
+    assert_eq!((reply.status, &reply.body), (200, &json!({"input_tokens": 7})), "{}", reply.text);
+    assert_eq!(last_request(mock)?.path, "/v1beta/models/gemini-2.5-flash:countTokens");
+
+    mock.clear();
+    let reply = count("openai/gpt-4o-mini").await?;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(reply.header("x-br-token-count"), Some("estimate"));
+    assert!(reply.body["input_tokens"].as_u64().is_some_and(|tokens| tokens > 7), "{}", reply.text);
+    assert!(mock.requests().is_empty());
+
+    // A body the messages endpoint refuses is refused here too; a provider's refusal is its error.
+    let reply =
+        gateway.call(Method::POST, "/v1/messages/count_tokens", Some(key), Some(json!({"model": "anthropic/claude-haiku-4-5"}))).await?;
+    assert_eq!((reply.status, &reply.body["error"]["code"]), (400, &json!("missing_field")), "{}", reply.text);
+    mock.fail_next(FailSpec { count: 1, status: 429, body: None, path_contains: Some("/count_tokens".to_string()) });
+    let reply = count("anthropic/claude-haiku-4-5").await?;
+    assert_provider_error(&reply, 429, "anthropic");
     Ok(())
 }
 

@@ -183,3 +183,16 @@ def test_documents_from_both_sdks_reach_the_other_format(gateway):
         assert refused.status_code == 400 and refused.body["code"] == "unsupported_content"
     else:
         raise AssertionError("a file id was answered")
+
+
+def test_anthropic_sdk_counts_tokens(gateway):
+    client = anthropic_client(gateway)
+    counted = client.messages.count_tokens(
+        model="anthropic/claude-haiku-4-5", system="be brief", messages=[{"role": "user", "content": "count these five words please"}])
+    assert counted.input_tokens == 7
+    sent = last_upstream_body(gateway)
+    assert "max_tokens" not in sent and sent["model"] == "claude-haiku-4-5"
+    # OpenAI-format models have no count endpoint: the gateway's estimate, never zero.
+    raw = client.messages.with_raw_response.count_tokens(
+        model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "count these five words please"}])
+    assert raw.headers["x-br-token-count"] == "estimate" and raw.parse().input_tokens > 0

@@ -112,11 +112,11 @@ impl CompletionBody {
     }
 }
 
-fn invalid(error: InvalidRequest) -> ApiError {
+pub(crate) fn invalid(error: InvalidRequest) -> ApiError {
     ApiError::invalid_request(error.code, error.message)
 }
 
-fn route_error(error: RouteError) -> ApiError {
+pub(crate) fn route_error(error: RouteError) -> ApiError {
     match &error {
         RouteError::ModelNotFound(_) | RouteError::PresetNotFound(_) => ApiError::model_not_found(error.to_string()),
         RouteError::ByokRequired { provider, .. } => ApiError::byok_required(provider, error.to_string()),

@@ -241,6 +241,47 @@ impl UpstreamClient {
         checked(response, api_key).await
     }
 
+    /// The prompt's input tokens as the provider counts them, from Anthropic's `count_tokens` and
+    /// Gemini's `countTokens` (free at both, nothing generated); None for a format without such an
+    /// endpoint (OpenAI's).
+    pub async fn count_tokens(&self, target: &Target<'_>, chat: &ChatRequest) -> Result<Option<u64>, UpstreamError> {
+        let chat = with_stream(chat, false);
+        let base = target.base_url.trim_end_matches('/');
+        let (url, body, member) = match target.provider.format {
+            WireFormat::OpenAi => return Ok(None),
+            WireFormat::Anthropic => {
+                // The endpoint takes the prompt's members and refuses the others (`max_tokens` too).
+                let mut body = serde_json::to_value(anthropic::build_request(&chat, target.model, target.default_max_tokens))
+                    .map_err(|error| UpstreamError::Decode(error.to_string()))?;
+                if let Some(members) = body.as_object_mut() {
+                    members.retain(|name, _| ANTHROPIC_COUNTED.contains(&name.as_str()));
+                }
+                ([base, "/v1/messages/count_tokens"].concat(), body, "input_tokens")
+            }
+            WireFormat::Gemini => {
+                let mut request = gemini::build_request(&chat);
+                if let Some(members) = request.as_object_mut() {
+                    members.insert("model".to_string(), Value::String(["models/", target.model].concat()));
+                }
+                let body = serde_json::json!({"generateContentRequest": request});
+                ([base, "/v1beta/models/", target.model, ":countTokens"].concat(), body, "totalTokens")
+            }
+        };
+        let body = json_body(&body).map_err(|error| UpstreamError::Decode(error.to_string()))?;
+        let request = outgoing(Method::POST, self.endpoint(url)?, target.provider, target.api_key, Some(body))?;
+        let answer = tokio::time::timeout(REPLY_TIMEOUT, async {
+            let response = self.send(request, target.api_key).await?;
+            read_body(response.into_body(), target.api_key).await
+        })
+        .await
+        .map_err(|_| UpstreamError::Timeout)??;
+        serde_json::from_slice::<Value>(&answer)
+            .ok()
+            .and_then(|answer| answer.get(member).and_then(Value::as_u64))
+            .map(Some)
+            .ok_or_else(|| UpstreamError::Decode(format!("the token count carries no `{member}`")))
+    }
+
     /// One complete reply.
     pub async fn complete(&self, target: &Target<'_>, chat: &ChatRequest) -> Result<ChatReply, UpstreamError> {
         let chat = with_stream(chat, false);
@@ -316,6 +357,9 @@ fn token_limit(provider: &Provider) -> openai::TokenLimit {
         _ => openai::TokenLimit::MaxTokens,
     }
 }
+
+/// The members Anthropic's `count_tokens` takes of a messages body.
+const ANTHROPIC_COUNTED: [&str; 6] = ["model", "messages", "system", "tools", "tool_choice", "thinking"];
 
 /// A request body as JSON, written into a buffer sized for a typical request (`to_vec` starts at 128
 /// bytes and grew two or three times for one).

@@ -293,6 +293,19 @@ impl MessagesRequest {
         found
     }
 
+    /// The prompt's tokens, as `count_tokens` answers them (it refuses the members it does not take,
+    /// `max_tokens` among them), or why the body is refused.
+    pub fn count(body: &[u8]) -> Result<u64, String> {
+        const COUNTED: [&str; 6] = ["model", "messages", "system", "tools", "tool_choice", "thinking"];
+        let members: serde_json::Map<String, Value> =
+            serde_json::from_slice(body).map_err(|error| format!("invalid request body: {error}"))?;
+        if let Some(extra) = members.keys().find(|name| !COUNTED.contains(&name.as_str())) {
+            return Err(format!("{extra}: Extra inputs are not permitted"));
+        }
+        let request: MessagesRequest = serde_json::from_slice(body).map_err(|error| format!("invalid request body: {error}"))?;
+        Ok(request.prompt().input_words)
+    }
+
     /// The request, or why it is refused (a 400).
     pub fn parse(body: &[u8]) -> Result<MessagesRequest, String> {
         let request: MessagesRequest = serde_json::from_slice(body).map_err(|error| format!("invalid request body: {error}"))?;

@@ -189,6 +189,17 @@ impl Content {
 }
 
 impl GenerateRequest {
+    /// `countTokens`: the prompt's tokens of the `generateContentRequest` it wraps.
+    pub fn count(body: &[u8]) -> Result<u64, String> {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Count {
+            generate_content_request: GenerateRequest,
+        }
+        let count: Count = serde_json::from_slice(body).map_err(|error| format!("invalid JSON payload: {error}"))?;
+        Ok(count.generate_content_request.prompt().input_words)
+    }
+
     /// The request, or why it is refused (a 400).
     pub fn parse(body: &[u8]) -> Result<GenerateRequest, String> {
         let request: GenerateRequest = serde_json::from_slice(body).map_err(|error| format!("invalid JSON payload: {error}"))?;

@@ -23,6 +23,7 @@ const CONTROL_PREFIX: &str = "/__mock/";
 enum Route<'a> {
     OpenAiChat,
     AnthropicMessages,
+    AnthropicCountTokens,
     /// `GET /v1/models`, OpenAI's or Anthropic's by the headers.
     Models(Provider),
     Model(Provider, &'a str),
@@ -32,6 +33,7 @@ enum Route<'a> {
         model: &'a str,
         stream: bool,
     },
+    GeminiCountTokens,
     NotFound(Provider),
     MethodNotAllowed(Provider),
 }
@@ -47,6 +49,7 @@ impl<'a> Route<'a> {
         match path {
             "/v1/chat/completions" => only(Method::POST, Provider::OpenAi, Route::OpenAiChat),
             "/v1/messages" => only(Method::POST, Provider::Anthropic, Route::AnthropicMessages),
+            "/v1/messages/count_tokens" => only(Method::POST, Provider::Anthropic, Route::AnthropicCountTokens),
             "/v1/models" => only(Method::GET, v1_provider, Route::Models(v1_provider)),
             "/v1beta/models" => only(Method::GET, Provider::Gemini, Route::GeminiModels),
             _ => {
@@ -62,6 +65,7 @@ impl<'a> Route<'a> {
                     Some((model, "streamGenerateContent")) => {
                         only(Method::POST, Provider::Gemini, Route::GeminiGenerate { model, stream: true })
                     }
+                    Some((_, "countTokens")) => only(Method::POST, Provider::Gemini, Route::GeminiCountTokens),
                     Some(_) => Route::NotFound(Provider::Gemini),
                     None if beta_rest.is_some() => only(Method::GET, Provider::Gemini, Route::GeminiModel(rest)),
                     None => only(Method::GET, v1_provider, Route::Model(v1_provider, rest)),
@@ -73,8 +77,8 @@ impl<'a> Route<'a> {
     fn provider(&self) -> Provider {
         match self {
             Route::OpenAiChat => Provider::OpenAi,
-            Route::AnthropicMessages => Provider::Anthropic,
-            Route::GeminiModels | Route::GeminiModel(_) | Route::GeminiGenerate { .. } => Provider::Gemini,
+            Route::AnthropicMessages | Route::AnthropicCountTokens => Provider::Anthropic,
+            Route::GeminiModels | Route::GeminiModel(_) | Route::GeminiGenerate { .. } | Route::GeminiCountTokens => Provider::Gemini,
             Route::Models(provider) | Route::Model(provider, _) | Route::NotFound(provider) | Route::MethodNotAllowed(provider) => {
                 *provider
             }
@@ -155,6 +159,14 @@ fn answer(shared: &Arc<Shared>, incoming: &Incoming) -> (Response, bool) {
                     full(messages.complete(incoming.seq, cache.as_ref()))
                 }
             }
+        },
+        Route::AnthropicCountTokens => match MessagesRequest::count(&incoming.body) {
+            Err(message) => bad_request(message),
+            Ok(input_tokens) => full(respond::json(StatusCode::OK, &json!({"input_tokens": input_tokens}))),
+        },
+        Route::GeminiCountTokens => match GenerateRequest::count(&incoming.body) {
+            Err(message) => bad_request(message),
+            Ok(total_tokens) => full(respond::json(StatusCode::OK, &json!({"totalTokens": total_tokens}))),
         },
         Route::GeminiGenerate { model, stream } => match GenerateRequest::parse(&incoming.body) {
             Err(message) => bad_request(message),
@@ -275,7 +287,9 @@ mod tests {
             Route::GeminiGenerate { model: "gemini-2.0-flash", stream: false }
         );
         assert_eq!(route(Method::POST, "/v1/models/g:streamGenerateContent", &[]), Route::GeminiGenerate { model: "g", stream: true });
-        assert_eq!(route(Method::POST, "/v1beta/models/g:countTokens", &[]), Route::NotFound(Provider::Gemini));
+        assert_eq!(route(Method::POST, "/v1beta/models/g:countTokens", &[]), Route::GeminiCountTokens);
+        assert_eq!(route(Method::POST, "/v1/messages/count_tokens", &[]), Route::AnthropicCountTokens);
+        assert_eq!(route(Method::POST, "/v1beta/models/g:embedContent", &[]), Route::NotFound(Provider::Gemini));
         assert_eq!(route(Method::POST, "/v1/embeddings", &[]), Route::NotFound(Provider::OpenAi));
     }
 }

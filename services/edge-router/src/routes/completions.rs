@@ -1,17 +1,20 @@
-//! `POST /v1/chat/completions`, `POST /v1/messages`, `GET /v1/models` and `GET /v1/catalog/runnable`.
+//! `POST /v1/chat/completions`, `POST /v1/messages`, `POST /v1/messages/count_tokens`, `GET /v1/models`
+//! and `GET /v1/catalog/runnable`.
 
 use axum::Json;
 use axum::extract::{Extension, State};
-use axum::http::HeaderMap;
-use axum::response::Response;
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
+use axum::response::{IntoResponse, Response};
 use brainstorm_common::ApiError;
-use brainstorm_providers::catalog::Model;
-use brainstorm_providers::routing::SANDBOX_MODEL;
+use brainstorm_providers::anthropic;
+use brainstorm_providers::catalog::{Model, base_url};
+use brainstorm_providers::routing::{self, Resolution, RouteOptions, SANDBOX_MODEL};
+use brainstorm_providers::upstream::Target;
 use serde_json::{Value, json};
 
 use crate::EdgeState;
 use crate::auth::{Caller, CallerAttempt};
-use crate::extract::{JsonBytes, RequestId};
+use crate::extract::{JsonBytes, RequestId, json};
 use crate::pipeline::{self, ClientFormat, CompletionBody};
 
 /// When the bundled catalog was published (the `created` of its models).
@@ -42,6 +45,62 @@ pub async fn messages(
     let body = body.and_then(|JsonBytes(bytes)| CompletionBody::parse(&bytes, ClientFormat::Anthropic));
     // Boxed, as above.
     Box::pin(pipeline::serve(&state, attempt, &request_id, &headers, body, ClientFormat::Anthropic)).await
+}
+
+/// `POST /v1/messages/count_tokens` (router.write: it calls the provider with the tenant's key): the
+/// input tokens of a messages body (`max_tokens` not needed) on the model it resolves to, as
+/// Anthropic answers it. Anthropic and Gemini models are counted by their provider (free at both;
+/// nothing is generated, spent or recorded); OpenAI-format models, which have no such endpoint, and
+/// the sandbox by the gateway's estimate. `X-BR-Token-Count` says which.
+pub async fn count_tokens(State(state): State<EdgeState>, caller: Caller, body: Result<JsonBytes, ApiError>) -> Result<Response, ApiError> {
+    caller.require("router.write")?;
+    let JsonBytes(bytes) = body?;
+    let mut tree: Value = json(&bytes)?;
+    if let Some(members) = tree.as_object_mut() {
+        members.entry("max_tokens").or_insert(json!(1));
+    }
+    let chat = anthropic::parse_request(&tree).map_err(pipeline::invalid)?;
+    let config = state.routing.get(caller.tenant_id()?).await?;
+    let estimate = |entry: Option<&Model>| routing::estimate_usage(&chat, entry).input_tokens;
+    let (model, counted, source) = match routing::resolve(&chat.model, &config.routing, &state.models, &chat, &RouteOptions::default())
+        .map_err(pipeline::route_error)?
+    {
+        Resolution::Sandbox => {
+            if !caller.may_use_model(&chat.model) {
+                return Err(ApiError::forbidden("model_not_allowed", format!("this key may not use model `{}`", chat.model)));
+            }
+            (SANDBOX_MODEL.to_string(), estimate(None), "estimate")
+        }
+        Resolution::Route(route) => {
+            let candidate = route
+                .candidates
+                .iter()
+                .find(|candidate| caller.may_use_model(candidate.id()) && config.credential(candidate.provider.id).is_some())
+                .ok_or_else(|| ApiError::forbidden("model_not_allowed", format!("this key may not use model `{}`", chat.model)))?;
+            let target = Target {
+                provider: candidate.provider,
+                base_url: base_url(candidate.provider, &state.base_urls),
+                api_key: config.credential(candidate.provider.id).unwrap_or_default(),
+                model: &candidate.model,
+                default_max_tokens: anthropic::DEFAULT_MAX_TOKENS,
+            };
+            match state.upstream.count_tokens(&target, &chat).await {
+                Ok(Some(counted)) => (candidate.id().to_string(), counted, "provider"),
+                Ok(None) => (candidate.id().to_string(), estimate(candidate.entry.as_ref()), "estimate"),
+                Err(error) => {
+                    let message = format!("{}: {error}", candidate.id());
+                    return Err(ApiError::provider_error(error.status(), candidate.provider.id, message));
+                }
+            }
+        }
+    };
+    let mut response = Json(json!({"input_tokens": counted})).into_response();
+    let headers = response.headers_mut();
+    headers.insert(HeaderName::from_static("x-br-token-count"), HeaderValue::from_static(source));
+    if let Ok(model) = HeaderValue::try_from(model) {
+        headers.insert(HeaderName::from_static("x-br-routed-model"), model);
+    }
+    Ok(response)
 }
 
 fn model_entry(id: &str, owned_by: &str) -> Value {
