@@ -27,6 +27,7 @@ brainstorm_e2e::in_both_shapes!(
     extended_thinking_round_trips_through_a_tool_loop,
     documents_reach_every_provider_format,
     tokens_are_counted_by_the_provider_or_estimated,
+    embeddings_are_routed_priced_and_recorded,
     upstream_errors_are_forwarded_and_fallbacks_tried_in_order,
     aliases_presets_and_model_resolution_errors,
     models_runnable_allowlists_and_deprecations,
@@ -831,6 +832,70 @@ async fn tokens_are_counted_by_the_provider_or_estimated(shape: Shape) -> TestRe
     mock.fail_next(FailSpec { count: 1, status: 429, body: None, path_contains: Some("/count_tokens".to_string()) });
     let reply = count("anthropic/claude-haiku-4-5").await?;
     assert_provider_error(&reply, 429, "anthropic");
+    Ok(())
+}
+
+/// `POST /v1/embeddings`, OpenAI's request and answer, served by OpenAI's `/embeddings` and Gemini's
+/// `batchEmbedContents` (the mock's vectors are a hash of each text), priced at the catalog's input
+/// price, and recorded as evidence like a completion.
+async fn embeddings_are_routed_priced_and_recorded(shape: Shape) -> TestResult {
+    let setup = setup(shape).await?;
+    let (gateway, mock, key) = (&setup.gateway, &setup.mock, setup.key.as_str());
+    let embed = |body: Value| gateway.call(Method::POST, "/v1/embeddings", Some(key), Some(body));
+    let texts = json!(["a cat sat", "a dog ran far"]);
+
+    let reply = embed(json!({"model": "openai/text-embedding-3-small", "input": texts})).await?;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!((&reply.body["object"], &reply.body["model"]), (&json!("list"), &json!("openai/text-embedding-3-small")));
+    let vectors: Vec<Vec<f32>> = serde_json::from_value(json!([reply.body["data"][0]["embedding"], reply.body["data"][1]["embedding"]]))?;
+    assert_eq!((vectors[0].len(), vectors[1].len()), (8, 8));
+    assert_ne!(vectors[0], vectors[1]);
+    assert_eq!(reply.body["data"][1]["index"], 1);
+    // The provider counted seven tokens (the mock counts words), at $0.02 per million.
+    assert_eq!(reply.body["usage"], json!({"prompt_tokens": 7, "total_tokens": 7}));
+    assert_eq!(reply.header("x-br-actual-cost").map(str::to_string), Some(expected_cost(7, 0, 20, 0)));
+    assert_eq!(reply.header("x-br-routed-model"), Some("openai/text-embedding-3-small"));
+    assert!(reply.header("x-br-evidence-receipt").is_some_and(|receipt| receipt.starts_with("sha256:")), "{:?}", reply.headers);
+    let sent = last_request(mock)?;
+    assert_eq!(sent.path, "/v1/embeddings");
+    assert_eq!(sent.body, json!({"model": "text-embedding-3-small", "input": texts, "encoding_format": "float"}));
+
+    // The same text, the same vector; as base64 of little-endian floats when asked (OpenAI's SDKs ask).
+    let again = embed(json!({"model": "text-embedding-3-small", "input": "a dog ran far", "encoding_format": "base64"})).await?;
+    assert_eq!(again.status, 200, "{}", again.text);
+    let encoded = again.body["data"][0]["embedding"].as_str().unwrap_or_default();
+    let bytes = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, encoded)?;
+    let decoded: Vec<f32> = bytes.chunks_exact(4).map(|chunk| f32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]])).collect();
+    assert_eq!(decoded, vectors[1]);
+    let shorter = embed(json!({"model": "openai/text-embedding-3-small", "input": "a cat sat", "dimensions": 4})).await?;
+    assert_eq!(shorter.body["data"][0]["embedding"].as_array().map(Vec::len), Some(4), "{}", shorter.text);
+
+    // Gemini, which reports no token count: the gateway's estimate is charged.
+    let reply = embed(json!({"model": "google/gemini-embedding-001", "input": texts})).await?;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(reply.body["data"].as_array().map(Vec::len), Some(2));
+    assert_eq!(last_request(mock)?.path, "/v1beta/models/gemini-embedding-001:batchEmbedContents");
+    assert!(reply.body["usage"]["prompt_tokens"].as_u64().is_some_and(|tokens| tokens > 0), "{}", reply.text);
+
+    // Refused before any provider is called: a chat model, a provider without embeddings, token ids,
+    // no input.
+    mock.clear();
+    for (body, status, code) in [
+        (json!({"model": "openai/gpt-4o-mini", "input": "x"}), 404, "model_unavailable"),
+        (json!({"model": "anthropic/claude-haiku-4-5", "input": "x"}), 404, "model_unavailable"),
+        (json!({"model": "openai/text-embedding-3-small", "input": [[1, 2, 3]]}), 400, "unsupported_content"),
+        (json!({"model": "openai/text-embedding-3-small"}), 400, "missing_field"),
+    ] {
+        let reply = embed(body.clone()).await?;
+        assert_eq!(reply.status, status, "{body}: {}", reply.text);
+        assert_eq!(reply.body["error"]["code"].as_str().or(reply.body["error"]["type"].as_str()), Some(code), "{}", reply.text);
+        assert!(reply.body["recovery"].is_object(), "{}", reply.text);
+    }
+    assert!(mock.requests().is_empty(), "{:?}", mock.requests());
+    // A chat request never reaches an embedding model.
+    let chat =
+        gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(completion("openai/text-embedding-3-small", "hi"))).await?;
+    assert_eq!(chat.status, 404, "{}", chat.text);
     Ok(())
 }
 

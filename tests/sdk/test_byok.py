@@ -196,3 +196,25 @@ def test_anthropic_sdk_counts_tokens(gateway):
     raw = client.messages.with_raw_response.count_tokens(
         model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "count these five words please"}])
     assert raw.headers["x-br-token-count"] == "estimate" and raw.parse().input_tokens > 0
+
+
+def test_openai_sdk_embeds(gateway):
+    client = openai_client(gateway)
+    # The SDK asks for base64 by default and decodes it; the gateway answers in the asked encoding.
+    raw = client.embeddings.with_raw_response.create(model="openai/text-embedding-3-small", input=["a cat sat", "a dog ran far"])
+    embedded = raw.parse()
+    assert [item.index for item in embedded.data] == [0, 1]
+    assert len(embedded.data[0].embedding) == 8 and embedded.data[0].embedding != embedded.data[1].embedding
+    assert embedded.usage.prompt_tokens == 7
+    assert raw.headers["x-br-routed-model"] == "openai/text-embedding-3-small"
+    floats = client.embeddings.create(model="openai/text-embedding-3-small", input="a cat sat", encoding_format="float")
+    # The same single-precision numbers, written as JSON numbers or decoded from base64.
+    assert all(abs(a - b) <= 1e-7 * max(1.0, abs(b)) for a, b in zip(floats.data[0].embedding, embedded.data[0].embedding, strict=True))
+    shorter = client.embeddings.create(model="openai/text-embedding-3-small", input="a cat sat", dimensions=3)
+    assert len(shorter.data[0].embedding) == 3
+    try:
+        client.embeddings.create(model="openai/gpt-4o-mini", input="not an embedder")
+    except openai.NotFoundError as refused:
+        assert refused.status_code == 404
+    else:
+        raise AssertionError("a chat model embedded")

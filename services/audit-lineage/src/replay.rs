@@ -49,11 +49,13 @@ pub fn decision(record: &AuditRecord) -> ReplayDecision {
     }
 }
 
-/// The price table rows of a model catalog, for `SimulateRequest.prices`.
+/// The price table rows of a model catalog's chat models (a replay re-routes conversations), for
+/// `SimulateRequest.prices`.
 pub fn price_table(catalog: &ModelCatalog) -> Vec<ModelPrice> {
     catalog
         .models()
         .iter()
+        .filter(|model| model.can("chat"))
         .map(|model| ModelPrice {
             provider: model.provider.clone(),
             model: model.model.clone(),

@@ -226,6 +226,7 @@ fn router(state: EdgeState) -> Router {
         .route("/v1/chat/completions", post(completions::chat_completions))
         .route("/v1/messages", post(completions::messages))
         .route("/v1/messages/count_tokens", post(completions::count_tokens))
+        .route("/v1/embeddings", post(completions::embeddings))
         .route("/v1/models", get(completions::list_models))
         .route("/v1/catalog/runnable", get(completions::runnable))
         .fallback(route_not_found)

@@ -48,6 +48,8 @@ macro_rules! set_value {
     };
 }
 
+pub mod embeddings;
+
 /// The client format a request arrived in, and must be answered in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ClientFormat {
@@ -277,20 +279,11 @@ pub async fn serve(
     let model_requested = body.as_ref().map_or("", CompletionBody::model).to_string();
     let mut facts = AuditFacts { model_requested, ..AuditFacts::default() };
     let agent_id = agent_of(request_headers, body.as_ref().ok().and_then(|body| body.user(format)));
-    let (identity, result) = match (attempt, body) {
-        (Err(refused), _) => (refused.identity, Err(refused.error)),
-        (Ok(caller), Err(error)) => (Some(caller.identity), Err(error)),
-        (Ok(caller), Ok(body)) => {
-            let result = match caller.require("router.write") {
-                Ok(()) => {
-                    let request = Incoming { headers: request_headers, body, agent_id: agent_id.as_deref() };
-                    complete_inner(state, &caller, request_id, request, format, &mut facts).await
-                }
-                Err(error) => Err(error),
-            };
-            (Some(caller.identity), result)
-        }
-    };
+    let (identity, result) = admitted(attempt, body, async |caller, body| {
+        let request = Incoming { headers: request_headers, body, agent_id: agent_id.as_deref() };
+        complete_inner(state, caller, request_id, request, format, &mut facts).await
+    })
+    .await;
     facts.agent_id = agent_id;
     let attribution = Attribution::of(identity.as_deref());
     let endpoint = match format {
@@ -298,6 +291,26 @@ pub async fn serve(
         ClientFormat::Anthropic => "/v1/messages",
     };
     seal(state, attribution, request_id, request_headers, endpoint, started, facts, result)
+}
+
+/// Admission: a refused caller, one without `router.write`, or an unreadable body is the answer;
+/// else `run` with the caller and the body. The caller's identity comes back for the evidence.
+async fn admitted<B>(
+    attempt: Result<Caller, Refused>,
+    body: Result<B, ApiError>,
+    run: impl AsyncFnOnce(&Caller, B) -> Result<Response, ApiError>,
+) -> (Option<std::sync::Arc<CallerIdentity>>, Result<Response, ApiError>) {
+    match (attempt, body) {
+        (Err(refused), _) => (refused.identity, Err(refused.error)),
+        (Ok(caller), Err(error)) => (Some(caller.identity), Err(error)),
+        (Ok(caller), Ok(body)) => {
+            let result = match caller.require("router.write") {
+                Ok(()) => run(&caller, body).await,
+                Err(error) => Err(error),
+            };
+            (Some(caller.identity), result)
+        }
+    }
 }
 
 /// Records a refusal at the door of any other `/v1` route (unknown key, tenant kill switch) and adds

@@ -184,6 +184,37 @@ pub enum RouteError {
     PresetNotFound(String),
 }
 
+/// The candidates for an embeddings request naming `requested` (`provider/model`, a bare id or an
+/// alias; no presets or `auto`): catalog models with the `embeddings` capability, or a discoverable
+/// provider's unlisted model where its format has embeddings (OpenAI's, Gemini's), each priced for
+/// `input_tokens`. A tenant without provider keys gets `ByokRequired` (there is no sandbox embedder).
+pub fn resolve_embeddings(
+    requested: &str,
+    tenant: &TenantRouting,
+    catalog: &ModelCatalog,
+    input_tokens: u64,
+) -> Result<Vec<Candidate>, RouteError> {
+    let spec = tenant.aliases.get(requested).map_or(requested, String::as_str);
+    if tenant.providers.is_empty() {
+        let provider = spec.split_once('/').map_or("openai", |(provider, _)| provider);
+        return Err(RouteError::ByokRequired { provider: provider.to_string(), model: spec.to_string() });
+    }
+    let nothing = ChatRequest::default();
+    let pricing = Pricing { request: &nothing, input_tokens };
+    let mut candidates = resolve_spec(spec, tenant, catalog, &pricing)?;
+    candidates.retain(|candidate| match &candidate.entry {
+        Some(entry) => entry.can("embeddings"),
+        None => candidate.provider.format != WireFormat::Anthropic,
+    });
+    for candidate in &mut candidates {
+        candidate.estimated_cost = candidate.entry.as_ref().map(|entry| entry.price.cost(Usage::uncached(input_tokens, 0)));
+    }
+    if candidates.is_empty() {
+        return Err(RouteError::NoRunnableModel(format!("`{spec}` is not an embedding model")));
+    }
+    Ok(candidates)
+}
+
 /// Estimated token usage of a request on a model.
 pub fn estimate_usage(request: &ChatRequest, entry: Option<&Model>) -> Usage {
     Pricing::of(request).usage(entry)
@@ -307,7 +338,7 @@ pub fn resolve(
         let candidates: Vec<Candidate> = catalog
             .models()
             .iter()
-            .filter(|entry| tenant.has_key(&entry.provider) && entry.deprecated.is_none() && entry.tier >= tier)
+            .filter(|entry| tenant.has_key(&entry.provider) && entry.can("chat") && entry.deprecated.is_none() && entry.tier >= tier)
             .filter_map(|entry| provider_by_id(&entry.provider).map(|provider| candidate(provider, &entry.model, catalog, &pricing)))
             .collect();
         (candidates, SelectionMethod::CapabilityMatched, "price", format!("auto: complexity tier {tier}, cheapest capable model first"))
@@ -369,6 +400,8 @@ pub fn resolve(
     if let Some(ceiling) = options.max_cost_per_request {
         candidates.retain(|candidate| candidate.estimated_cost.is_none_or(|cost| cost <= ceiling));
     }
+    // Embedding models answer no conversation.
+    candidates.retain(|candidate| candidate.entry.as_ref().is_none_or(|entry| entry.can("chat")));
     if !request.tools.is_empty() {
         candidates.retain(|candidate| candidate.entry.as_ref().is_none_or(|entry| entry.can("tools")));
     }
@@ -552,6 +585,36 @@ mod tests {
         with_tools.tools.push(Tool { name: "t".to_string(), description: None, parameters: serde_json::json!({}).into() });
         assert!(
             matches!(resolve("auto", &keys, &catalog, &with_tools, &RouteOptions::default()), Ok(Resolution::Route(route)) if route.candidates.iter().all(|candidate| candidate.entry.as_ref().is_some_and(|entry| entry.can("tools"))))
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn embeddings_resolve_to_embedding_models_and_chat_never_does() -> Result<(), crate::catalog::CatalogError> {
+        let catalog = ModelCatalog::bundled()?;
+        let mut keys = tenant(&["openai", "anthropic", "google"]);
+        keys.aliases.insert("vectors".to_string(), "google/gemini-embedding-001".to_string());
+        let ids = |found: Result<Vec<Candidate>, RouteError>| match found {
+            Ok(candidates) => candidates.iter().map(|candidate| candidate.id().to_string()).collect(),
+            Err(error) => vec![format!("{error:?}")],
+        };
+        let small = resolve_embeddings("text-embedding-3-small", &keys, &catalog, 1_000_000);
+        // One million tokens at the catalog's $0.02 per million.
+        assert!(matches!(&small, Ok(found) if found.len() == 1 && found[0].estimated_cost == Some(Usd::from_nanos(20_000_000))));
+        assert_eq!(ids(small), vec!["openai/text-embedding-3-small"]);
+        assert_eq!(ids(resolve_embeddings("vectors", &keys, &catalog, 10)), vec!["google/gemini-embedding-001"]);
+        assert!(ids(resolve_embeddings("openai/gpt-4o-mini", &keys, &catalog, 10))[0].contains("NoRunnableModel"));
+        assert!(ids(resolve_embeddings("anthropic/claude-whatever", &keys, &catalog, 10))[0].contains("ModelNotFound"));
+        assert!(ids(resolve_embeddings("mistral/mistral-embed", &keys, &catalog, 10))[0].contains("ByokRequired"));
+        assert!(ids(resolve_embeddings("text-embedding-3-small", &TenantRouting::default(), &catalog, 10))[0].contains("ByokRequired"));
+        // A conversation never goes to an embedding model, named or picked by `auto`.
+        assert!(matches!(
+            resolve("openai/text-embedding-3-small", &keys, &catalog, &request("hi"), &RouteOptions::default()),
+            Err(RouteError::NoRunnableModel(_))
+        ));
+        let auto = resolve("auto", &keys, &catalog, &request("hi"), &RouteOptions::default());
+        assert!(
+            matches!(&auto, Ok(Resolution::Route(route)) if route.candidates.iter().all(|candidate| candidate.entry.as_ref().is_some_and(|entry| entry.can("chat"))))
         );
         Ok(())
     }

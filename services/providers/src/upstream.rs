@@ -28,6 +28,7 @@ use tower::{Service, ServiceExt};
 
 use crate::catalog::{AuthStyle, Provider, WireFormat};
 use crate::chat::{ChatEvent, ChatReply, ChatRequest};
+use crate::embeddings::{self, EmbeddingReply, EmbeddingRequest};
 use crate::sse::{SseEvent, SseParser};
 use crate::{anthropic, gemini, openai};
 
@@ -267,14 +268,7 @@ impl UpstreamClient {
                 ([base, "/v1beta/models/", target.model, ":countTokens"].concat(), body, "totalTokens")
             }
         };
-        let body = json_body(&body).map_err(|error| UpstreamError::Decode(error.to_string()))?;
-        let request = outgoing(Method::POST, self.endpoint(url)?, target.provider, target.api_key, Some(body))?;
-        let answer = tokio::time::timeout(REPLY_TIMEOUT, async {
-            let response = self.send(request, target.api_key).await?;
-            read_body(response.into_body(), target.api_key).await
-        })
-        .await
-        .map_err(|_| UpstreamError::Timeout)??;
+        let answer = self.post_json(target, url, &body).await?;
         serde_json::from_slice::<Value>(&answer)
             .ok()
             .and_then(|answer| answer.get(member).and_then(Value::as_u64))
@@ -282,16 +276,49 @@ impl UpstreamClient {
             .ok_or_else(|| UpstreamError::Decode(format!("the token count carries no `{member}`")))
     }
 
+    /// The vectors of an embeddings request, from OpenAI-format providers' `/embeddings` and
+    /// Gemini's `batchEmbedContents` (Anthropic's API has none: routing sends it no such request).
+    pub async fn embed(&self, target: &Target<'_>, request: &EmbeddingRequest) -> Result<EmbeddingReply, UpstreamError> {
+        let base = target.base_url.trim_end_matches('/');
+        let (url, body) = match target.provider.format {
+            WireFormat::OpenAi => ([base, "/embeddings"].concat(), embeddings::openai_body(request, target.model)),
+            WireFormat::Gemini => {
+                ([base, "/v1beta/models/", target.model, ":batchEmbedContents"].concat(), embeddings::gemini_body(request, target.model))
+            }
+            WireFormat::Anthropic => {
+                return Err(UpstreamError::Status { status: 400, message: format!("{} has no embeddings API", target.provider.name) });
+            }
+        };
+        let answer = self.post_json(target, url, &body).await?;
+        let reply = match target.provider.format {
+            WireFormat::Gemini => embeddings::parse_gemini_reply(&answer, request.inputs.len()),
+            _ => embeddings::parse_openai_reply(&answer, request.inputs.len()),
+        };
+        reply.map_err(UpstreamError::Decode)
+    }
+
+    /// `body` posted to the provider's `url` with its key; the whole answer of a 2xx.
+    async fn post_json(&self, target: &Target<'_>, url: String, body: &Value) -> Result<Bytes, UpstreamError> {
+        let body = json_body(body).map_err(|error| UpstreamError::Decode(error.to_string()))?;
+        let request = outgoing(Method::POST, self.endpoint(url)?, target.provider, target.api_key, Some(body))?;
+        self.answer(request, target.api_key).await
+    }
+
+    /// The whole answer to `request` (a 2xx), within the reply timeout.
+    async fn answer(&self, request: Request<Full<Bytes>>, api_key: &str) -> Result<Bytes, UpstreamError> {
+        tokio::time::timeout(REPLY_TIMEOUT, async {
+            let response = self.send(request, api_key).await?;
+            read_body(response.into_body(), api_key).await
+        })
+        .await
+        .map_err(|_| UpstreamError::Timeout)?
+    }
+
     /// One complete reply.
     pub async fn complete(&self, target: &Target<'_>, chat: &ChatRequest) -> Result<ChatReply, UpstreamError> {
         let chat = with_stream(chat, false);
         let request = self.request(target, &chat)?;
-        let body = tokio::time::timeout(REPLY_TIMEOUT, async {
-            let response = self.send(request, target.api_key).await?;
-            read_body(response.into_body(), target.api_key).await
-        })
-        .await
-        .map_err(|_| UpstreamError::Timeout)??;
+        let body = self.answer(request, target.api_key).await?;
         let tree = || serde_json::from_slice::<Value>(&body).map_err(|error| error.to_string());
         let reply = match target.provider.format {
             WireFormat::OpenAi => openai::parse_reply(&body),

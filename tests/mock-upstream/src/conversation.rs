@@ -71,6 +71,23 @@ pub(crate) fn count_words(text: &str) -> u64 {
     text.split_whitespace().count() as u64
 }
 
+/// The mock's embedding of a text: `dimensions` numbers in -1..1, the same for the same text (each an
+/// FNV-1a hash of the text and its position), different for different texts.
+pub(crate) fn embedding(text: &str, dimensions: usize) -> Vec<f32> {
+    (0..dimensions)
+        .map(|position| {
+            let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+            for byte in text.bytes().chain((position as u32).to_le_bytes()) {
+                hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+            }
+            ((hash >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// How many numbers an embedding has unless the request asks for fewer.
+pub(crate) const EMBEDDING_DIMENSIONS: usize = 8;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Stop {
     Complete,

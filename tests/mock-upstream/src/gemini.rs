@@ -188,6 +188,44 @@ impl Content {
     }
 }
 
+/// `batchEmbedContents`: one embedding per request, in order; Gemini reports no token count.
+#[derive(Debug, Deserialize)]
+pub(crate) struct BatchEmbedRequest {
+    requests: Vec<EmbedRequest>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct EmbedRequest {
+    model: String,
+    content: Content,
+    output_dimensionality: Option<usize>,
+}
+
+impl BatchEmbedRequest {
+    /// The request, or why it is refused (a 400): each request names the model of the URL.
+    pub fn parse(body: &[u8], model: &str) -> Result<BatchEmbedRequest, String> {
+        let batch: BatchEmbedRequest = serde_json::from_slice(body).map_err(|error| format!("invalid JSON payload: {error}"))?;
+        if let Some(other) = batch.requests.iter().find(|request| request.model != format!("models/{model}")) {
+            return Err(format!("* BatchEmbedContentsRequest.requests: model `{}` does not match the URL's `{model}`", other.model));
+        }
+        Ok(batch)
+    }
+
+    pub fn answer(&self) -> Response {
+        let embeddings: Vec<Value> = self
+            .requests
+            .iter()
+            .map(|request| {
+                let text = request.content.text().unwrap_or_default();
+                let dimensions = request.output_dimensionality.unwrap_or(crate::conversation::EMBEDDING_DIMENSIONS);
+                json!({"values": crate::conversation::embedding(&text, dimensions)})
+            })
+            .collect();
+        respond::json(StatusCode::OK, &json!({"embeddings": embeddings}))
+    }
+}
+
 impl GenerateRequest {
     /// `countTokens`: the prompt's tokens of the `generateContentRequest` it wraps.
     pub fn count(body: &[u8]) -> Result<u64, String> {

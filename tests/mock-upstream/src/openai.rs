@@ -58,6 +58,63 @@ fn model_body(id: &str) -> Value {
     json!({ "id": id, "object": "model", "created": CREATED, "owned_by": "openai" })
 }
 
+/// `POST /v1/embeddings`: texts only here (OpenAI also takes token ids; the gateway sends none).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct EmbeddingsRequest {
+    model: String,
+    input: EmbeddingInput,
+    encoding_format: Option<String>,
+    dimensions: Option<usize>,
+    #[allow(dead_code)]
+    user: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum EmbeddingInput {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl EmbeddingsRequest {
+    /// The request, or why it is refused (a 400).
+    pub fn parse(body: &[u8]) -> Result<EmbeddingsRequest, String> {
+        serde_json::from_slice(body).map_err(|error| format!("invalid request body: {error}"))
+    }
+
+    /// The vectors (floats, or base64 of little-endian floats as asked) and the inputs' words as tokens.
+    pub fn answer(&self) -> Response {
+        use base64::Engine;
+        let inputs = match &self.input {
+            EmbeddingInput::One(text) => std::slice::from_ref(text),
+            EmbeddingInput::Many(texts) => texts.as_slice(),
+        };
+        let dimensions = self.dimensions.unwrap_or(crate::conversation::EMBEDDING_DIMENSIONS);
+        let data: Vec<Value> = inputs
+            .iter()
+            .enumerate()
+            .map(|(index, text)| {
+                let vector = crate::conversation::embedding(text, dimensions);
+                let embedding = if self.encoding_format.as_deref() == Some("base64") {
+                    json!(
+                        base64::engine::general_purpose::STANDARD
+                            .encode(vector.iter().flat_map(|value| value.to_le_bytes()).collect::<Vec<u8>>())
+                    )
+                } else {
+                    json!(vector)
+                };
+                json!({"object": "embedding", "index": index, "embedding": embedding})
+            })
+            .collect();
+        let tokens: u64 = inputs.iter().map(|text| count_words(text)).sum();
+        respond::json(
+            StatusCode::OK,
+            &json!({"object": "list", "data": data, "model": self.model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}),
+        )
+    }
+}
+
 #[derive(Debug, Deserialize)]
 pub(crate) struct ChatRequest {
     model: String,

@@ -10,9 +10,9 @@ use serde_json::json;
 
 use crate::anthropic::{self, MessagesRequest};
 use crate::conversation::Provider;
-use crate::gemini::{self, GeminiQuery, GenerateRequest};
+use crate::gemini::{self, BatchEmbedRequest, GeminiQuery, GenerateRequest};
 use crate::journal::{FailSpec, Incoming, Shared};
-use crate::openai::{self, ChatRequest};
+use crate::openai::{self, ChatRequest, EmbeddingsRequest};
 use crate::respond::{self, CONTENT_TYPE_JSON, CONTENT_TYPE_SSE, CONTENT_TYPE_TEXT};
 
 /// Request bodies above this are refused (413); large enough for any benchmark prompt.
@@ -22,6 +22,7 @@ const CONTROL_PREFIX: &str = "/__mock/";
 #[derive(Debug, PartialEq, Eq)]
 enum Route<'a> {
     OpenAiChat,
+    OpenAiEmbeddings,
     AnthropicMessages,
     AnthropicCountTokens,
     /// `GET /v1/models`, OpenAI's or Anthropic's by the headers.
@@ -34,6 +35,7 @@ enum Route<'a> {
         stream: bool,
     },
     GeminiCountTokens,
+    GeminiBatchEmbed(&'a str),
     NotFound(Provider),
     MethodNotAllowed(Provider),
 }
@@ -48,6 +50,7 @@ impl<'a> Route<'a> {
         };
         match path {
             "/v1/chat/completions" => only(Method::POST, Provider::OpenAi, Route::OpenAiChat),
+            "/v1/embeddings" => only(Method::POST, Provider::OpenAi, Route::OpenAiEmbeddings),
             "/v1/messages" => only(Method::POST, Provider::Anthropic, Route::AnthropicMessages),
             "/v1/messages/count_tokens" => only(Method::POST, Provider::Anthropic, Route::AnthropicCountTokens),
             "/v1/models" => only(Method::GET, v1_provider, Route::Models(v1_provider)),
@@ -66,6 +69,7 @@ impl<'a> Route<'a> {
                         only(Method::POST, Provider::Gemini, Route::GeminiGenerate { model, stream: true })
                     }
                     Some((_, "countTokens")) => only(Method::POST, Provider::Gemini, Route::GeminiCountTokens),
+                    Some((model, "batchEmbedContents")) => only(Method::POST, Provider::Gemini, Route::GeminiBatchEmbed(model)),
                     Some(_) => Route::NotFound(Provider::Gemini),
                     None if beta_rest.is_some() => only(Method::GET, Provider::Gemini, Route::GeminiModel(rest)),
                     None => only(Method::GET, v1_provider, Route::Model(v1_provider, rest)),
@@ -76,9 +80,13 @@ impl<'a> Route<'a> {
 
     fn provider(&self) -> Provider {
         match self {
-            Route::OpenAiChat => Provider::OpenAi,
+            Route::OpenAiChat | Route::OpenAiEmbeddings => Provider::OpenAi,
             Route::AnthropicMessages | Route::AnthropicCountTokens => Provider::Anthropic,
-            Route::GeminiModels | Route::GeminiModel(_) | Route::GeminiGenerate { .. } | Route::GeminiCountTokens => Provider::Gemini,
+            Route::GeminiModels
+            | Route::GeminiModel(_)
+            | Route::GeminiGenerate { .. }
+            | Route::GeminiCountTokens
+            | Route::GeminiBatchEmbed(_) => Provider::Gemini,
             Route::Models(provider) | Route::Model(provider, _) | Route::NotFound(provider) | Route::MethodNotAllowed(provider) => {
                 *provider
             }
@@ -159,6 +167,14 @@ fn answer(shared: &Arc<Shared>, incoming: &Incoming) -> (Response, bool) {
                     full(messages.complete(incoming.seq, cache.as_ref()))
                 }
             }
+        },
+        Route::OpenAiEmbeddings => match EmbeddingsRequest::parse(&incoming.body) {
+            Err(message) => bad_request(message),
+            Ok(embeddings) => full(embeddings.answer()),
+        },
+        Route::GeminiBatchEmbed(model) => match BatchEmbedRequest::parse(&incoming.body, model) {
+            Err(message) => bad_request(message),
+            Ok(batch) => full(batch.answer()),
         },
         Route::AnthropicCountTokens => match MessagesRequest::count(&incoming.body) {
             Err(message) => bad_request(message),
@@ -290,6 +306,7 @@ mod tests {
         assert_eq!(route(Method::POST, "/v1beta/models/g:countTokens", &[]), Route::GeminiCountTokens);
         assert_eq!(route(Method::POST, "/v1/messages/count_tokens", &[]), Route::AnthropicCountTokens);
         assert_eq!(route(Method::POST, "/v1beta/models/g:embedContent", &[]), Route::NotFound(Provider::Gemini));
-        assert_eq!(route(Method::POST, "/v1/embeddings", &[]), Route::NotFound(Provider::OpenAi));
+        assert_eq!(route(Method::POST, "/v1/embeddings", &[]), Route::OpenAiEmbeddings);
+        assert_eq!(route(Method::POST, "/v1beta/models/e:batchEmbedContents", &[]), Route::GeminiBatchEmbed("e"));
     }
 }

@@ -1,5 +1,5 @@
-//! `POST /v1/chat/completions`, `POST /v1/messages`, `POST /v1/messages/count_tokens`, `GET /v1/models`
-//! and `GET /v1/catalog/runnable`.
+//! `POST /v1/chat/completions`, `POST /v1/messages`, `POST /v1/messages/count_tokens`,
+//! `POST /v1/embeddings`, `GET /v1/models` and `GET /v1/catalog/runnable`.
 
 use axum::Json;
 use axum::extract::{Extension, State};
@@ -101,6 +101,18 @@ pub async fn count_tokens(State(state): State<EdgeState>, caller: Caller, body: 
         headers.insert(HeaderName::from_static("x-br-routed-model"), model);
     }
     Ok(response)
+}
+
+/// `POST /v1/embeddings` (router.write).
+pub async fn embeddings(
+    State(state): State<EdgeState>,
+    CallerAttempt(attempt): CallerAttempt,
+    Extension(request_id): Extension<RequestId>,
+    headers: HeaderMap,
+    body: Result<JsonBytes, ApiError>,
+) -> Result<Response, ApiError> {
+    let body = body.and_then(|JsonBytes(bytes)| json::<Value>(&bytes));
+    Box::pin(pipeline::embeddings::serve(&state, attempt, &request_id, &headers, body)).await
 }
 
 fn model_entry(id: &str, owned_by: &str) -> Value {
