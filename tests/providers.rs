@@ -25,6 +25,7 @@ brainstorm_e2e::in_both_shapes!(
     cached_prompt_tokens_are_priced_and_reported,
     anthropic_cache_breakpoints_reach_anthropic_and_are_priced,
     extended_thinking_round_trips_through_a_tool_loop,
+    gemini_thinks_as_either_client_asks,
     documents_reach_every_provider_format,
     tokens_are_counted_by_the_provider_or_estimated,
     embeddings_are_routed_priced_and_recorded,
@@ -896,6 +897,43 @@ async fn embeddings_are_routed_priced_and_recorded(shape: Shape) -> TestResult {
     let chat =
         gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(completion("openai/text-embedding-3-small", "hi"))).await?;
     assert_eq!(chat.status, 404, "{}", chat.text);
+    Ok(())
+}
+
+/// Gemini's thinking configured from what each client format has: an Anthropic client's `thinking`
+/// (its thoughts come back as thinking blocks, whole and streamed) and an OpenAI client's
+/// `reasoning_effort` (a budget; the answer only).
+async fn gemini_thinks_as_either_client_asks(shape: Shape) -> TestResult {
+    let setup = setup(shape).await?;
+    let (gateway, mock, key) = (&setup.gateway, &setup.mock, setup.key.as_str());
+    let mut body = json!({"model": "google/gemini-2.5-flash", "max_tokens": 4096, "thinking": {"type": "enabled", "budget_tokens": 2048},
+                          "messages": [{"role": "user", "content": "what is two and two?"}]});
+    let reply = gateway.call(Method::POST, "/v1/messages", Some(key), Some(body.clone())).await?;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(last_request(mock)?.body["generationConfig"]["thinkingConfig"], json!({"thinkingBudget": 2048, "includeThoughts": true}));
+    assert_eq!(
+        (&reply.body["content"][0]["type"], &reply.body["content"][0]["thinking"]),
+        (&json!("thinking"), &json!("mock thinking about: what is two and two?")),
+        "{}",
+        reply.text
+    );
+    assert_eq!(reply.body["content"][1]["text"], "mock gemini reply to: what is two and two?");
+    body["stream"] = json!(true);
+    let stream = gateway.call(Method::POST, "/v1/messages", Some(key), Some(body)).await?;
+    let events = sse_data(&stream.text);
+    let starts: Vec<&Value> =
+        events.iter().filter(|event| event["type"] == "content_block_start").map(|event| &event["content_block"]["type"]).collect();
+    assert_eq!(starts, [&json!("thinking"), &json!("text")], "{}", stream.text);
+    let thought: String = events.iter().filter_map(|event| event["delta"]["thinking"].as_str()).collect();
+    assert_eq!(thought, "mock thinking about: what is two and two?");
+
+    let openai =
+        json!({"model": "google/gemini-2.5-flash", "reasoning_effort": "high", "messages": [{"role": "user", "content": "think hard"}]});
+    let reply = gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(openai)).await?;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    let sent = mock.requests().into_iter().find(|request| request.body["contents"][0]["parts"][0]["text"] == "think hard");
+    assert_eq!(sent.map(|request| request.body["generationConfig"]["thinkingConfig"].clone()), Some(json!({"thinkingBudget": 24576})));
+    assert_eq!(reply.body["choices"][0]["message"]["content"], "mock gemini reply to: think hard");
     Ok(())
 }
 

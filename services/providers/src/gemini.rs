@@ -157,10 +157,44 @@ pub fn build_request(request: &ChatRequest) -> Value {
             generation.insert("responseSchema".to_string(), sanitize_schema(schema));
         }
     }
+    if let Some(thinking) = thinking_config(request) {
+        generation.insert("thinkingConfig".to_string(), thinking);
+    }
     if !generation.is_empty() {
         body.insert("generationConfig".to_string(), Value::Object(generation));
     }
     Value::Object(body)
+}
+
+/// Gemini's thinking configuration from what the client asked: an Anthropic client's `thinking`
+/// (enabled: its budget, with the thoughts returned, as Anthropic returns them; disabled: none), or
+/// an OpenAI client's `reasoning_effort` (the budgets Google's own OpenAI-compatible API maps them
+/// to: none 0, low 1,024, medium 8,192, high 24,576; minimal as low). None leaves the model's
+/// default (Gemini 2.5 thinks dynamically).
+fn thinking_config(request: &ChatRequest) -> Option<Value> {
+    if let Some(thinking) = request.thinking.as_ref().map(crate::chat::Schema::to_value) {
+        match thinking.get("type").and_then(Value::as_str) {
+            Some("enabled") => {
+                let budget = thinking.get("budget_tokens").and_then(Value::as_u64)?;
+                return Some(json!({"thinkingBudget": budget, "includeThoughts": true}));
+            }
+            Some("disabled") => return Some(json!({"thinkingBudget": 0})),
+            _ => {}
+        }
+    }
+    let budget = match request.openai.reasoning_effort.as_deref()? {
+        "none" => 0,
+        "minimal" | "low" => 1024,
+        "medium" => 8192,
+        "high" => 24576,
+        _ => return None,
+    };
+    Some(json!({"thinkingBudget": budget}))
+}
+
+/// Whether a part is the model's thought (returned when `includeThoughts` was asked).
+fn is_thought(part: &Value) -> bool {
+    part.get("thought").and_then(Value::as_bool) == Some(true)
 }
 
 fn parse_finish(reason: &str, has_tool_calls: bool) -> FinishReason {
@@ -190,9 +224,13 @@ pub fn parse_reply(body: &Value, model: &str) -> Result<ChatReply, String> {
     let mut calls = 0;
     for part in candidate.pointer("/content/parts").and_then(Value::as_array).into_iter().flatten() {
         if let Some(text) = part.get("text").and_then(Value::as_str) {
-            if part.get("thought").and_then(Value::as_bool) != Some(true) {
-                parts.push(Part::Text(text.to_string()));
-            }
+            // A thought summary: thinking without an Anthropic signature (Gemini's own thought
+            // signatures mean nothing elsewhere).
+            parts.push(if is_thought(part) {
+                Part::Thinking { text: text.to_string(), signature: String::new() }
+            } else {
+                Part::Text(text.to_string())
+            });
         } else if let Some(call) = part.get("functionCall") {
             calls += 1;
             parts.push(Part::ToolCall {
@@ -227,10 +265,12 @@ impl StreamReader {
         let mut events = Vec::new();
         if let Some(candidate) = chunk.pointer("/candidates/0") {
             for part in candidate.pointer("/content/parts").and_then(Value::as_array).into_iter().flatten() {
-                if let Some(text) = part.get("text").and_then(Value::as_str) {
-                    if !text.is_empty() && part.get("thought").and_then(Value::as_bool) != Some(true) {
-                        events.push(ChatEvent::TextDelta(text.to_string()));
-                    }
+                if let Some(text) = part.get("text").and_then(Value::as_str).filter(|text| !text.is_empty()) {
+                    events.push(if is_thought(part) {
+                        ChatEvent::ThinkingDelta(text.to_string())
+                    } else {
+                        ChatEvent::TextDelta(text.to_string())
+                    });
                 } else if let Some(call) = part.get("functionCall") {
                     let index = self.tool_calls;
                     self.tool_calls += 1;
@@ -310,9 +350,47 @@ mod tests {
             "seed": 4_294_967_298_i64, "presence_penalty": 0.5, "frequency_penalty": -1, "logit_bias": {"7": 5}, "reasoning_effort": "low"}))?;
         assert_eq!(
             build_request(&request)["generationConfig"],
-            json!({"seed": 2, "presencePenalty": 0.5, "frequencyPenalty": -1.0}),
-            "a 64-bit seed keeps its low 32 bits; logit bias and reasoning effort have no counterpart"
+            json!({"seed": 2, "presencePenalty": 0.5, "frequencyPenalty": -1.0, "thinkingConfig": {"thinkingBudget": 1024}}),
+            "a 64-bit seed keeps its low 32 bits; logit bias has no counterpart"
         );
+        Ok(())
+    }
+
+    #[test]
+    fn thinking_is_configured_from_either_client_and_its_thoughts_read() -> Result<(), String> {
+        let effort = |effort: &str| -> Result<Value, String> {
+            let request = crate::openai::parse_request(
+                &json!({"model": "g", "messages": [{"role": "user", "content": "hi"}], "reasoning_effort": effort}),
+            )
+            .map_err(|error| error.message)?;
+            Ok(build_request(&request)["generationConfig"]["thinkingConfig"].clone())
+        };
+        assert_eq!(effort("none")?, json!({"thinkingBudget": 0}));
+        assert_eq!(effort("medium")?, json!({"thinkingBudget": 8192}));
+        assert_eq!(effort("high")?, json!({"thinkingBudget": 24576}));
+        assert_eq!(effort("extreme")?, Value::Null, "an effort Gemini has no budget for leaves its default");
+        let thinking = |config: Value| -> Result<Value, String> {
+            let request = crate::anthropic::parse_request(
+                &json!({"model": "g", "max_tokens": 4096, "thinking": config, "messages": [{"role": "user", "content": "hi"}]}),
+            )
+            .map_err(|error| error.message)?;
+            Ok(build_request(&request)["generationConfig"]["thinkingConfig"].clone())
+        };
+        assert_eq!(thinking(json!({"type": "enabled", "budget_tokens": 2048}))?, json!({"thinkingBudget": 2048, "includeThoughts": true}));
+        assert_eq!(thinking(json!({"type": "disabled"}))?, json!({"thinkingBudget": 0}));
+
+        // Thought summaries are thinking (no Anthropic signature), whole and streamed.
+        let body = json!({"candidates": [{"content": {"parts": [{"text": "Let me add.", "thought": true}, {"text": "4"}]}, "finishReason": "STOP"}]});
+        let reply = parse_reply(&body, "g")?;
+        assert_eq!(
+            reply.parts,
+            vec![Part::Thinking { text: "Let me add.".to_string(), signature: String::new() }, Part::Text("4".to_string())]
+        );
+        assert_eq!(reply.text(), "4");
+        let mut reader = StreamReader::default();
+        let events =
+            reader.read(&json!({"candidates": [{"content": {"parts": [{"text": "Hmm", "thought": true}, {"text": "4"}]}}]}).to_string())?;
+        assert_eq!(events, vec![ChatEvent::ThinkingDelta("Hmm".to_string()), ChatEvent::TextDelta("4".to_string())]);
         Ok(())
     }
 

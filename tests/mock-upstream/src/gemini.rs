@@ -168,9 +168,21 @@ struct FunctionCallingConfig {
 struct GenerationConfig {
     #[serde(alias = "max_output_tokens")]
     max_output_tokens: Option<u64>,
+    #[serde(alias = "thinking_config")]
+    thinking_config: Option<ThinkingConfig>,
     // Accepted so a wrong type is refused as the real API does; it changes nothing.
     #[allow(dead_code)]
     temperature: Option<f64>,
+}
+
+/// How much the model may think, and whether its thoughts come back (as summaries).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ThinkingConfig {
+    #[serde(alias = "thinking_budget")]
+    thinking_budget: Option<i64>,
+    #[serde(alias = "include_thoughts")]
+    include_thoughts: Option<bool>,
 }
 
 impl Content {
@@ -270,6 +282,11 @@ impl GenerateRequest {
                 .filter(|_| tools_allowed)
                 .map(|function| function.name.clone()),
             max_tokens: self.generation_config.as_ref().and_then(|config| config.max_output_tokens),
+            thinking: self
+                .generation_config
+                .as_ref()
+                .and_then(|config| config.thinking_config.as_ref())
+                .is_some_and(|thinking| thinking.include_thoughts == Some(true) && thinking.thinking_budget != Some(0)),
             // Implicit caching, as OpenAI's automatic one: the turns before the last.
             cached_words: crate::conversation::cacheable(self.contents.iter().rev().skip(1).map(Content::words).sum()),
             ..Prompt::default()
@@ -289,7 +306,10 @@ impl GenerateRequest {
             }
             None => PartOut::Text { text: &reply.text },
         };
-        respond::json(StatusCode::OK, &response(part, Some(&reply), model, &response_id))
+        let thought = reply.thinking.as_ref().map(|thinking| PartOut::Thought { text: &thinking.text, thought: true });
+        let mut response = response(part, Some(&reply), model, &response_id);
+        response.candidates[0].content.parts.splice(0..0, thought);
+        respond::json(StatusCode::OK, &response)
     }
 
     pub fn stream(&self, model: &str, seq: u64, sse: bool) -> (StreamSteps, ChunkRenderer) {
@@ -313,7 +333,7 @@ fn finish_reason(stop: Stop) -> &'static str {
 fn response<'a>(part: PartOut<'a>, finished: Option<&Reply>, model: &'a str, response_id: &'a str) -> GenerateResponse<'a> {
     GenerateResponse {
         candidates: [Candidate {
-            content: ContentOut { parts: [part], role: "model" },
+            content: ContentOut { parts: vec![part], role: "model" },
             finish_reason: finished.map(|reply| finish_reason(reply.stop)),
             index: 0,
         }],
@@ -349,13 +369,18 @@ struct Candidate<'a> {
 
 #[derive(Serialize)]
 struct ContentOut<'a> {
-    parts: [PartOut<'a>; 1],
+    parts: Vec<PartOut<'a>>,
     role: &'static str,
 }
 
 #[derive(Serialize)]
 #[serde(untagged)]
 enum PartOut<'a> {
+    /// A thought summary (with `includeThoughts`).
+    Thought {
+        text: &'a str,
+        thought: bool,
+    },
     Text {
         text: &'a str,
     },
@@ -419,6 +444,12 @@ impl Render for ChunkRenderer {
                 write_chunk(out, self.sse, &mut self.first, &response(part, Some(reply), &self.model, &self.response_id));
             }
             Step::Close if !self.sse => out.put_slice(if self.first { b"[]" } else { b"]" }),
+            // The thoughts come first, whole.
+            Step::Open if reply.thinking.is_some() => {
+                let text = reply.thinking.as_ref().map_or("", |thinking| thinking.text.as_str());
+                let part = PartOut::Thought { text, thought: true };
+                write_chunk(out, self.sse, &mut self.first, &response(part, None, &self.model, &self.response_id));
+            }
             Step::Open | Step::BlockStart | Step::Delta(_) | Step::BlockStop | Step::Usage | Step::Close => {}
         }
     }
