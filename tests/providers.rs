@@ -269,7 +269,8 @@ async fn openai_clients_reach_anthropic_and_gemini_models_with_exact_costs(shape
 async fn anthropic_clients_reach_openai_models(shape: Shape) -> TestResult {
     let setup = setup(shape).await?;
     let (gateway, mock, key) = (&setup.gateway, &setup.mock, setup.key.as_str());
-    let body = json!({"model": "openai/gpt-4o-mini", "max_tokens": 100, "system": "be brief", "messages": [{"role": "user", "content": "hello from anthropic format"}]});
+    let body = json!({"model": "openai/gpt-4o-mini", "max_tokens": 100, "system": "be brief", "top_k": 5,
+                      "messages": [{"role": "user", "content": "hello from anthropic format"}]});
     let reply = gateway
         .request(Method::POST, "/v1/messages", None)
         .header("x-api-key", key)
@@ -287,6 +288,7 @@ async fn anthropic_clients_reach_openai_models(shape: Shape) -> TestResult {
     assert_eq!(upstream.body["model"], "gpt-4o-mini");
     assert_eq!(upstream.body["messages"][0], json!({"role": "system", "content": "be brief"}));
     assert_eq!(upstream.body["max_completion_tokens"], 100, "OpenAI's own name for the limit");
+    assert_eq!(upstream.body.get("top_k"), None, "OpenAI's format has no top_k (OpenAI refuses unknown members)");
     assert_eq!(message["type"], "message");
     assert_eq!(message["content"][0], json!({"type": "text", "text": "mock openai reply to: hello from anthropic format"}));
     assert_eq!(message["stop_reason"], "end_turn");
@@ -902,15 +904,18 @@ async fn embeddings_are_routed_priced_and_recorded(shape: Shape) -> TestResult {
 
 /// Gemini's thinking configured from what each client format has: an Anthropic client's `thinking`
 /// (its thoughts come back as thinking blocks, whole and streamed) and an OpenAI client's
-/// `reasoning_effort` (a budget; the answer only).
+/// `reasoning_effort` (a budget; the answer only); an Anthropic client's `top_k` as Gemini's.
 async fn gemini_thinks_as_either_client_asks(shape: Shape) -> TestResult {
     let setup = setup(shape).await?;
     let (gateway, mock, key) = (&setup.gateway, &setup.mock, setup.key.as_str());
     let mut body = json!({"model": "google/gemini-2.5-flash", "max_tokens": 4096, "thinking": {"type": "enabled", "budget_tokens": 2048},
-                          "messages": [{"role": "user", "content": "what is two and two?"}]});
+                          "top_k": 40, "messages": [{"role": "user", "content": "what is two and two?"}]});
     let reply = gateway.call(Method::POST, "/v1/messages", Some(key), Some(body.clone())).await?;
     assert_eq!(reply.status, 200, "{}", reply.text);
-    assert_eq!(last_request(mock)?.body["generationConfig"]["thinkingConfig"], json!({"thinkingBudget": 2048, "includeThoughts": true}));
+    let generation = last_request(mock)?.body["generationConfig"].clone();
+    assert_eq!(generation["thinkingConfig"], json!({"thinkingBudget": 2048, "includeThoughts": true}));
+    // Anthropic's `top_k` is Gemini's `topK`.
+    assert_eq!(generation["topK"], 40);
     assert_eq!(
         (&reply.body["content"][0]["type"], &reply.body["content"][0]["thinking"]),
         (&json!("thinking"), &json!("mock thinking about: what is two and two?")),

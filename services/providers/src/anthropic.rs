@@ -86,6 +86,7 @@ pub fn parse_request(body: &Value) -> Result<ChatRequest, InvalidRequest> {
         max_tokens: Some(max_tokens),
         temperature: optional_number_in(body, "temperature", 0.0, 1.0)?,
         top_p: optional_number_in(body, "top_p", 0.0, 1.0)?,
+        top_k: optional_positive_u32(body, "top_k")?,
         stop: stop_list(body, "stop_sequences")?,
         stream: optional_bool(body, "stream")?,
         stream_usage: true,
@@ -637,6 +638,7 @@ pub fn build_request<'a>(request: &'a ChatRequest, upstream_model: &'a str, defa
                 name: &tool.name,
             })
             .collect(),
+        top_k: request.top_k,
         top_p: request.top_p,
     }
 }
@@ -688,6 +690,8 @@ pub mod outgoing {
         pub tool_choice: Option<Choice<'a>>,
         #[serde(skip_serializing_if = "Vec::is_empty")]
         pub tools: Vec<Tool<'a>>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub top_k: Option<u32>,
         #[serde(skip_serializing_if = "Option::is_none")]
         pub top_p: Option<f64>,
     }
@@ -1502,6 +1506,11 @@ mod tests {
             parse_request(&json!({"model": "c", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "temperature": 1.5}))
                 .is_err()
         );
+        for top_k in [json!(0), json!(-1), json!(2.5), json!("5")] {
+            let body = json!({"model": "c", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "top_k": top_k});
+            assert_eq!(parse_request(&body).err().map(|error| error.message), Some("top_k must be a positive integer".to_string()));
+            assert!(read_request(body.to_string().as_bytes()).is_none(), "left to the tree reading");
+        }
     }
 
     #[test]
@@ -1569,6 +1578,7 @@ mod tests {
             max_tokens: None,
             temperature: Some(1.5),
             top_p: Some(0.5),
+            top_k: Some(40),
             stop: vec!["END".to_string()],
             stream: true,
             stream_usage: true,
@@ -1620,6 +1630,7 @@ mod tests {
                 "thinking": {"type": "enabled", "budget_tokens": 2048},
                 "temperature": 1.0,
                 "top_p": 0.5,
+                "top_k": 40,
                 "stop_sequences": ["END"],
                 "stream": true,
             })

@@ -288,6 +288,9 @@ pub struct ChatRequest {
     pub max_tokens: Option<u32>,
     pub temperature: Option<f64>,
     pub top_p: Option<f64>,
+    /// Sampling from the k likeliest tokens only (Anthropic's `top_k`; Gemini's `topK`; OpenAI's
+    /// format has no such member).
+    pub top_k: Option<u32>,
     pub stop: Vec<String>,
     pub stream: bool,
     /// OpenAI `stream_options.include_usage`.

@@ -132,6 +132,9 @@ pub fn build_request(request: &ChatRequest) -> Value {
     if let Some(top_p) = request.top_p {
         generation.insert("topP".to_string(), json!(top_p));
     }
+    if let Some(top_k) = request.top_k {
+        generation.insert("topK".to_string(), json!(top_k));
+    }
     if !request.stop.is_empty() {
         generation.insert("stopSequences".to_string(), json!(request.stop));
     }

@@ -131,6 +131,7 @@ pub fn parse_request(body: &Value) -> Result<ChatRequest, InvalidRequest> {
         max_tokens,
         temperature: optional_number_in(body, "temperature", 0.0, 2.0)?,
         top_p: optional_number_in(body, "top_p", 0.0, 1.0)?,
+        top_k: None,
         stop: stop_list(body, "stop")?,
         stream: optional_bool(body, "stream")?,
         stream_usage: body.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false),

@@ -57,9 +57,10 @@ struct Body<'a> {
     x_firewall_mode: bool,
     #[serde(default, deserialize_with = "crate::chat::presence::flag")]
     conversation_id: bool,
-    // Options the tree reading ignores.
+    /// Positive only (the tree reading refuses 0).
     #[serde(default)]
-    top_k: Option<Checked>,
+    top_k: Option<u32>,
+    // Options the tree reading ignores.
     /// Some whenever the member is there, `null` included (read as absent, as the tree reading does).
     #[serde(default, deserialize_with = "crate::typed::schema")]
     thinking: Option<Schema>,
@@ -294,6 +295,10 @@ impl Body<'_> {
             max_tokens: Some(max_tokens),
             temperature: within(self.temperature, 0.0, 1.0)?,
             top_p: within(self.top_p, 0.0, 1.0)?,
+            top_k: match self.top_k {
+                Some(0) => return None,
+                top_k => top_k,
+            },
             stop: Vec::new(),
             stream: self.stream.unwrap_or(false),
             stream_usage: true,

@@ -250,6 +250,7 @@ impl Body<'_> {
             max_tokens,
             temperature: within(self.temperature, 0.0, 2.0)?,
             top_p: within(self.top_p, 0.0, 1.0)?,
+            top_k: None,
             stop: Vec::new(),
             stream: self.stream.unwrap_or(false),
             stream_usage: self.stream_options.and_then(|Object(options)| options.include_usage).unwrap_or(false),
