@@ -26,6 +26,7 @@ brainstorm_e2e::in_both_shapes!(
     anthropic_cache_breakpoints_reach_anthropic_and_are_priced,
     extended_thinking_round_trips_through_a_tool_loop,
     gemini_thinks_as_either_client_asks,
+    log_probabilities_reach_openai_clients,
     documents_reach_every_provider_format,
     tokens_are_counted_by_the_provider_or_estimated,
     embeddings_are_routed_priced_and_recorded,
@@ -939,6 +940,57 @@ async fn gemini_thinks_as_either_client_asks(shape: Shape) -> TestResult {
     let sent = mock.requests().into_iter().find(|request| request.body["contents"][0]["parts"][0]["text"] == "think hard");
     assert_eq!(sent.map(|request| request.body["generationConfig"]["thinkingConfig"].clone()), Some(json!({"thinkingBudget": 24576})));
     assert_eq!(reply.body["choices"][0]["message"]["content"], "mock gemini reply to: think hard");
+    Ok(())
+}
+
+/// OpenAI's `logprobs` and `top_logprobs` reach OpenAI-format providers and Gemini, and the tokens'
+/// log probabilities come back to the client, whole and with each streamed delta; Anthropic has none
+/// (the answer comes with `logprobs: null`).
+async fn log_probabilities_reach_openai_clients(shape: Shape) -> TestResult {
+    let setup = setup(shape).await?;
+    let (gateway, mock, key) = (&setup.gateway, &setup.mock, setup.key.as_str());
+    let body =
+        |model: &str| json!({"model": model, "logprobs": true, "top_logprobs": 2, "messages": [{"role": "user", "content": "rate this"}]});
+    let tokens = |logprobs: &Value| -> String {
+        logprobs["content"].as_array().into_iter().flatten().filter_map(|entry| entry["token"].as_str()).collect()
+    };
+
+    let reply = gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(body("openai/gpt-4o-mini"))).await?;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    let sent = last_request(mock)?.body;
+    assert_eq!((&sent["logprobs"], &sent["top_logprobs"]), (&json!(true), &json!(2)));
+    let choice = &reply.body["choices"][0];
+    assert_eq!(tokens(&choice["logprobs"]), choice["message"]["content"].as_str().unwrap_or_default(), "{}", reply.text);
+    let first = &choice["logprobs"]["content"][0];
+    assert_eq!((&first["token"], &first["logprob"]), (&json!("mock"), &json!(-0.01)));
+    assert_eq!(first["top_logprobs"].as_array().map(Vec::len), Some(2));
+
+    // Streamed: each text delta carries its tokens.
+    let mut streamed = body("openai/gpt-4o-mini");
+    streamed["stream"] = json!(true);
+    let stream = gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(streamed)).await?;
+    let chunks = sse_data(&stream.text);
+    let text: String = chunks.iter().filter_map(|chunk| chunk["choices"][0]["delta"]["content"].as_str()).collect();
+    let streamed_tokens: String = chunks.iter().map(|chunk| tokens(&chunk["choices"][0]["logprobs"])).collect();
+    assert_eq!((streamed_tokens.as_str(), text.as_str()), (text.as_str(), "mock openai reply to: rate this"), "{}", stream.text);
+
+    // Gemini's, read into OpenAI's entries.
+    let reply = gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(body("google/gemini-2.5-flash"))).await?;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    let generation = &last_request(mock)?.body["generationConfig"];
+    assert_eq!((&generation["responseLogprobs"], &generation["logprobs"]), (&json!(true), &json!(2)));
+    let choice = &reply.body["choices"][0];
+    assert_eq!(tokens(&choice["logprobs"]), "mock gemini reply to: rate this", "{}", reply.text);
+
+    // Anthropic has none: the answer, and `logprobs: null`.
+    let reply = gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(body("anthropic/claude-haiku-4-5"))).await?;
+    assert_eq!((reply.status, &reply.body["choices"][0]["logprobs"]), (200, &Value::Null), "{}", reply.text);
+    let sent = last_request(mock)?.body;
+    assert_eq!((sent.get("logprobs"), sent.get("top_logprobs")), (None, None));
+
+    let refused = json!({"model": "openai/gpt-4o-mini", "top_logprobs": 2, "messages": [{"role": "user", "content": "x"}]});
+    let reply = gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(refused)).await?;
+    assert_eq!(reply.status, 400, "{}", reply.text);
     Ok(())
 }
 

@@ -218,3 +218,15 @@ def test_openai_sdk_embeds(gateway):
         assert refused.status_code == 404
     else:
         raise AssertionError("a chat model embedded")
+
+
+def test_openai_sdk_reads_log_probabilities(gateway):
+    completion = openai_client(gateway).chat.completions.create(
+        model="openai/gpt-4o-mini", logprobs=True, top_logprobs=2, messages=[{"role": "user", "content": "how sure?"}])
+    content = completion.choices[0].logprobs.content
+    assert "".join(entry.token for entry in content) == completion.choices[0].message.content
+    assert content[0].logprob == -0.01 and len(content[0].top_logprobs) == 2
+    stream = openai_client(gateway).chat.completions.create(
+        model="openai/gpt-4o-mini", logprobs=True, stream=True, messages=[{"role": "user", "content": "how sure?"}])
+    streamed = [entry.token for chunk in stream if chunk.choices and chunk.choices[0].logprobs for entry in chunk.choices[0].logprobs.content]
+    assert "".join(streamed) == completion.choices[0].message.content

@@ -35,6 +35,7 @@ pub fn sandbox_reply(request: &ChatRequest, id: String) -> ChatReply {
         usage: Usage::uncached(input_tokens, estimate_tokens(&text)),
         parts: vec![Part::Text(text)],
         finish,
+        logprobs: None,
     }
 }
 

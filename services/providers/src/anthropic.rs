@@ -545,6 +545,8 @@ impl StreamWriter {
             }
             ChatEvent::Finish(reason) => self.finish = Some(*reason),
             ChatEvent::Usage(usage) => self.usage = Some(*usage),
+            // The format has no log probabilities.
+            ChatEvent::Logprobs(_) => {}
         }
         frames
     }
@@ -926,6 +928,7 @@ pub fn parse_reply(body: &Value) -> Result<ChatReply, String> {
         parts,
         finish: parse_stop(body.get("stop_reason").and_then(Value::as_str).unwrap_or("end_turn")),
         usage: usage_of(counts, output_tokens),
+        logprobs: None,
     })
 }
 
@@ -1236,6 +1239,7 @@ mod incoming {
                 parts,
                 finish: super::parse_stop(self.stop_reason.as_deref().unwrap_or("end_turn")),
                 usage: super::usage_of(usage.counts(super::CacheCounts::default()), usage.output_tokens.unwrap_or(0)),
+                logprobs: None,
             }
         }
     }
@@ -1524,6 +1528,7 @@ mod tests {
             ],
             finish: FinishReason::ToolCalls,
             usage: Usage::uncached(4, 6),
+            logprobs: None,
         };
         assert_eq!(
             serde_json::to_value(render_reply(&reply)).unwrap_or_default(),
@@ -1758,6 +1763,7 @@ mod tests {
             ],
             finish: FinishReason::ToolCalls,
             usage: Usage::uncached(4, 6),
+            logprobs: None,
         };
         let (frames, assembled) = stream_round_trip(&reply)?;
         let names: Vec<&str> =
@@ -1799,6 +1805,7 @@ mod tests {
             ],
             finish: FinishReason::ToolCalls,
             usage: Usage::uncached(4, 6),
+            logprobs: None,
         };
         let (frames, assembled) = stream_round_trip(&reply)?;
         let starts: Vec<Value> = frames

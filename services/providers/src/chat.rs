@@ -369,6 +369,10 @@ pub struct OpenAiOptions {
     pub logit_bias: Vec<(u64, serde_json::Number)>,
     /// `minimal`, `low`, `medium`, `high`... as sent: the provider judges the value.
     pub reasoning_effort: Option<String>,
+    /// Whether the answer's tokens come back with their log probabilities.
+    pub logprobs: bool,
+    /// How many of the likeliest tokens come with each (0..=20; only with `logprobs`).
+    pub top_logprobs: Option<u8>,
 }
 
 impl ChatRequest {
@@ -482,6 +486,28 @@ pub struct ChatReply {
     pub parts: Vec<Part>,
     pub finish: FinishReason,
     pub usage: Usage,
+    /// The answer's tokens with their log probabilities, when the client asked and the provider
+    /// gave them.
+    pub logprobs: Option<Vec<TokenLogprob>>,
+}
+
+/// A token of the answer with its log probability and the likeliest tokens in its place, as
+/// OpenAI's `logprobs.content` entries have them (Gemini's `logprobsResult` is read into the same).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct TokenLogprob {
+    pub token: String,
+    pub logprob: f64,
+    /// The token's UTF-8 bytes (a token may be part of a character); None where the provider gave none.
+    pub bytes: Option<Vec<u8>>,
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+/// One of the likeliest tokens at a position.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct TopLogprob {
+    pub token: String,
+    pub logprob: f64,
+    pub bytes: Option<Vec<u8>>,
 }
 
 impl ChatReply {
@@ -535,6 +561,9 @@ pub enum ChatEvent {
     Finish(FinishReason),
     /// Token counts (may come before or after `Finish`).
     Usage(Usage),
+    /// The log probabilities of the tokens in the next text delta (or of the text so far, when no
+    /// delta follows).
+    Logprobs(Vec<TokenLogprob>),
 }
 
 /// Splits a text into stream deltas, word by word, keeping the spaces.
@@ -557,6 +586,10 @@ pub fn word_deltas(text: &str) -> Vec<&str> {
 pub fn reply_events(reply: &ChatReply) -> Vec<ChatEvent> {
     let mut events = Vec::new();
     let mut tool_index = 0;
+    // The whole answer's log probabilities, with its first frame.
+    if let Some(tokens) = &reply.logprobs {
+        events.push(ChatEvent::Logprobs(tokens.clone()));
+    }
     for part in &reply.parts {
         match part {
             Part::Text(text) => events.extend(word_deltas(text).into_iter().map(|piece| ChatEvent::TextDelta(piece.to_string()))),
@@ -585,6 +618,7 @@ pub struct ReplyAssembler {
     thinking: Vec<Part>,
     text: String,
     tool_calls: Vec<(String, String, String)>,
+    logprobs: Option<Vec<TokenLogprob>>,
     pub finish: Option<FinishReason>,
     pub usage: Usage,
 }
@@ -619,6 +653,7 @@ impl ReplyAssembler {
             ChatEvent::RedactedThinking(data) => self.thinking.push(Part::RedactedThinking { data: data.clone() }),
             ChatEvent::Finish(reason) => self.finish = Some(*reason),
             ChatEvent::Usage(usage) => self.usage = *usage,
+            ChatEvent::Logprobs(tokens) => self.logprobs.get_or_insert_default().extend_from_slice(tokens),
         }
     }
 
@@ -639,7 +674,7 @@ impl ReplyAssembler {
             parts.push(Part::Text(self.text));
         }
         parts.extend(self.tool_calls.into_iter().map(|(id, name, arguments)| Part::ToolCall { id, name, arguments }));
-        ChatReply { id, model, parts, finish: self.finish.unwrap_or(FinishReason::Stop), usage: self.usage }
+        ChatReply { id, model, parts, finish: self.finish.unwrap_or(FinishReason::Stop), usage: self.usage, logprobs: self.logprobs }
     }
 }
 
@@ -659,6 +694,7 @@ mod tests {
             ],
             finish: FinishReason::Stop,
             usage: Usage::default(),
+            logprobs: None,
         };
         assert_eq!((reply.text(), reply.readable_text()), ("done".to_string(), "mail bob@example.com\ndone".to_string()));
         let mut assembler = ReplyAssembler::default();
@@ -729,6 +765,7 @@ mod tests {
             ],
             finish: FinishReason::ToolCalls,
             usage: Usage::uncached(3, 7),
+            logprobs: None,
         };
         let mut assembler = ReplyAssembler::default();
         for event in reply_events(&reply) {

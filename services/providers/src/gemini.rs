@@ -4,7 +4,9 @@ use std::collections::HashMap;
 
 use serde_json::{Map, Value, json};
 
-use crate::chat::{ChatEvent, ChatReply, ChatRequest, DocumentSource, FinishReason, Part, Role, ToolChoice, Usage};
+use crate::chat::{
+    ChatEvent, ChatReply, ChatRequest, DocumentSource, FinishReason, Part, Role, TokenLogprob, ToolChoice, TopLogprob, Usage,
+};
 
 /// JSON Schema keywords Gemini's function declarations refuse.
 const UNSUPPORTED_SCHEMA_KEYS: [&str; 5] = ["additionalProperties", "$schema", "strict", "$defs", "definitions"];
@@ -163,6 +165,13 @@ pub fn build_request(request: &ChatRequest) -> Value {
     if let Some(thinking) = thinking_config(request) {
         generation.insert("thinkingConfig".to_string(), thinking);
     }
+    // OpenAI's log probabilities: Gemini returns the chosen tokens' and, when asked, the likeliest.
+    if request.openai.logprobs {
+        generation.insert("responseLogprobs".to_string(), json!(true));
+        if let Some(count) = request.openai.top_logprobs.filter(|count| *count > 0) {
+            generation.insert("logprobs".to_string(), json!(count));
+        }
+    }
     if !generation.is_empty() {
         body.insert("generationConfig".to_string(), Value::Object(generation));
     }
@@ -193,6 +202,36 @@ fn thinking_config(request: &ChatRequest) -> Option<Value> {
         _ => return None,
     };
     Some(json!({"thinkingBudget": budget}))
+}
+
+/// The tokens of a candidate's `logprobsResult` (`chosenCandidates`, with `topCandidates` at the
+/// same positions), as OpenAI's entries have them (bytes: the token's UTF-8).
+fn logprobs_of(result: &Value) -> Option<Vec<TokenLogprob>> {
+    fn entry(candidate: &Value) -> Option<TopLogprob> {
+        let token = candidate.get("token")?.as_str()?;
+        Some(TopLogprob {
+            token: token.to_string(),
+            logprob: candidate.get("logProbability")?.as_f64()?,
+            bytes: Some(token.as_bytes().to_vec()),
+        })
+    }
+    let chosen = result.get("chosenCandidates")?.as_array()?;
+    let top = result.get("topCandidates").and_then(Value::as_array);
+    Some(
+        chosen
+            .iter()
+            .enumerate()
+            .filter_map(|(position, candidate)| {
+                let TopLogprob { token, logprob, bytes } = entry(candidate)?;
+                let top_logprobs = top
+                    .and_then(|top| top.get(position))
+                    .and_then(|at| at.get("candidates"))
+                    .and_then(Value::as_array)
+                    .map_or_else(Vec::new, |candidates| candidates.iter().filter_map(entry).collect());
+                Some(TokenLogprob { token, logprob, bytes, top_logprobs })
+            })
+            .collect(),
+    )
 }
 
 /// Whether a part is the model's thought (returned when `includeThoughts` was asked).
@@ -249,6 +288,7 @@ pub fn parse_reply(body: &Value, model: &str) -> Result<ChatReply, String> {
         finish: parse_finish(candidate.get("finishReason").and_then(Value::as_str).unwrap_or("STOP"), calls > 0),
         parts,
         usage: usage_of(body).unwrap_or_default(),
+        logprobs: candidate.get("logprobsResult").and_then(logprobs_of),
     })
 }
 
@@ -267,6 +307,9 @@ impl StreamReader {
         }
         let mut events = Vec::new();
         if let Some(candidate) = chunk.pointer("/candidates/0") {
+            if let Some(tokens) = candidate.get("logprobsResult").and_then(logprobs_of) {
+                events.push(ChatEvent::Logprobs(tokens));
+            }
             for part in candidate.pointer("/content/parts").and_then(Value::as_array).into_iter().flatten() {
                 if let Some(text) = part.get("text").and_then(Value::as_str).filter(|text| !text.is_empty()) {
                     events.push(if is_thought(part) {
@@ -381,6 +424,27 @@ mod tests {
         };
         assert_eq!(thinking(json!({"type": "enabled", "budget_tokens": 2048}))?, json!({"thinkingBudget": 2048, "includeThoughts": true}));
         assert_eq!(thinking(json!({"type": "disabled"}))?, json!({"thinkingBudget": 0}));
+
+        // Log probabilities, asked and read as OpenAI's entries.
+        let request = crate::openai::parse_request(
+            &json!({"model": "g", "messages": [{"role": "user", "content": "hi"}], "logprobs": true, "top_logprobs": 2}),
+        )
+        .map_err(|error| error.message)?;
+        let generation = build_request(&request)["generationConfig"].clone();
+        assert_eq!((&generation["responseLogprobs"], &generation["logprobs"]), (&json!(true), &json!(2)));
+        let body = json!({"candidates": [{"content": {"parts": [{"text": "4"}]}, "finishReason": "STOP", "logprobsResult": {
+            "chosenCandidates": [{"token": "4", "logProbability": -0.5}],
+            "topCandidates": [{"candidates": [{"token": "4", "logProbability": -0.5}, {"token": "5", "logProbability": -2.0}]}]}}]});
+        let four = |logprob: f64, token: &str| TopLogprob { token: token.to_string(), logprob, bytes: Some(token.as_bytes().to_vec()) };
+        assert_eq!(
+            parse_reply(&body, "g")?.logprobs,
+            Some(vec![TokenLogprob {
+                token: "4".to_string(),
+                logprob: -0.5,
+                bytes: Some(b"4".to_vec()),
+                top_logprobs: vec![four(-0.5, "4"), four(-2.0, "5")]
+            }])
+        );
 
         // Thought summaries are thinking (no Anthropic signature), whole and streamed.
         let body = json!({"candidates": [{"content": {"parts": [{"text": "Let me add.", "thought": true}, {"text": "4"}]}, "finishReason": "STOP"}]});

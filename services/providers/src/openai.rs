@@ -12,7 +12,7 @@ use crate::chat::fields::{
 };
 use crate::chat::{
     CacheAt, CachePoint, CacheTtl, ChatEvent, ChatReply, ChatRequest, DocumentSource, FinishReason, InvalidRequest, Message, OpenAiOptions,
-    Part, Role, Schema, Tool, ToolChoice, Usage,
+    Part, Role, Schema, TokenLogprob, Tool, ToolChoice, TopLogprob, Usage,
 };
 
 mod typed_request;
@@ -144,6 +144,8 @@ pub fn parse_request(body: &Value) -> Result<ChatRequest, InvalidRequest> {
             presence_penalty: optional_number_in(body, "presence_penalty", -2.0, 2.0)?,
             logit_bias: logit_bias(body)?,
             reasoning_effort: optional_string(body, "reasoning_effort")?,
+            logprobs: optional_bool(body, "logprobs")?,
+            top_logprobs: top_logprobs(body)?,
         },
         cache_points,
         thinking: None,
@@ -161,6 +163,22 @@ fn one_answer(body: &Value) -> Result<(), InvalidRequest> {
             _ => Err(InvalidRequest::new("n must be a positive integer")),
         },
     }
+}
+
+/// `top_logprobs`: 0..=20, and only with `logprobs` (OpenAI refuses it alone).
+fn top_logprobs(body: &Value) -> Result<Option<u8>, InvalidRequest> {
+    let count = match body.get("top_logprobs") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(value) => value
+            .as_u64()
+            .filter(|count| *count <= 20)
+            .and_then(|count| u8::try_from(count).ok())
+            .ok_or_else(|| InvalidRequest::new("top_logprobs must be an integer from 0 to 20"))?,
+    };
+    if body.get("logprobs").and_then(Value::as_bool) != Some(true) {
+        return Err(InvalidRequest::new("top_logprobs needs logprobs set to true"));
+    }
+    Ok(Some(count))
 }
 
 /// `logit_bias`: token ids (decimal, as JSON keys) to biases in -100..=100, in token id order.
@@ -316,7 +334,7 @@ struct RenderedChoice<'a> {
     index: u32,
     message: RenderedMessage<'a>,
     finish_reason: &'static str,
-    logprobs: Option<()>,
+    logprobs: Option<chunk::Logprobs<'a>>,
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -391,7 +409,7 @@ pub fn render_reply<'a>(reply: &'a ChatReply, created: i64, usage_extra: Option<
             index: 0,
             message: RenderedMessage { role: "assistant", content, tool_calls },
             finish_reason: finish_reason(reply.finish),
-            logprobs: None,
+            logprobs: reply.logprobs.as_deref().map(chunk::Logprobs::of),
         }],
         usage: RenderedUsage {
             prompt_tokens: reply.usage.input_tokens,
@@ -414,6 +432,8 @@ pub struct StreamWriter {
     started: bool,
     finish: Option<FinishReason>,
     usage: Option<Usage>,
+    /// Log probabilities waiting for the text delta they belong to.
+    logprobs: Option<Vec<crate::chat::TokenLogprob>>,
     /// What follows the content in each of this reply's text frames (the delta's end, the choice's
     /// other members and the chunk's id, model and time: the same in every frame), written once.
     /// Empty if the chunk did not serialize as `TEXT_FRAME_HEAD` expects: text frames then take
@@ -427,8 +447,17 @@ const TEXT_FRAME_HEAD: &str = "data: {\"choices\":[{\"delta\":{\"content\":";
 impl StreamWriter {
     /// A writer for one reply.
     pub fn new(id: String, model: String, created: i64, include_usage: bool) -> Self {
-        let mut writer =
-            StreamWriter { id, model, created, include_usage, started: false, finish: None, usage: None, text_tail: String::new() };
+        let mut writer = StreamWriter {
+            id,
+            model,
+            created,
+            include_usage,
+            started: false,
+            finish: None,
+            usage: None,
+            logprobs: None,
+            text_tail: String::new(),
+        };
         // The tail is cut from a real frame with empty content, so it is what serde writes.
         let empty = writer.chunk(chunk::Delta { content: Some(""), ..chunk::Delta::default() }, None);
         if let Some(tail) = empty.strip_prefix(TEXT_FRAME_HEAD).and_then(|rest| rest.strip_prefix("\"\"")) {
@@ -457,6 +486,12 @@ impl StreamWriter {
         self.frame(&[chunk::Choice { delta, finish_reason, index: 0, logprobs: None }], None)
     }
 
+    /// A frame of `delta` carrying the waiting log probabilities (the general path: a client that
+    /// asked for them is rare enough).
+    fn chunk_with_logprobs(&mut self, delta: chunk::Delta<'_>, tokens: &[crate::chat::TokenLogprob]) -> String {
+        self.frame(&[chunk::Choice { delta, finish_reason: None, index: 0, logprobs: Some(chunk::Logprobs::of(tokens)) }], None)
+    }
+
     /// The opening frame (the assistant's role), once: a relay sends it as soon as the provider
     /// accepted the call, before the first token, as OpenAI does.
     pub fn begin(&mut self) -> Vec<String> {
@@ -472,7 +507,13 @@ impl StreamWriter {
     pub fn write(&mut self, event: &ChatEvent) -> Vec<String> {
         let mut frames = self.begin();
         match event {
-            ChatEvent::TextDelta(text) => frames.push(self.text_frame(text)),
+            ChatEvent::TextDelta(text) => match self.logprobs.take() {
+                Some(tokens) => {
+                    frames.push(self.chunk_with_logprobs(chunk::Delta { content: Some(text), ..chunk::Delta::default() }, &tokens))
+                }
+                None => frames.push(self.text_frame(text)),
+            },
+            ChatEvent::Logprobs(tokens) => self.logprobs.get_or_insert_default().extend_from_slice(tokens),
             ChatEvent::ToolCallStart { index, id, name } => {
                 let call = chunk::ToolCall {
                     function: chunk::Function { arguments: "", name: Some(name.as_str()) },
@@ -497,6 +538,9 @@ impl StreamWriter {
     /// The closing frames: the finish chunk, the usage chunk when asked for, and `[DONE]`.
     pub fn end(&mut self) -> Vec<String> {
         let mut frames = self.begin();
+        if let Some(tokens) = self.logprobs.take() {
+            frames.push(self.chunk_with_logprobs(chunk::Delta::default(), &tokens));
+        }
         frames.push(self.chunk(chunk::Delta::default(), Some(finish_reason(self.finish.unwrap_or(FinishReason::Stop)))));
         if self.include_usage {
             let usage = self.usage.unwrap_or_default();
@@ -535,8 +579,21 @@ mod chunk {
         pub delta: Delta<'a>,
         pub finish_reason: Option<&'static str>,
         pub index: u32,
-        /// Always `null`.
-        pub logprobs: Option<()>,
+        /// `null` unless the client asked for log probabilities.
+        pub logprobs: Option<Logprobs<'a>>,
+    }
+
+    /// `logprobs` as OpenAI writes it: the tokens' entries as `content` (refusals have none here).
+    #[derive(Debug, Serialize)]
+    pub(super) struct Logprobs<'a> {
+        pub content: &'a [crate::chat::TokenLogprob],
+        pub refusal: Option<()>,
+    }
+
+    impl<'a> Logprobs<'a> {
+        pub(super) fn of(content: &'a [crate::chat::TokenLogprob]) -> Self {
+            Logprobs { content, refusal: None }
+        }
     }
 
     #[derive(Serialize, Default)]
@@ -714,6 +771,8 @@ pub fn build_request<'a>(request: &'a ChatRequest, upstream_model: &'a str, limi
         presence_penalty: request.openai.presence_penalty,
         logit_bias: outgoing::LogitBias(&request.openai.logit_bias),
         reasoning_effort: request.openai.reasoning_effort.as_deref(),
+        logprobs: request.openai.logprobs,
+        top_logprobs: request.openai.top_logprobs,
     }
 }
 
@@ -762,6 +821,10 @@ pub mod outgoing {
         pub logit_bias: LogitBias<'a>,
         #[serde(skip_serializing_if = "Option::is_none")]
         pub reasoning_effort: Option<&'a str>,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        pub logprobs: bool,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub top_logprobs: Option<u8>,
     }
 
     /// `logit_bias` as OpenAI takes it: an object from token ids (as keys) to biases.
@@ -895,7 +958,33 @@ pub fn parse_reply(body: &[u8]) -> Result<ChatReply, String> {
         parts,
         finish: parse_finish(choice.finish_reason.as_deref().unwrap_or("stop")),
         usage: usage_with_cache(usage.prompt_tokens, usage.completion_tokens, usage.prompt_tokens_details),
+        logprobs: choice.logprobs.as_ref().and_then(logprobs_of),
     })
+}
+
+/// The tokens of OpenAI's `logprobs` (`{content: [{token, logprob, bytes, top_logprobs}]}`); entries
+/// without a token or a number are skipped, and no `content` array is no log probabilities.
+pub fn logprobs_of(logprobs: &Value) -> Option<Vec<TokenLogprob>> {
+    fn bytes(entry: &Value) -> Option<Vec<u8>> {
+        entry.get("bytes")?.as_array()?.iter().map(|byte| byte.as_u64().and_then(|byte| u8::try_from(byte).ok())).collect()
+    }
+    fn top(entry: &Value) -> Option<TopLogprob> {
+        Some(TopLogprob { token: entry.get("token")?.as_str()?.to_string(), logprob: entry.get("logprob")?.as_f64()?, bytes: bytes(entry) })
+    }
+    let content = logprobs.get("content")?.as_array()?;
+    Some(
+        content
+            .iter()
+            .filter_map(|entry| {
+                let TopLogprob { token, logprob, bytes } = top(entry)?;
+                let top_logprobs = entry
+                    .get("top_logprobs")
+                    .and_then(Value::as_array)
+                    .map_or_else(Vec::new, |alternatives| alternatives.iter().filter_map(top).collect());
+                Some(TokenLogprob { token, logprob, bytes, top_logprobs })
+            })
+            .collect(),
+    )
 }
 
 /// Neutral usage from OpenAI's counts: the cached tokens are some of the prompt's.
@@ -931,6 +1020,9 @@ mod wire {
         pub message: Option<Message<'a>>,
         #[serde(default, borrow, deserialize_with = "text")]
         pub finish_reason: Option<Cow<'a, str>>,
+        /// Only there when the client asked for them: read as a tree then.
+        #[serde(default)]
+        pub logprobs: Option<Value>,
     }
 
     #[derive(Deserialize)]
@@ -1111,6 +1203,9 @@ fn read_value(chunk: &Value) -> Result<Vec<ChatEvent>, String> {
     let mut events = Vec::new();
     if let Some(choice) = chunk.pointer("/choices/0") {
         let delta = choice.get("delta").unwrap_or(&Value::Null);
+        if let Some(tokens) = choice.get("logprobs").and_then(logprobs_of) {
+            events.push(ChatEvent::Logprobs(tokens));
+        }
         if let Some(text) = delta.get("content").and_then(Value::as_str).filter(|text| !text.is_empty()) {
             events.push(ChatEvent::TextDelta(text.to_string()));
         }
@@ -1161,6 +1256,9 @@ mod incoming {
         delta: Option<Delta<'a>>,
         #[serde(borrow, default)]
         finish_reason: Option<Cow<'a, str>>,
+        /// Only there when the client asked for them: read as a tree then.
+        #[serde(default)]
+        logprobs: Option<serde_json::Value>,
     }
 
     #[derive(Deserialize)]
@@ -1209,6 +1307,9 @@ mod incoming {
         pub(super) fn events(self) -> Vec<ChatEvent> {
             let mut events = Vec::new();
             if let Some(choice) = self.choices.and_then(|choices| choices.into_iter().next()) {
+                if let Some(tokens) = choice.logprobs.as_ref().and_then(super::logprobs_of) {
+                    events.push(ChatEvent::Logprobs(tokens));
+                }
                 let delta = choice.delta.unwrap_or(Delta { content: None, tool_calls: None });
                 if let Some(text) = delta.content.filter(|text| !text.is_empty()) {
                     events.push(ChatEvent::TextDelta(text.into_owned()));
@@ -1348,6 +1449,46 @@ mod tests {
         }
     }
 
+    /// Log probabilities: read from a provider's reply and stream chunks (typed and tree readings
+    /// alike), written back to the client whole or on the text delta they belong to.
+    #[test]
+    fn log_probabilities_are_read_and_written_back() -> Result<(), String> {
+        let entry = json!({"token": " hi", "logprob": -0.25, "bytes": [32, 104, 105],
+                           "top_logprobs": [{"token": " hi", "logprob": -0.25, "bytes": [32, 104, 105]}, {"token": " yo", "logprob": -1.5, "bytes": null}]});
+        let tokens = vec![TokenLogprob {
+            token: " hi".to_string(),
+            logprob: -0.25,
+            bytes: Some(vec![32, 104, 105]),
+            top_logprobs: vec![
+                TopLogprob { token: " hi".to_string(), logprob: -0.25, bytes: Some(vec![32, 104, 105]) },
+                TopLogprob { token: " yo".to_string(), logprob: -1.5, bytes: None },
+            ],
+        }];
+        let body = json!({"choices": [{"message": {"role": "assistant", "content": " hi"}, "finish_reason": "stop",
+                                       "logprobs": {"content": [entry], "refusal": null}}]});
+        let reply = parse_reply(body.to_string().as_bytes())?;
+        assert_eq!(reply.logprobs.as_ref(), Some(&tokens));
+        assert_eq!(parse_reply(br#"{"choices": [{"message": {"content": "x"}, "logprobs": null}]}"#)?.logprobs, None);
+        let rendered = serde_json::to_value(render_reply(&reply, 0, None)).unwrap_or_default();
+        assert_eq!(rendered["choices"][0]["logprobs"], json!({"content": [entry], "refusal": null}));
+
+        // A chunk's log probabilities come before its text, in both readings, and go out with it.
+        let chunk =
+            json!({"choices": [{"index": 0, "delta": {"content": " hi"}, "logprobs": {"content": [entry]}, "finish_reason": null}]});
+        let expected = vec![ChatEvent::Logprobs(tokens.clone()), ChatEvent::TextDelta(" hi".to_string())];
+        assert_eq!(StreamReader.read(&chunk.to_string())?, expected);
+        assert_eq!(read_value(&chunk)?, expected);
+        let mut writer = StreamWriter::new("c".to_string(), "m".to_string(), 0, false);
+        let frames: String = expected.iter().flat_map(|event| writer.write(event)).collect();
+        let text_frame = frames.split("\n\n").find(|frame| frame.contains("\" hi\"")).unwrap_or_default();
+        let text_chunk: Value = serde_json::from_str(text_frame.trim_start_matches("data: ")).map_err(|error| error.to_string())?;
+        assert_eq!(text_chunk["choices"][0]["logprobs"], json!({"content": [entry], "refusal": null}));
+        // Without any, frames carry `logprobs: null` as before.
+        let plain = writer.write(&ChatEvent::TextDelta("!".to_string())).concat();
+        assert!(plain.contains(r#""logprobs":null"#), "{plain}");
+        Ok(())
+    }
+
     #[test]
     fn files_are_read_as_documents_and_written_for_every_format() -> Result<(), InvalidRequest> {
         let request = parse_request(&json!({"model": "m", "messages": [
@@ -1464,6 +1605,8 @@ mod tests {
                 presence_penalty: Some(-1.5),
                 logit_bias: vec![(50256, (-100).into()), (100_000, serde_json::Number::from_f64(2.5).unwrap())],
                 reasoning_effort: Some("low".to_string()),
+                logprobs: true,
+                top_logprobs: Some(2),
             },
             ..ChatRequest::default()
         };
@@ -1490,7 +1633,9 @@ mod tests {
                 "frequency_penalty": 0.5,
                 "presence_penalty": -1.5,
                 "logit_bias": {"50256": -100, "100000": 2.5},
-                "reasoning_effort": "low"
+                "reasoning_effort": "low",
+                "logprobs": true,
+                "top_logprobs": 2
             })
         );
         // OpenAI's own API takes the limit under its current name.
@@ -1557,7 +1702,8 @@ mod tests {
             body
         };
         let request = parse_request(&body(json!({"n": 1, "seed": 42, "frequency_penalty": -2, "presence_penalty": 1.5,
-            "logit_bias": {"9": 1, "10": -100, "1": 100}, "parallel_tool_calls": false, "reasoning_effort": "high"})))?;
+            "logit_bias": {"9": 1, "10": -100, "1": 100}, "parallel_tool_calls": false, "reasoning_effort": "high",
+            "logprobs": true, "top_logprobs": 3})))?;
         assert_eq!(
             request.openai,
             OpenAiOptions {
@@ -1566,6 +1712,8 @@ mod tests {
                 presence_penalty: Some(1.5),
                 logit_bias: vec![(1, 100.into()), (9, 1.into()), (10, (-100).into())],
                 reasoning_effort: Some("high".to_string()),
+                logprobs: true,
+                top_logprobs: Some(3),
             }
         );
         assert_eq!(request.parallel_tool_calls, Some(false));
@@ -1587,6 +1735,10 @@ mod tests {
             (json!({"logit_bias": {"5": 101}}), "logit_bias maps token ids to numbers between -100 and 100; `5` does not"),
             (json!({"parallel_tool_calls": "no"}), "parallel_tool_calls must be a boolean"),
             (json!({"reasoning_effort": 3}), "reasoning_effort must be a string"),
+            (json!({"logprobs": "yes"}), "logprobs must be a boolean"),
+            (json!({"logprobs": true, "top_logprobs": 21}), "top_logprobs must be an integer from 0 to 20"),
+            (json!({"top_logprobs": 2}), "top_logprobs needs logprobs set to true"),
+            (json!({"logprobs": false, "top_logprobs": 2}), "top_logprobs needs logprobs set to true"),
         ] {
             assert_eq!(parse_request(&body(options.clone())).err().map(|error| error.message), Some(message.to_string()), "{options}");
         }
@@ -1604,6 +1756,7 @@ mod tests {
             ],
             finish: FinishReason::ToolCalls,
             usage: Usage::uncached(4, 6),
+            logprobs: None,
         };
         let mut writer = StreamWriter::new(reply.id.clone(), reply.model.clone(), 0, true);
         let mut frames: Vec<String> = reply_events(&reply).iter().flat_map(|event| writer.write(event)).collect();
@@ -1628,6 +1781,7 @@ mod tests {
             parts: vec![Part::ToolCall { id: "call_1".to_string(), name: "f".to_string(), arguments: "{}".to_string() }],
             finish: FinishReason::ToolCalls,
             usage: Usage::uncached(1, 2),
+            logprobs: None,
         };
         let cost = json!(0.5);
         let rendered = serde_json::to_value(render_reply(&reply, 7, Some(UsageExtra { cost_usd: &cost, routing_strategy: "price" })))
@@ -1692,7 +1846,14 @@ mod tests {
         }
         assert_eq!(reply(r#"{"cached_tokens":9999}"#)?.cache_read_tokens, 2000);
         // A client sees them as OpenAI shows them, in replies and in a stream's usage chunk.
-        let answer = ChatReply { id: "x".to_string(), model: "m".to_string(), parts: vec![], finish: FinishReason::Stop, usage: cached };
+        let answer = ChatReply {
+            id: "x".to_string(),
+            model: "m".to_string(),
+            parts: vec![],
+            finish: FinishReason::Stop,
+            usage: cached,
+            logprobs: None,
+        };
         let rendered = serde_json::to_value(render_reply(&answer, 0, None)).unwrap_or_default();
         assert_eq!(
             rendered["usage"],
@@ -1726,6 +1887,7 @@ mod tests {
             parts: vec![Part::Text("hello".to_string())],
             finish: FinishReason::Stop,
             usage: Usage::uncached(1, 2),
+            logprobs: None,
         };
         let rendered = serde_json::to_value(render_reply(&reply, 7, None)).unwrap_or_default();
         assert_eq!(rendered["choices"][0]["message"], json!({"role": "assistant", "content": "hello"}));

@@ -85,6 +85,19 @@ pub(crate) fn embedding(text: &str, dimensions: usize) -> Vec<f32> {
         .collect()
 }
 
+/// The mock's log probability of the token at `position` of its answer, as OpenAI writes an entry:
+/// each token is the likeliest at its place (-0.01 times its position plus one), and `top`
+/// alternatives follow it (the token itself, then `alt1`, `alt2`... each 1 less likely).
+pub(crate) fn token_logprob(token: &str, position: usize, top: usize) -> serde_json::Value {
+    let logprob = -0.01 * (position as f64 + 1.0);
+    let entry = |token: &str, logprob: f64| serde_json::json!({"token": token, "logprob": logprob, "bytes": token.as_bytes()});
+    let alternatives: Vec<serde_json::Value> =
+        (0..top).map(|rank| if rank == 0 { entry(token, logprob) } else { entry(&format!("alt{rank}"), logprob - rank as f64) }).collect();
+    let mut chosen = entry(token, logprob);
+    chosen["top_logprobs"] = serde_json::Value::Array(alternatives);
+    chosen
+}
+
 /// How many numbers an embedding has unless the request asks for fewer.
 pub(crate) const EMBEDDING_DIMENSIONS: usize = 8;
 

@@ -170,6 +170,9 @@ struct GenerationConfig {
     max_output_tokens: Option<u64>,
     #[serde(alias = "thinking_config")]
     thinking_config: Option<ThinkingConfig>,
+    #[serde(alias = "response_logprobs")]
+    response_logprobs: Option<bool>,
+    logprobs: Option<usize>,
     // Accepted so a wrong type is refused as the real API does; it changes nothing.
     #[allow(dead_code)]
     temperature: Option<f64>,
@@ -309,6 +312,11 @@ impl GenerateRequest {
         let thought = reply.thinking.as_ref().map(|thinking| PartOut::Thought { text: &thinking.text, thought: true });
         let mut response = response(part, Some(&reply), model, &response_id);
         response.candidates[0].content.parts.splice(0..0, thought);
+        let config = self.generation_config.as_ref();
+        if config.and_then(|config| config.response_logprobs) == Some(true) && reply.tool_call.is_none() {
+            response.candidates[0].logprobs_result =
+                Some(logprobs_result(&reply.text, config.and_then(|config| config.logprobs).unwrap_or(0)));
+        }
         respond::json(StatusCode::OK, &response)
     }
 
@@ -316,6 +324,20 @@ impl GenerateRequest {
         let renderer = ChunkRenderer { model: model.to_string(), response_id: response_id(seq), sse, first: true };
         (StreamSteps::new(self.reply()), renderer)
     }
+}
+
+/// Gemini's `logprobsResult` of an answer: the mock's log probabilities (`token_logprob`), one
+/// token per word.
+fn logprobs_result(text: &str, top: usize) -> Value {
+    let gemini = |entry: &Value| json!({"token": entry["token"], "logProbability": entry["logprob"]});
+    let entries: Vec<Value> = crate::conversation::WordSegments::new(text)
+        .enumerate()
+        .map(|(position, range)| crate::conversation::token_logprob(&text[range], position, top))
+        .collect();
+    json!({
+        "chosenCandidates": entries.iter().map(gemini).collect::<Vec<_>>(),
+        "topCandidates": entries.iter().map(|entry| json!({"candidates": entry["top_logprobs"].as_array().into_iter().flatten().map(gemini).collect::<Vec<_>>()})).collect::<Vec<_>>(),
+    })
 }
 
 fn response_id(seq: u64) -> String {
@@ -336,6 +358,7 @@ fn response<'a>(part: PartOut<'a>, finished: Option<&Reply>, model: &'a str, res
             content: ContentOut { parts: vec![part], role: "model" },
             finish_reason: finished.map(|reply| finish_reason(reply.stop)),
             index: 0,
+            logprobs_result: None,
         }],
         usage_metadata: finished.map(|reply| UsageMetadata {
             prompt_token_count: reply.input_tokens,
@@ -365,6 +388,8 @@ struct Candidate<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     finish_reason: Option<&'static str>,
     index: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    logprobs_result: Option<Value>,
 }
 
 #[derive(Serialize)]

@@ -125,6 +125,8 @@ pub(crate) struct ChatRequest {
     max_completion_tokens: Option<u64>,
     tools: Option<Vec<ChatTool>>,
     tool_choice: Option<Value>,
+    logprobs: Option<bool>,
+    top_logprobs: Option<usize>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -288,7 +290,13 @@ impl ChatRequest {
                     refusal: None,
                     tool_calls,
                 },
-                logprobs: None,
+                logprobs: self.logprobs_asked().filter(|_| reply.tool_call.is_none()).map(|top| {
+                    let tokens: Vec<Value> = crate::conversation::WordSegments::new(&reply.text)
+                        .enumerate()
+                        .map(|(position, range)| crate::conversation::token_logprob(&reply.text[range], position, top))
+                        .collect();
+                    json!({"content": tokens, "refusal": null})
+                }),
                 finish_reason: finish_reason(reply.stop),
             }],
             usage: Usage::of(&reply),
@@ -297,12 +305,19 @@ impl ChatRequest {
         respond::json(StatusCode::OK, &completion)
     }
 
+    /// With `logprobs: true`: how many alternatives each token comes with.
+    fn logprobs_asked(&self) -> Option<usize> {
+        (self.logprobs == Some(true)).then(|| self.top_logprobs.unwrap_or(0))
+    }
+
     pub fn stream(&self, seq: u64) -> (StreamSteps, ChunkRenderer) {
         let renderer = ChunkRenderer {
             id: completion_id(seq),
             call_id: call_id(seq),
             model: self.model.clone(),
             include_usage: self.stream_options.as_ref().and_then(|options| options.include_usage).unwrap_or(false),
+            logprobs: self.logprobs_asked(),
+            position: 0,
         };
         (StreamSteps::new(self.reply()), renderer)
     }
@@ -339,7 +354,7 @@ struct Completion<'a> {
 struct Choice<'a> {
     index: u32,
     message: MessageOut<'a>,
-    logprobs: Option<()>,
+    logprobs: Option<Value>,
     finish_reason: &'static str,
 }
 
@@ -412,7 +427,7 @@ struct Chunk<'a> {
 struct ChunkChoice<'a> {
     index: u32,
     delta: Delta<'a>,
-    logprobs: Option<()>,
+    logprobs: Option<Value>,
     finish_reason: Option<&'static str>,
 }
 
@@ -432,6 +447,9 @@ pub(crate) struct ChunkRenderer {
     call_id: String,
     model: String,
     include_usage: bool,
+    /// With `logprobs: true`, the alternatives per token; the position of the next text delta.
+    logprobs: Option<usize>,
+    position: usize,
 }
 
 impl ChunkRenderer {
@@ -489,6 +507,12 @@ impl Render for ChunkRenderer {
                 } else {
                     Delta { content: Some(Some(text)), ..Delta::default() }
                 };
+                if let (Some(top), None) = (self.logprobs, &reply.tool_call) {
+                    let logprobs = json!({"content": [crate::conversation::token_logprob(text, self.position, top)], "refusal": null});
+                    self.position += 1;
+                    self.frame(out, &[ChunkChoice { index: 0, delta, logprobs: Some(logprobs), finish_reason: None }], None);
+                    return;
+                }
                 self.delta(out, delta, None);
             }
             Step::Finish => self.delta(out, Delta::default(), Some(finish_reason(reply.stop))),

@@ -76,11 +76,12 @@ struct Body<'a> {
     parallel_tool_calls: Option<bool>,
     #[serde(borrow, default)]
     reasoning_effort: Option<Cow<'a, str>>,
+    #[serde(default)]
+    logprobs: Option<bool>,
+    /// 0..=20 and only with `logprobs` (else left to the tree reading, which refuses it).
+    #[serde(default)]
+    top_logprobs: Option<u8>,
     // Options the tree reading ignores.
-    #[serde(default)]
-    logprobs: Option<Checked>,
-    #[serde(default)]
-    top_logprobs: Option<Checked>,
     #[serde(default)]
     metadata: Option<Checked>,
     #[serde(default)]
@@ -263,6 +264,11 @@ impl Body<'_> {
                 presence_penalty: within(self.presence_penalty, -2.0, 2.0)?,
                 logit_bias: Vec::new(),
                 reasoning_effort: self.reasoning_effort.map(Cow::into_owned),
+                logprobs: self.logprobs.unwrap_or(false),
+                top_logprobs: match self.top_logprobs {
+                    Some(count) if count > 20 || self.logprobs != Some(true) => return None,
+                    count => count,
+                },
             },
             cache_points: Vec::new(),
             thinking: None,
