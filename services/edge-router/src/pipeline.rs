@@ -293,6 +293,32 @@ pub async fn serve(
     seal(state, attribution, request_id, request_headers, endpoint, started, facts, result)
 }
 
+/// Whether the caller switched the guardian off for this request (`X-BR-Guardian: off`), honoured
+/// only for keys that could change the tenant's security configuration anyway.
+fn guardian_switched_off(caller: &Caller, request_headers: &HeaderMap) -> bool {
+    caller.identity.permissions.contains("security.write")
+        && request_headers
+            .get(&const { HeaderName::from_static("x-br-guardian") })
+            .and_then(|value| value.to_str().ok())
+            .is_some_and(|value| value.eq_ignore_ascii_case("off"))
+}
+
+/// The tenant's input guardrails on `text`: their headers recorded, a block refused (`blocked`),
+/// a flag noted (`warned`).
+async fn guard_input(state: &EdgeState, tenant_id: &str, text: &str, facts: &mut AuditFacts) -> Result<(), ApiError> {
+    if let Some(scan) = state.guardian.scan_input(tenant_id, text).await? {
+        facts.guardian_headers.extend(scan.headers());
+        if let Some(error) = scan.api_error() {
+            facts.guardian_status = "blocked";
+            return Err(error);
+        }
+        if scan.action != brainstorm_policy_firewall::ScanAction::Pass {
+            facts.guardian_status = "warned";
+        }
+    }
+    Ok(())
+}
+
 /// Admission: a refused caller, one without `router.write`, or an unreadable body is the answer;
 /// else `run` with the caller and the body. The caller's identity comes back for the evidence.
 async fn admitted<B>(
@@ -508,11 +534,7 @@ async fn complete_inner(
     // ... then guardrails on the prompt and the tool firewall's request-side decisions, unless the
     // caller switched the guardian off for this request (honoured only for keys that could change
     // the tenant's security configuration anyway).
-    let guardian_off = caller.identity.permissions.contains("security.write")
-        && request_headers
-            .get(&const { HeaderName::from_static("x-br-guardian") })
-            .and_then(|value| value.to_str().ok())
-            .is_some_and(|value| value.eq_ignore_ascii_case("off"));
+    let guardian_off = guardian_switched_off(caller, request_headers);
     facts.guardian_status = if guardian_off { "off" } else { "on" };
     let mut reply_guard = None;
     let mut downgrade_tool = None;
@@ -527,17 +549,7 @@ async fn complete_inner(
                 .map(|system| system.as_str().into())
                 .chain(chat.messages.iter().map(|message| message.text_borrowed()))
                 .collect();
-            let prompt = texts.join("\n");
-            if let Some(scan) = state.guardian.scan_input(tenant_id, &prompt).await? {
-                facts.guardian_headers.extend(scan.headers());
-                if let Some(error) = scan.api_error() {
-                    facts.guardian_status = "blocked";
-                    return Err(error);
-                }
-                if scan.action != brainstorm_policy_firewall::ScanAction::Pass {
-                    facts.guardian_status = "warned";
-                }
-            }
+            guard_input(state, tenant_id, &texts.join("\n"), facts).await?;
         }
         let guardrails = tenant_guardian.guardrails.config();
         output_scanned = guardrails.enabled && guardrails.scan_output;

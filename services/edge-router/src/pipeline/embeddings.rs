@@ -18,8 +18,8 @@ use brainstorm_providers::upstream::Target;
 use serde_json::Value;
 
 use super::{
-    Attribution, AuditFacts, admitted, agent_of, budget_context, budget_headers, header_value, invalid, json_response, price_of, put,
-    route_error, seal,
+    Attribution, AuditFacts, admitted, agent_of, budget_context, budget_headers, guard_input, guardian_switched_off, header_value, invalid,
+    json_response, price_of, put, route_error, seal,
 };
 use crate::EdgeState;
 use crate::auth::{Caller, Refused};
@@ -64,6 +64,12 @@ async fn embed(
     let switch = RequestFacts { path: ENDPOINT, method: "POST", agent_id, tool_names: &[], model: Some(&request.model) };
     if let Some(error) = state.guardian.kill_switch(tenant_id, &switch).await.api_error() {
         return Err(error);
+    }
+    // Input guardrails on the texts, as on a prompt: they leave for a provider too.
+    let guardian_off = guardian_switched_off(caller, request_headers);
+    facts.guardian_status = if guardian_off { "off" } else { "on" };
+    if !guardian_off && state.guardian.config(tenant_id).await?.guardrails.config().enabled {
+        guard_input(state, tenant_id, &request.inputs.join("\n"), facts).await?;
     }
     let config = state.routing.get(tenant_id).await?;
     let estimated_tokens = request.estimated_tokens();
