@@ -39,6 +39,18 @@ PACED_CHUNK_MS = 5
 AGENT_TOOLS = 12
 
 
+# Phase e's embeddings request: four short texts, as an agent stores memories.
+EMBEDDINGS_BODY = {
+    "model": "openai/text-embedding-3-small",
+    "input": [
+        "the user prefers short answers",
+        "the build runs on two cores",
+        "deployments happen on Tuesdays",
+        "the staging database is PostgreSQL",
+    ],
+}
+
+
 def agent_request(full_body):
     """`full_body` (the full pipeline's request) as an agent sends it: its tools first, then more to
     AGENT_TOOLS in all, each with a realistic schema, and a system prompt before its messages."""
@@ -753,6 +765,11 @@ class Bench:
         agent_body = agent_request(full_body)
         self.report["agent_request"] = {"tools": len(agent_body["tools"]), "body_bytes": len(json.dumps(agent_body))}
         phases["e_agent_gateway"] = at_2000(full_key, agent_body)
+        # An agent's memory: texts embedded through the same pipeline (kill switch, guardrails on the
+        # texts, budget, evidence), at the same rate.
+        phases["e_embeddings_gateway"] = self.warmed(
+            gateway.pid, f"{base}/v1/embeddings", full_key, EMBEDDINGS_BODY, connections=32, rate=2000
+        )
         # The targets' "more than 10,000 req/s on one core" is for the full pipeline: flat out with it.
         phases["e_full_max_64c_gateway"] = self.warmed(gateway.pid, gateway_url, full_key, full_body, connections=64)
         if self.perf:
