@@ -118,6 +118,11 @@ pub(crate) fn invalid(error: InvalidRequest) -> ApiError {
     ApiError::invalid_request(error.code, error.message)
 }
 
+/// 403: the key's model allowlist leaves nothing of what the request names.
+pub(crate) fn model_not_allowed(model: &str) -> ApiError {
+    ApiError::forbidden("model_not_allowed", format!("this key may not use model `{model}`"))
+}
+
 pub(crate) fn route_error(error: RouteError) -> ApiError {
     match &error {
         RouteError::ModelNotFound(_) | RouteError::PresetNotFound(_) => ApiError::model_not_found(error.to_string()),
@@ -584,7 +589,7 @@ async fn complete_inner(
     let mut route = match resolution {
         Resolution::Sandbox => {
             if !caller.may_use_model(&chat.model) {
-                return Err(ApiError::forbidden("model_not_allowed", format!("this key may not use model `{}`", chat.model)));
+                return Err(model_not_allowed(&chat.model));
             }
             facts.model_resolved = routing::SANDBOX_MODEL.to_string();
             facts.model_executed = routing::SANDBOX_MODEL.to_string();
@@ -602,7 +607,7 @@ async fn complete_inner(
     };
     route.candidates.retain(|candidate| caller.may_use_model(candidate.id()));
     if route.candidates.is_empty() {
-        return Err(ApiError::forbidden("model_not_allowed", format!("this key may not use model `{}`", chat.model)));
+        return Err(model_not_allowed(&chat.model));
     }
     if !route.allow_fallback {
         route.candidates.truncate(1);
@@ -679,20 +684,11 @@ async fn complete_inner(
                 return Ok(relay(events, headers, spec, reservation, reply_guard.take(), Some(pending), output_scan));
             }
             Ok(Err(mut reply)) => {
-                let settle = |cost: Usd, usage: Usage| ActualUsage {
-                    cost,
-                    input_tokens: i64::try_from(usage.input_tokens).unwrap_or(i64::MAX),
-                    output_tokens: i64::try_from(usage.output_tokens).unwrap_or(i64::MAX),
-                    model: candidate.id().to_string(),
-                    provider: candidate.provider.id.to_string(),
-                    outcome: Outcome::Succeeded,
-                    latency_ms: u64::try_from(provider_latency.as_millis()).ok(),
-                };
                 let cost = price_of(candidate).map_or(Usd::ZERO, |price| price.cost(reply.usage));
                 facts.input_tokens = reply.usage.input_tokens;
                 facts.output_tokens = reply.usage.output_tokens;
                 facts.cost = Some(cost);
-                match reservation.settle(settle(cost, reply.usage)).await {
+                match reservation.settle(succeeded(candidate, cost, reply.usage, provider_latency)).await {
                     Ok(remaining) => budget_headers(&mut headers, &remaining),
                     Err(error) => tracing::error!(%error, "settling a completion failed; the reservation stays counted"),
                 }
@@ -847,6 +843,19 @@ fn deprecation_headers(headers: &mut HeaderMap, entry: &Model) {
     }
     if let Some(sunset) = midnight(&deprecation.sunset) {
         set!(headers, "sunset", &sunset.format("%a, %d %b %Y %H:%M:%S GMT").to_string());
+    }
+}
+
+/// What a candidate's successful call cost, for the reservation's settlement.
+fn succeeded(candidate: &Candidate, cost: Usd, usage: Usage, provider_latency: std::time::Duration) -> ActualUsage {
+    ActualUsage {
+        cost,
+        input_tokens: i64::try_from(usage.input_tokens).unwrap_or(i64::MAX),
+        output_tokens: i64::try_from(usage.output_tokens).unwrap_or(i64::MAX),
+        model: candidate.id().to_string(),
+        provider: candidate.provider.id.to_string(),
+        outcome: Outcome::Succeeded,
+        latency_ms: u64::try_from(provider_latency.as_millis()).ok(),
     }
 }
 

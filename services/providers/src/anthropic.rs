@@ -791,7 +791,7 @@ pub mod outgoing {
                 Part::Text(text) => Block::Text { text, cache_control: None },
                 Part::ToolCall { id, name, arguments } => Block::ToolUse { id, input: tool_input(arguments), name, cache_control: None },
                 Part::Image { url } => Block::Image {
-                    source: match url.strip_prefix("data:").and_then(|rest| rest.split_once(";base64,")) {
+                    source: match crate::chat::data_url(url) {
                         Some((media_type, data)) => ImageSource::Base64 { data, media_type },
                         None => ImageSource::Url { url },
                     },

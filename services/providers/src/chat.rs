@@ -73,10 +73,15 @@ pub enum DocumentSource {
     Text(String),
 }
 
+/// The media type and base64 data of an RFC 2397 `data:` URL with base64 data; None for any other text.
+pub fn data_url(url: &str) -> Option<(&str, &str)> {
+    url.strip_prefix("data:")?.split_once(";base64,")
+}
+
 impl DocumentSource {
-    /// The source of an RFC 2397 `data:` URL with base64 data; None for any other text.
+    /// The source of a `data:` URL with base64 data (`data_url`); None for any other text.
     pub fn of_data_url(url: &str) -> Option<Self> {
-        let (media_type, data) = url.strip_prefix("data:")?.split_once(";base64,")?;
+        let (media_type, data) = data_url(url)?;
         Some(DocumentSource::Base64 { media_type: media_type.to_string(), data: data.to_string() })
     }
 }

@@ -26,14 +26,10 @@ pub struct EmbeddingRequest {
 }
 
 impl EmbeddingRequest {
-    /// Every character to embed, for the token estimate.
-    pub fn characters(&self) -> usize {
-        self.inputs.iter().map(|input| input.chars().count()).sum()
-    }
-
-    /// The gateway's estimate of the input tokens (a token is about four characters).
+    /// The gateway's estimate of the input tokens (a token is about four characters, plus one a text).
     pub fn estimated_tokens(&self) -> u64 {
-        (self.characters() as u64).div_ceil(4) + self.inputs.len() as u64
+        let characters: usize = self.inputs.iter().map(|input| input.chars().count()).sum();
+        (characters as u64).div_ceil(4) + self.inputs.len() as u64
     }
 }
 

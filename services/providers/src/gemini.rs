@@ -36,7 +36,7 @@ fn arguments_object(arguments: &str) -> Value {
 /// The part of an image or a document.
 fn media_part(part: &Part) -> Option<Value> {
     Some(match part {
-        Part::Image { url } => match url.strip_prefix("data:").and_then(|rest| rest.split_once(";base64,")) {
+        Part::Image { url } => match crate::chat::data_url(url) {
             Some((mime_type, data)) => json!({"inlineData": {"mimeType": mime_type, "data": data}}),
             None => json!({"fileData": {"fileUri": url}}),
         },

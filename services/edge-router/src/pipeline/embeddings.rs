@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use axum::http::{HeaderMap, HeaderName};
 use axum::response::Response;
-use brainstorm_budget_ledger::{ActualUsage, Estimate, Outcome};
+use brainstorm_budget_ledger::Estimate;
 use brainstorm_common::ApiError;
 use brainstorm_common::money::Usd;
 use brainstorm_policy_firewall::RequestFacts;
@@ -19,7 +19,7 @@ use serde_json::Value;
 
 use super::{
     Attribution, AuditFacts, admitted, agent_of, budget_context, budget_headers, guard_input, guardian_switched_off, header_value, invalid,
-    json_response, price_of, put, route_error, seal,
+    json_response, model_not_allowed, price_of, put, route_error, seal, succeeded, tokens,
 };
 use crate::EdgeState;
 use crate::auth::{Caller, Refused};
@@ -74,10 +74,8 @@ async fn embed(
     let config = state.routing.get(tenant_id).await?;
     let estimated_tokens = request.estimated_tokens();
     let candidates = routing::resolve_embeddings(&request.model, &config.routing, &state.models, estimated_tokens).map_err(route_error)?;
-    let candidate = candidates
-        .into_iter()
-        .find(|candidate| caller.may_use_model(candidate.id()))
-        .ok_or_else(|| ApiError::forbidden("model_not_allowed", format!("this key may not use model `{}`", request.model)))?;
+    let candidate =
+        candidates.into_iter().find(|candidate| caller.may_use_model(candidate.id())).ok_or_else(|| model_not_allowed(&request.model))?;
     let api_key = config
         .credential(candidate.provider.id)
         .ok_or_else(|| ApiError::model_unavailable(format!("no usable {} key for `{}`", candidate.provider.id, candidate.id())))?;
@@ -93,7 +91,7 @@ async fn embed(
     let estimate = Estimate {
         request_id: request_id.0.clone(),
         cost: candidate.estimated_cost.unwrap_or(Usd::ZERO),
-        tokens: i64::try_from(estimated_tokens).unwrap_or(i64::MAX),
+        tokens: tokens(Usage::uncached(estimated_tokens, 0)),
     };
     let reservation = state.guard.reserve(&context, &estimate).await.map_err(|denial| denial.to_api_error())?;
     let target = Target {
@@ -117,22 +115,12 @@ async fn embed(
     let provider_latency = provider_started.elapsed();
     // Gemini counts no tokens in its answer: the estimate stands for them.
     let input_tokens = reply.input_tokens.unwrap_or(estimated_tokens);
-    let cost = price_of(&candidate).map_or(Usd::ZERO, |price| price.cost(Usage::uncached(input_tokens, 0)));
+    let usage = Usage::uncached(input_tokens, 0);
+    let cost = price_of(&candidate).map_or(Usd::ZERO, |price| price.cost(usage));
     facts.input_tokens = input_tokens;
     facts.cost = Some(cost);
     let mut headers = HeaderMap::with_capacity(16);
-    let settled = reservation
-        .settle(ActualUsage {
-            cost,
-            input_tokens: i64::try_from(input_tokens).unwrap_or(i64::MAX),
-            output_tokens: 0,
-            model: candidate.id().to_string(),
-            provider: candidate.provider.id.to_string(),
-            outcome: Outcome::Succeeded,
-            latency_ms: u64::try_from(provider_latency.as_millis()).ok(),
-        })
-        .await;
-    match settled {
+    match reservation.settle(succeeded(&candidate, cost, usage, provider_latency)).await {
         Ok(remaining) => budget_headers(&mut headers, &remaining),
         Err(error) => tracing::error!(%error, "settling an embeddings call failed; the reservation stays counted"),
     }

@@ -67,7 +67,7 @@ pub async fn count_tokens(State(state): State<EdgeState>, caller: Caller, body: 
     {
         Resolution::Sandbox => {
             if !caller.may_use_model(&chat.model) {
-                return Err(ApiError::forbidden("model_not_allowed", format!("this key may not use model `{}`", chat.model)));
+                return Err(pipeline::model_not_allowed(&chat.model));
             }
             (SANDBOX_MODEL.to_string(), estimate(None), "estimate")
         }
@@ -76,7 +76,7 @@ pub async fn count_tokens(State(state): State<EdgeState>, caller: Caller, body: 
                 .candidates
                 .iter()
                 .find(|candidate| caller.may_use_model(candidate.id()) && config.credential(candidate.provider.id).is_some())
-                .ok_or_else(|| ApiError::forbidden("model_not_allowed", format!("this key may not use model `{}`", chat.model)))?;
+                .ok_or_else(|| pipeline::model_not_allowed(&chat.model))?;
             let target = Target {
                 provider: candidate.provider,
                 base_url: base_url(candidate.provider, &state.base_urls),
