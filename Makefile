@@ -8,7 +8,7 @@ endif
 LISTEN ?= 127.0.0.1:8080
 DATA_DIR ?= brainstorm-data
 
-.PHONY: help run build release test bench lint fmt
+.PHONY: help run build release test bench lint fmt gen
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -31,6 +31,11 @@ bench: ## measure added latency, throughput, CPU per request and memory against 
 lint: ## formatting and clippy with warnings as errors
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
+
+gen: ## regenerate the CustomResourceDefinitions (manifests/crds.yaml and the chart's crds/) from the operator's types
+	cargo run -q -p brainstorm -- crd > manifests/crds.yaml
+	mkdir -p charts/brainstorm/crds
+	cp manifests/crds.yaml charts/brainstorm/crds/brainstorm-crds.yaml
 
 fmt: ## format the code
 	cargo fmt --all

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Everything `make test` runs: unit and store tests on both engines, end-to-end tests of the binary
-# in both shapes, the Kafka bus on a real broker, the official SDKs against the gateway, the
+# in both shapes, the operator against an emulated Kubernetes API, the Kafka bus on a real broker, the official SDKs against the gateway, the
 # deployment checks, and the benchmark harness's own unit tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export BR_TEST_POSTGRES_URL="$(scripts/ensure-postgres.sh)"
 export BR_TEST_REDIS_URL="$(scripts/ensure-redis.sh)"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/brainstorm-target}"
+# The Kubernetes API emulator the operator's end-to-end test runs against (kmock, in the tests' venv).
+export BR_KUBE_EMULATOR_PYTHON="$(tests/operator/ensure-emulator.sh)"
 
 drop_test_databases() {
   psql "$BR_TEST_POSTGRES_URL" -Atqc "SELECT datname FROM pg_database WHERE datname ~ '^brainstorm_(test|e2e|sdk)_[0-9a-f]{32}$'" |

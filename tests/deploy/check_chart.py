@@ -4,8 +4,10 @@
 Lints the chart, renders it with its default values, with tests/deploy/values-production.yaml
 (existing Secret, HPA, PDBs, Ingress) and with a third service switched on, validates every
 rendered object against the Kubernetes OpenAPI schemas bundled in kubernetes-validate (strict),
-asserts the objects and wiring the gateway relies on, checks that values.schema.json rejects bad
-values, and checks that manifests/brainstorm.yaml is the current default render.
+asserts the objects and wiring the gateway relies on (the operator's Deployment and RBAC too),
+checks that values.schema.json rejects bad values, that manifests/brainstorm.yaml is the current
+default render, and that the chart's CRDs are manifests/crds.yaml, valid CustomResourceDefinitions
+whose schemas accept the sample resources of manifests/samples/ and refuse broken ones.
 
     tests/deploy/check_chart.sh            # check
     tests/deploy/check_chart.sh --write    # regenerate manifests/brainstorm.yaml, then check
@@ -34,6 +36,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 CHART = ROOT / "charts" / "brainstorm"
 MANIFEST = ROOT / "manifests" / "brainstorm.yaml"
+CRDS = ROOT / "manifests" / "crds.yaml"
+CHART_CRDS = CHART / "crds" / "brainstorm-crds.yaml"
+SAMPLES = ROOT / "manifests" / "samples"
 PRODUCTION_VALUES = HERE / "values-production.yaml"
 
 RELEASE = "brainstorm"
@@ -233,7 +238,7 @@ def check_kubernetes_schemas(rendered: Render, kube_version: str) -> None:
 
 def check_workloads(rendered: Render, services: set[str], chart_app_version: str, expect_image: str | None = None) -> None:
     """Every enabled service: a Deployment running `serve <name>`, hardened, probed, with resources."""
-    deployments = rendered.of_kind("Deployment")
+    deployments = [doc for doc in rendered.of_kind("Deployment") if component_of(doc) != "operator"]
     expect(
         sorted(doc.name for doc in deployments) == sorted(fullname(name) for name in services),
         f"Deployments {sorted(doc.name for doc in deployments)}, expected {sorted(fullname(n) for n in services)}",
@@ -350,9 +355,10 @@ def check_default_render(rendered: Render, app_version: str) -> None:
         *(f"Service/{fullname(name)}" for name in SERVICES_TODAY),
         f"Job/{fullname('migrate')}", f"Secret/{fullname('secrets')}", f"Secret/{fullname('migrate')}",
         f"ServiceAccount/{RELEASE}",
+        *(f"{kind}/{fullname('operator')}" for kind in ("Deployment", "ServiceAccount", "ClusterRole", "ClusterRoleBinding")),
     ])
     expect(kinds == expected_kinds, f"default render has {kinds},\nexpected {expected_kinds}")
-    components = {component_of(doc) for doc in rendered.documents} - {None, "migrate"}
+    components = {component_of(doc) for doc in rendered.documents} - {None, "migrate", "operator"}
     expect(components == SERVICES_TODAY, f"components rendered: {sorted(components)}, expected only {sorted(SERVICES_TODAY)}")
     secret = rendered.one("Secret", fullname("secrets"))
     expect(not any(doc.is_hook for doc in rendered.of_kind("Secret") if doc.name == fullname("secrets")), "the services' Secret must not be a hook")
@@ -416,6 +422,91 @@ def check_third_service(chart: helm.Chart, kube_version: str) -> None:
     expect(not [doc for doc in disabled.documents if "OBSERVABILITY_FANOUT" in doc.text], "a disabled service is still announced to the others")
 
 
+def check_operator(rendered: Render, namespace: str | None) -> None:
+    """The operator: one replica of `brainstorm operator`, its own ServiceAccount (token mounted: it
+    calls the Kubernetes API), RBAC for its resources, their status and Secrets, cluster-wide or in
+    `namespace`, and the gRPC addresses of identity and policy-firewall."""
+    name = fullname("operator")
+    deployment = rendered.one("Deployment", name)
+    spec = container(deployment)
+    pod = deployment["spec"]["template"]["spec"]
+    expect(spec["args"] == ["operator"], f"operator args {spec['args']}")
+    expect(deployment["spec"].get("replicas") == 1 and deployment["spec"]["strategy"]["type"] == "Recreate", "the operator must run one replica, replaced not rolled")
+    expect(pod.get("serviceAccountName") == name and pod.get("automountServiceAccountToken") is True, f"operator pod account {pod.get('serviceAccountName')}, token {pod.get('automountServiceAccountToken')}")
+    rendered.one("ServiceAccount", name)
+    for variable, service in (("BR_IDENTITY_URL", "identity"), ("BR_POLICY_FIREWALL_URL", "policy-firewall")):
+        expect(env_value(spec, variable) == f"http://{fullname(service)}:{GRPC_PORT}", f"operator {variable} is {env_value(spec, variable)}")
+    expect(env_value(spec, "BR_OPERATOR_NAMESPACE") == namespace, f"operator BR_OPERATOR_NAMESPACE is {env_value(spec, 'BR_OPERATOR_NAMESPACE')}, expected {namespace}")
+    expect(secret_ref(spec, "BR_DATABASE_URL") is None, "the operator must not receive the database URL")
+    security = spec.get("securityContext", {})
+    expect(security.get("readOnlyRootFilesystem") is True and security.get("capabilities", {}).get("drop") == ["ALL"], "the operator container is not hardened")
+    for probe in ("readinessProbe", "livenessProbe"):
+        expect(spec.get(probe, {}).get("httpGet", {}).get("path") == "/health", f"operator {probe} is not GET /health")
+    role_kind, binding_kind = ("Role", "RoleBinding") if namespace else ("ClusterRole", "ClusterRoleBinding")
+    role = rendered.one(role_kind, name)
+    binding = rendered.one(binding_kind, name)
+    expect((role["metadata"].get("namespace"), binding["metadata"].get("namespace")) == (namespace, namespace), f"RBAC namespaces {role['metadata'].get('namespace')}, {binding['metadata'].get('namespace')}")
+    granted = {(group, resource, verb) for rule in role["rules"] for group in rule["apiGroups"] for resource in rule["resources"] for verb in rule["verbs"]}
+    needed = {("brainstorm.dev", resource, verb) for resource in ("tenants", "killswitches") for verb in ("get", "list", "watch", "patch")}
+    needed |= {("brainstorm.dev", f"{resource}/status", "patch") for resource in ("tenants", "killswitches")}
+    needed |= {("", "secrets", verb) for verb in ("get", "list", "watch", "create", "patch")}
+    expect(needed <= granted, f"the operator's role lacks {sorted(needed - granted)}")
+    expect(not any(verb in ("delete", "*") for _, _, verb in granted), "the operator needs no delete rights")
+    expect(binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind, "name": name}, f"binding roleRef {binding['roleRef']}")
+    expect(binding["subjects"] == [{"kind": "ServiceAccount", "name": name, "namespace": NAMESPACE}], f"binding subjects {binding['subjects']}")
+
+
+def check_operator_variants(chart: helm.Chart, kube_version: str) -> None:
+    scoped = render(chart, "operator in one namespace", {"operator": {"watchNamespace": "team-a"}})
+    check_kubernetes_schemas(scoped, kube_version)
+    check_operator(scoped, "team-a")
+    disabled = render(chart, "operator disabled", {"operator": {"enabled": False}})
+    expect(not [doc for doc in disabled.documents if component_of(doc) == "operator"], "a disabled operator still renders objects")
+    try:
+        render(chart, "operator without policy-firewall", {"services": {"policy-firewall": {"enabled": False}}})
+    except helm.HelmError as error:
+        expect("services.policy-firewall" in str(error), f"the refusal does not name policy-firewall: {error}")
+    else:
+        raise CheckFailed("the operator rendered without the policy-firewall it calls")
+
+
+def check_crds(kube_version: str) -> None:
+    """The chart installs manifests/crds.yaml; both are valid CRDs, and their schemas take the samples."""
+    import jsonschema
+
+    expect(CHART_CRDS.exists() and CHART_CRDS.read_text() == CRDS.read_text(), f"{CHART_CRDS.relative_to(ROOT)} differs from {CRDS.relative_to(ROOT)}: run make gen")
+    definitions = [doc for doc in yaml.safe_load_all(CRDS.read_text()) if doc]
+    expect(sorted(doc["metadata"]["name"] for doc in definitions) == ["killswitches.brainstorm.dev", "tenants.brainstorm.dev"], "the CRDs are not Tenant and KillSwitch")
+    schemas = {}
+    for definition in definitions:
+        try:
+            kubernetes_validate.validate(definition, kube_version, strict=True)
+        except kubernetes_validate.ValidationError as error:
+            raise CheckFailed(f"{definition['metadata']['name']}: {error.message}") from error
+        version = definition["spec"]["versions"][0]
+        expect(version["served"] and version["storage"] and "status" in version.get("subresources", {}), f"{definition['metadata']['name']}: not served, stored, with a status subresource")
+        schemas[definition["spec"]["names"]["kind"]] = version["schema"]["openAPIV3Schema"]
+    samples = [doc for path in sorted(SAMPLES.glob("*.yaml")) for doc in yaml.safe_load_all(path.read_text()) if doc]
+    expect({doc["kind"] for doc in samples} == {"Tenant", "KillSwitch"}, "manifests/samples/ lacks a Tenant or a KillSwitch")
+    for sample in samples:
+        try:
+            jsonschema.validate(sample, schemas[sample["kind"]])
+        except jsonschema.ValidationError as error:
+            raise CheckFailed(f"sample {sample['kind']}/{sample['metadata']['name']}: {error.message}") from error
+    broken = [
+        {"kind": "Tenant", "spec": {"plan": "standard"}},
+        {"kind": "Tenant", "spec": {"displayName": "x", "plan": "gold"}},
+        {"kind": "KillSwitch", "spec": {"scope": "everything"}},
+        {"kind": "KillSwitch", "spec": {"active": "yes"}},
+    ]
+    for sample in broken:
+        try:
+            jsonschema.validate(sample, schemas[sample["kind"]])
+        except jsonschema.ValidationError:
+            continue
+        raise CheckFailed(f"the {sample['kind']} schema accepts {sample['spec']}")
+
+
 def check_schema_rejects(chart: helm.Chart) -> None:
     bad_values = [
         ({"config": {"registrationMode": "closed"}}, "registrationMode"),
@@ -427,6 +518,8 @@ def check_schema_rejects(chart: helm.Chart) -> None:
         ({"services": {"identity": {"replicas": "two"}}}, "replicas"),
         ({"services": {"edge-router": {"secretEnv": ["openaiKey"]}}}, "secretEnv"),
         ({"replicaCount": 3}, "replicaCount"),
+        ({"operator": {"watchNamespace": "Team A"}}, "watchNamespace"),
+        ({"operator": {"resyncSeconds": 0}}, "resyncSeconds"),
     ]
     accepted = []
     for values, what in bad_values:
@@ -488,6 +581,7 @@ def main() -> int:
         checker.check("default: gRPC services are wired to each other (BR_<SERVICE>_URL)", lambda: check_grpc_wiring(default, SERVICES_TODAY, GRPC_TODAY))
         checker.check("default: secret references", lambda: check_secret_references(default, None))
         checker.check("default: migrate Job is a pre-install/pre-upgrade hook", lambda: check_migrate_job(default, None))
+        checker.check("default: the operator (one replica, its ServiceAccount, cluster-wide RBAC, gRPC wiring)", lambda: check_operator(default, None))
         checker.check(f"{MANIFEST.relative_to(ROOT)} {'written' if arguments.write else 'equals the default render'}", lambda: check_manifest(manifest_text(default), arguments.write))
     if production:
         existing = production_values["secrets"]["existingSecret"]
@@ -499,6 +593,8 @@ def main() -> int:
         checker.check("production: secret references use the existing Secret", lambda: check_secret_references(production, existing))
         checker.check("production: migrate Job reads the existing Secret", lambda: check_migrate_job(production, existing))
     checker.check("a new service is one values entry (observability-fanout)", lambda: check_third_service(chart, kube_version))
+    checker.check("the operator watching one namespace (Role), disabled, and refused without policy-firewall", lambda: check_operator_variants(chart, kube_version))
+    checker.check("CRDs: chart crds/ = manifests/crds.yaml, valid, samples accepted, broken specs refused", lambda: check_crds(kube_version))
     checker.check("values.schema.json rejects bad values", lambda: check_schema_rejects(chart))
     chart.close()
 

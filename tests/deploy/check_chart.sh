@@ -20,6 +20,7 @@ requirements=(
   "helm-python-sdk>=0.2.2,<0.3|helm_python"
   "kubernetes-validate>=1.37,<2|kubernetes_validate"
   "pyyaml>=6|yaml"
+  "jsonschema>=4|jsonschema"
 )
 missing=()
 for requirement in "${requirements[@]}"; do

@@ -51,6 +51,8 @@ pub struct Gateway {
     pub work_dir: PathBuf,
     pub client: reqwest::Client,
     processes: Vec<(String, Child)>,
+    /// The distributed shape's gRPC services: `BR_<SERVICE>_URL` and its value.
+    service_urls: Vec<(String, String)>,
     /// How each process was started, so a killed one can be started again.
     launches: Vec<Launch>,
 }
@@ -171,6 +173,7 @@ impl Gateway {
             work_dir: work_dir.clone(),
             client,
             processes: Vec::new(),
+            service_urls: Vec::new(),
             launches: Vec::new(),
         };
         let outbox_text = outbox.display().to_string();
@@ -213,7 +216,8 @@ impl Gateway {
                     gateway.spawn(label, &["serve", service, "--grpc-listen", &grpc_listen, "--listen", &health_listen], &common)?;
                     gateway.wait_healthy(health_port).await?;
                     let variable = format!("BR_{}_URL", service.to_uppercase().replace('-', "_"));
-                    edge_env.push((variable, format!("http://{grpc_listen}")));
+                    edge_env.push((variable.clone(), format!("http://{grpc_listen}")));
+                    gateway.service_urls.push((variable, format!("http://{grpc_listen}")));
                 }
                 // The edge holds no database and no master key: it reaches both services over gRPC.
                 edge_env.retain(|(name, _)| name != "BR_DATABASE_URL" && name != "BR_MASTER_KEY");
@@ -231,6 +235,23 @@ impl Gateway {
             }
         }
         Ok(gateway)
+    }
+
+    /// Starts `brainstorm operator` (label `operator`) against the distributed shape's services and the
+    /// Kubernetes API `kubeconfig` points at; `env` adds settings. Waits until it answers /health.
+    pub async fn start_operator(&mut self, kubeconfig: &Path, env: &[(&str, &str)]) -> anyhow::Result<()> {
+        if self.service_urls.is_empty() {
+            bail!("the operator needs the distributed shape's gRPC services");
+        }
+        let port = free_port()?;
+        let listen = format!("127.0.0.1:{port}");
+        let mut settings = self.service_urls.clone();
+        settings.push(("KUBECONFIG".to_string(), kubeconfig.display().to_string()));
+        settings.push(("BR_LOG_FORMAT".to_string(), "text".to_string()));
+        settings.push(("RUST_LOG".to_string(), "info,brainstorm_operator=debug".to_string()));
+        settings.extend(env.iter().map(|(name, value)| (name.to_string(), value.to_string())));
+        self.spawn("operator", &["operator", "--listen", &listen], &settings)?;
+        self.wait_healthy(port).await
     }
 
     fn spawn(&mut self, label: &str, arguments: &[&str], env: &[(String, String)]) -> anyhow::Result<()> {

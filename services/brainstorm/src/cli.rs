@@ -23,6 +23,12 @@ pub enum Command {
     Serve(ServeArgs),
     /// Apply the database migrations to the configured database and exit.
     Migrate(Flags),
+    /// Run the Kubernetes operator: Tenant and KillSwitch resources reconciled against identity and
+    /// policy-firewall (BR_IDENTITY_URL, BR_POLICY_FIREWALL_URL); the cluster from KUBECONFIG or
+    /// the pod's service account.
+    Operator(OperatorArgs),
+    /// Print the CustomResourceDefinitions (Tenant, KillSwitch) as YAML.
+    Crd,
     /// Audit chain tools.
     #[command(subcommand)]
     Audit(AuditCommand),
@@ -42,6 +48,18 @@ pub struct ServeArgs {
     /// Services to run in this process.
     #[arg(required = true, value_name = "SERVICE")]
     pub services: Vec<String>,
+    #[command(flatten)]
+    pub flags: Flags,
+}
+
+#[derive(Debug, Args)]
+pub struct OperatorArgs {
+    /// Watch only this namespace (default: every namespace).
+    #[arg(long, env = "BR_OPERATOR_NAMESPACE", value_name = "NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Reconcile every resource again this often, undoing changes made around it (seconds).
+    #[arg(long, env = "BR_OPERATOR_RESYNC_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub resync_seconds: u64,
     #[command(flatten)]
     pub flags: Flags,
 }
@@ -73,7 +91,8 @@ impl Cli {
         match &self.command {
             Command::Up(flags) | Command::Migrate(flags) => flags,
             Command::Serve(serve) => &serve.flags,
-            Command::Audit(_) => &NO_FLAGS,
+            Command::Operator(operator) => &operator.flags,
+            Command::Audit(_) | Command::Crd => &NO_FLAGS,
         }
     }
 

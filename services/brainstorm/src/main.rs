@@ -1,5 +1,6 @@
 //! `brainstorm`: the gateway binary. `up` runs every service in one process; `serve <service>...` runs
-//! the named services with their gRPC servers; `migrate` applies the database migrations.
+//! the named services with their gRPC servers; `migrate` applies the database migrations; `operator`
+//! runs the Kubernetes operator and `crd` prints its resource definitions.
 
 mod cli;
 mod shape;
@@ -23,6 +24,9 @@ fn main() -> ExitCode {
     if let Command::Audit(AuditCommand::Verify { file }) = &cli.command {
         return verify_audit_export(file);
     }
+    if let Command::Crd = &cli.command {
+        return print_crds();
+    }
     // One CPU (a container limited to one, or a process pinned to one): the single-threaded
     // scheduler, which parks and wakes without the work-stealing machinery a lone worker never uses.
     let one_cpu = std::thread::available_parallelism().is_ok_and(|cpus| cpus.get() == 1);
@@ -40,7 +44,8 @@ fn main() -> ExitCode {
             Command::Up(_) => shape::up(settings).await,
             Command::Serve(serve) => shape::serve(settings, &serve.services).await,
             Command::Migrate(_) => shape::migrate(settings).await,
-            Command::Audit(_) => Ok(()),
+            Command::Operator(operator) => shape::operator(settings, &operator).await,
+            Command::Audit(_) | Command::Crd => Ok(()),
         }
     });
     match result {
@@ -54,6 +59,18 @@ fn main() -> ExitCode {
 fn fatal(message: &str) -> ExitCode {
     eprintln!("brainstorm: error: {message}");
     ExitCode::FAILURE
+}
+
+/// `brainstorm crd`: the CustomResourceDefinitions as YAML on stdout.
+#[allow(clippy::print_stdout)]
+fn print_crds() -> ExitCode {
+    match brainstorm_operator::crds_yaml() {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(error) => fatal(&format!("cannot write the CustomResourceDefinitions: {error}")),
+    }
 }
 
 /// `brainstorm audit verify FILE`: prints the verification report as JSON; exit 0 only when intact.

@@ -48,9 +48,6 @@ const HOSTABLE: [ServiceName; 6] = [
     ServiceName::PolicyFirewall,
 ];
 
-/// How long the edge trusts a resolved API key or a tenant's routing configuration before asking
-/// again (changes made through this edge, and those seen on the bus, apply at once).
-const CACHE_TTL: Duration = Duration::from_secs(30);
 /// At a graceful stop, how long the audit publisher may take to hand its buffer to the bus, and the
 /// chain and ledger writers to write what waits there.
 const FINISH_PUBLISHING: Duration = Duration::from_secs(5);
@@ -574,8 +571,17 @@ async fn write_private(path: &std::path::Path, contents: &str) -> std::io::Resul
 }
 
 fn remote(settings: &Settings, service: ServiceName) -> anyhow::Result<Channel> {
+    service_channel(settings, service, "edge-router")
+}
+
+/// A lazy gRPC channel to `service` at its `BR_<SERVICE>_URL`; `caller` names who needs it.
+fn service_channel(settings: &Settings, service: ServiceName, caller: &str) -> anyhow::Result<Channel> {
     let url = settings.service_urls.get(&service).with_context(|| {
-        format!("edge-router needs {service}: run it in this process (`serve edge-router {service}`) or set {}", service.url_variable())
+        if caller == "edge-router" {
+            format!("edge-router needs {service}: run it in this process (`serve edge-router {service}`) or set {}", service.url_variable())
+        } else {
+            format!("{caller} needs {service}: set {}", service.url_variable())
+        }
     })?;
     let endpoint = Endpoint::from_shared(url.clone())
         .with_context(|| format!("{} is not a valid URL", service.url_variable()))?
@@ -589,7 +595,7 @@ fn remote(settings: &Settings, service: ServiceName) -> anyhow::Result<Channel> 
 async fn serve_edge(settings: &Settings, dependencies: EdgeDependencies, bus: Arc<dyn EventBus>, shutdown: Shutdown) -> anyhow::Result<()> {
     let options = EdgeOptions {
         platform_admin_key: settings.platform_admin_key.clone(),
-        cache_ttl: CACHE_TTL,
+        cache_ttl: settings.cache_ttl,
         base_urls: settings.provider_base_urls.clone(),
     };
     let edge = Arc::new(Edge::new(dependencies, &options));
@@ -600,6 +606,25 @@ async fn serve_edge(settings: &Settings, dependencies: EdgeDependencies, bus: Ar
     let result = serve_http(settings.listen, edge.router.clone(), shutdown).await;
     follower.abort();
     result
+}
+
+/// `brainstorm operator`: the Kubernetes operator, with `GET /health` on the REST address.
+pub async fn operator(settings: Settings, arguments: &crate::cli::OperatorArgs) -> anyhow::Result<()> {
+    let gateway = brainstorm_operator::Gateway {
+        identity: IdentityClient::grpc(service_channel(&settings, ServiceName::Identity, "the operator")?),
+        policy: PolicyFirewallClient::grpc(service_channel(&settings, ServiceName::PolicyFirewall, "the operator")?),
+    };
+    let client = kube::Client::try_default().await.context("cannot reach the Kubernetes API (KUBECONFIG or the pod's service account)")?;
+    let options = brainstorm_operator::OperatorOptions {
+        namespace: arguments.namespace.clone(),
+        resync: Duration::from_secs(arguments.resync_seconds),
+    };
+    let shutdown = Shutdown::on_signals();
+    let health = tokio::spawn(serve_health_only(settings.listen, shutdown.clone()));
+    brainstorm_operator::run(client, gateway, options, shutdown.requested()).await;
+    health.abort();
+    tracing::info!("operator stopped");
+    Ok(())
 }
 
 async fn serve_health_only(listen: std::net::SocketAddr, shutdown: Shutdown) -> anyhow::Result<()> {

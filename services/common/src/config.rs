@@ -17,6 +17,10 @@ use crate::telemetry::LogFormat;
 
 /// The longest `write_linger_ms` accepted.
 const MAX_WRITE_LINGER_MS: u64 = 10_000;
+/// The longest `cache_ttl_ms` accepted: an hour.
+const MAX_CACHE_TTL_MS: u64 = 3_600_000;
+/// How long an edge trusts a resolved key or tenant configuration by default.
+const DEFAULT_CACHE_TTL: Duration = Duration::from_secs(30);
 
 /// A configuration problem, naming the setting at fault.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -169,6 +173,8 @@ pub struct ConfigLayer {
     pub log_format: Option<String>,
     /// Milliseconds the background writers gather a batch before writing it (see `Settings::write_linger`).
     pub write_linger_ms: Option<u64>,
+    /// Milliseconds an edge trusts a resolved API key or tenant configuration (see `Settings::cache_ttl`).
+    pub cache_ttl_ms: Option<u64>,
     /// A model catalog file replacing the bundled one (prices update without a rebuild).
     pub model_catalog: Option<PathBuf>,
     /// HTTP proxy for calls to providers (`HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY`; upper or lower case).
@@ -225,6 +231,7 @@ impl ConfigLayer {
             write_linger_ms: text("BR_WRITE_LINGER_MS")
                 .map(|value| parse_millis("write_linger_ms (BR_WRITE_LINGER_MS)", &value))
                 .transpose()?,
+            cache_ttl_ms: text("BR_CACHE_TTL_MS").map(|value| parse_millis("cache_ttl_ms (BR_CACHE_TTL_MS)", &value)).transpose()?,
             model_catalog: text("BR_MODEL_CATALOG").map(PathBuf::from),
             https_proxy: text("HTTPS_PROXY").or_else(|| text("https_proxy")).map(Secret),
             http_proxy: text("HTTP_PROXY").or_else(|| text("http_proxy")).map(Secret),
@@ -269,6 +276,7 @@ impl ConfigLayer {
             registration_mode,
             log_format,
             write_linger_ms,
+            cache_ttl_ms,
             model_catalog,
             https_proxy,
             http_proxy,
@@ -315,6 +323,11 @@ pub struct Settings {
     /// How long the chain, ledger, anomaly and interception writers gather deliveries after the first
     /// before writing them: how late a record may become queryable, against the CPU each commit costs.
     pub write_linger: Duration,
+    /// How long an edge trusts a resolved API key or a tenant's configuration before asking identity
+    /// again. Changes made through the same edge, and those every edge hears on the Kafka bus, apply
+    /// at once; a change made elsewhere without a shared bus (the operator, another edge) reaches
+    /// this edge at most this late.
+    pub cache_ttl: Duration,
     pub model_catalog: Option<PathBuf>,
     pub service_urls: BTreeMap<ServiceName, String>,
     pub provider_base_urls: BTreeMap<String, String>,
@@ -384,6 +397,16 @@ impl Settings {
                 ));
             }
         };
+        let cache_ttl = match layer.cache_ttl_ms {
+            None => DEFAULT_CACHE_TTL,
+            Some(millis) if millis <= MAX_CACHE_TTL_MS => Duration::from_millis(millis),
+            Some(millis) => {
+                return Err(ConfigError::new(
+                    "cache_ttl_ms (BR_CACHE_TTL_MS)",
+                    format!("{millis} is more than {MAX_CACHE_TTL_MS} ms: a revoked key would keep working for too long"),
+                ));
+            }
+        };
         for (setting, proxy) in [
             ("https_proxy (HTTPS_PROXY)", &layer.https_proxy),
             ("http_proxy (HTTP_PROXY)", &layer.http_proxy),
@@ -422,6 +445,7 @@ impl Settings {
             registration_mode,
             log_format,
             write_linger,
+            cache_ttl,
             model_catalog: layer.model_catalog,
             service_urls,
             provider_base_urls,
@@ -523,6 +547,18 @@ mod tests {
         assert_eq!(settings.listen.port(), 3000);
         assert_eq!(settings.data_dir, PathBuf::from("/env"));
         assert_eq!(settings.grpc_listen.port(), 1001);
+        Ok(())
+    }
+
+    #[test]
+    fn the_cache_ttl_defaults_and_is_bounded() -> Result<(), ConfigError> {
+        assert_eq!(Settings::resolve(ConfigLayer::default())?.cache_ttl, DEFAULT_CACHE_TTL);
+        let file = ConfigLayer::from_toml("cache_ttl_ms = 1500\n", Path::new("x.toml"))?;
+        assert_eq!(Settings::resolve(file.clone())?.cache_ttl, Duration::from_millis(1500));
+        let environment = ConfigLayer::from_env(&env(&[("BR_CACHE_TTL_MS", "0")]))?;
+        assert_eq!(Settings::resolve(environment.over(file))?.cache_ttl, Duration::ZERO);
+        let too_long = ConfigLayer::from_env(&env(&[("BR_CACHE_TTL_MS", "3600001")]))?;
+        assert!(Settings::resolve(too_long).is_err_and(|error| error.to_string().contains("cache_ttl_ms")));
         Ok(())
     }
 

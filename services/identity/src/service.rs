@@ -112,10 +112,16 @@ impl IdentityService for IdentityServiceImpl {
             (None, RegistrationMode::Approval) => "pending",
             _ => "active",
         };
+        let id = match request.tenant_id.as_deref() {
+            None => uuid::Uuid::new_v4(),
+            Some(text) => {
+                uuid::Uuid::parse_str(text).map_err(|_| ServiceError::invalid("invalid_tenant_id", "tenant_id must be a UUID"))?
+            }
+        };
         let now = Utc::now();
         let created_at = format_timestamp(now);
         let tenant = Tenant {
-            id: uuid::Uuid::new_v4().to_string(),
+            id: id.hyphenated().to_string(),
             slug: slug_of(&name),
             name,
             plan: SANDBOX_PLAN.to_string(),
@@ -159,7 +165,13 @@ impl IdentityService for IdentityServiceImpl {
                 return Err(ServiceError::invalid("invalid_invite_code", "the invite code is unknown, expired or used up"));
             }
         }
-        IdentityStore::insert_tenant(&mut transaction, &tenant).await.map_err(store_failure)?;
+        IdentityStore::insert_tenant(&mut transaction, &tenant).await.map_err(|error| {
+            if brainstorm_common::store::is_unique_violation(&error) {
+                ServiceError::conflict("tenant_exists", format!("tenant `{}` already exists", tenant.id))
+            } else {
+                store_failure(error)
+            }
+        })?;
         let key_hash = secrets::digest(&plaintext_key);
         IdentityStore::insert_api_key(&mut transaction, ApiKeyRecord { key: &key, key_hash: &key_hash }).await.map_err(store_failure)?;
         IdentityStore::insert_claim_token(&mut transaction, &claim).await.map_err(store_failure)?;

@@ -24,7 +24,8 @@ async fn remote_identity() -> Result<IdentityClient, Box<dyn std::error::Error>>
 #[tokio::test]
 async fn calls_and_errors_cross_the_grpc_hop_intact() -> TestResult {
     let identity = remote_identity().await?;
-    let registered = identity.register(RegisterRequest { tenant_name: "Over the wire".to_string(), invite_code: None }).await?;
+    let registered =
+        identity.register(RegisterRequest { tenant_name: "Over the wire".to_string(), invite_code: None, tenant_id: None }).await?;
     let plaintext = registered.api_key.as_ref().map(|key| key.plaintext.clone()).unwrap_or_default();
     let principal = identity.authenticate(AuthenticateRequest { api_key: plaintext }).await?;
     assert_eq!(principal.tenant.as_ref().map(|tenant| tenant.name.as_str()), Some("Over the wire"));
@@ -38,8 +39,11 @@ async fn calls_and_errors_cross_the_grpc_hop_intact() -> TestResult {
     assert_eq!((unknown.kind, unknown.reason.as_str()), (ErrorKind::Unauthenticated, "invalid_api_key"));
     let missing = identity.get_tenant(TenantRef { tenant_id: "missing".to_string() }).await.err().ok_or("missing tenant found")?;
     assert_eq!((missing.kind, missing.reason.as_str()), (ErrorKind::NotFound, "tenant_not_found"));
-    let invalid =
-        identity.register(RegisterRequest { tenant_name: String::new(), invite_code: None }).await.err().ok_or("empty name accepted")?;
+    let invalid = identity
+        .register(RegisterRequest { tenant_name: String::new(), invite_code: None, tenant_id: None })
+        .await
+        .err()
+        .ok_or("empty name accepted")?;
     assert_eq!((invalid.kind, invalid.reason.as_str()), (ErrorKind::InvalidArgument, "invalid_name"));
 
     let tenant_id = registered.tenant.as_ref().map(|tenant| tenant.id.clone()).unwrap_or_default();

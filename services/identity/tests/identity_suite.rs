@@ -33,7 +33,7 @@ fn harness(database: Database, registration_mode: RegistrationMode) -> Harness {
 }
 
 async fn register(identity: &IdentityServiceImpl, name: &str) -> Result<RegisterResponse, ServiceError> {
-    identity.register(RegisterRequest { tenant_name: name.to_string(), invite_code: None }).await
+    identity.register(RegisterRequest { tenant_name: name.to_string(), invite_code: None, tenant_id: None }).await
 }
 
 fn plaintext(response: &RegisterResponse) -> String {
@@ -48,6 +48,7 @@ use brainstorm_common::on_both_engines;
 
 on_both_engines!(
     registration_creates_a_sandbox_tenant_with_an_admin_key_and_claim,
+    registration_with_a_chosen_id_happens_once,
     keys_are_stored_hashed_and_authenticate_until_revoked,
     expired_keys_and_malformed_keys_are_refused,
     keys_cannot_grant_more_than_their_creator,
@@ -88,6 +89,23 @@ async fn registration_creates_a_sandbox_tenant_with_an_admin_key_and_claim(datab
     assert_eq!(fetched.slug, tenant.slug);
     let missing = harness.identity.get_tenant(TenantRef { tenant_id: "nope".to_string() }).await;
     assert_eq!(missing.err().map(|error| error.kind), Some(ErrorKind::NotFound));
+    Ok(())
+}
+
+async fn registration_with_a_chosen_id_happens_once(database: Database) -> TestResult {
+    let harness = harness(database, RegistrationMode::Open);
+    let id = "0b7c4d2e-5f1a-4c3b-9d8e-7f6a5b4c3d2e";
+    let request =
+        |name: &str, id: &str| RegisterRequest { tenant_name: name.to_string(), invite_code: None, tenant_id: Some(id.to_string()) };
+    let first = harness.identity.register(request("Declared", id)).await?;
+    assert_eq!(tenant_id(&first), id);
+    let again = harness.identity.register(request("Declared again", id)).await.err().ok_or("registered twice")?;
+    assert_eq!((again.kind, again.reason.as_str()), (ErrorKind::Conflict, "tenant_exists"));
+    assert_eq!(harness.identity.get_tenant(TenantRef { tenant_id: id.to_string() }).await?.name, "Declared");
+    let principal = harness.identity.authenticate(AuthenticateRequest { api_key: plaintext(&first) }).await?;
+    assert_eq!(principal.tenant.map(|tenant| tenant.id), Some(id.to_string()));
+    let malformed = harness.identity.register(request("Bad id", "not-a-uuid")).await.err().ok_or("malformed id accepted")?;
+    assert_eq!((malformed.kind, malformed.reason.as_str()), (ErrorKind::InvalidArgument, "invalid_tenant_id"));
     Ok(())
 }
 
@@ -353,7 +371,7 @@ async fn invite_only_registration_consumes_codes(database: Database) -> TestResu
     assert_eq!(without.err().map(|error| error.reason), Some("invite_code_required".to_string()));
     harness.identity.create_invite_code(CreateInviteCodeRequest { code: "ONCE".to_string(), max_uses: Some(1), expires_at: None }).await?;
     let with_code = |name: &'static str| {
-        harness.identity.register(RegisterRequest { tenant_name: name.to_string(), invite_code: Some("ONCE".to_string()) })
+        harness.identity.register(RegisterRequest { tenant_name: name.to_string(), invite_code: Some("ONCE".to_string()), tenant_id: None })
     };
     assert!(with_code("First").await.is_ok());
     assert_eq!(with_code("Second").await.err().map(|error| error.reason), Some("invalid_invite_code".to_string()));

@@ -32,7 +32,7 @@ pub async fn register(State(state): State<EdgeState>, JsonBody(body): JsonBody<R
     if body.accept_tos != Some(true) {
         return Err(ApiError::invalid_request("tos_not_accepted", "accept_tos must be true to register"));
     }
-    let response = state.identity.register(RegisterRequest { tenant_name, invite_code: body.invite_code }).await?;
+    let response = state.identity.register(RegisterRequest { tenant_name, invite_code: body.invite_code, tenant_id: None }).await?;
     let (Some(tenant), Some(created), Some(claim)) = (response.tenant, response.api_key, response.claim) else {
         tracing::error!("identity returned an incomplete registration");
         return Err(ApiError::internal());
