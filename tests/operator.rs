@@ -34,14 +34,14 @@ impl Drop for KubeApi {
     }
 }
 
-/// The Python that has kmock: `BR_KUBE_EMULATOR_PYTHON`, else the tests' cached venv
-/// (`tests/operator/ensure-emulator.sh` installs it; make test runs that first).
+/// The Python that has kmock: `BR_KUBE_EMULATOR_PYTHON`, else the emulator's cached venv
+/// (`tests/operator/ensure-emulator.sh` makes it; make test runs that first).
 fn emulator_python() -> anyhow::Result<PathBuf> {
     if let Ok(path) = std::env::var("BR_KUBE_EMULATOR_PYTHON") {
         return Ok(PathBuf::from(path));
     }
     let home = std::env::var("HOME").context("HOME is not set")?;
-    let python = Path::new(&home).join(".cache/brainstorm/venv/bin/python");
+    let python = Path::new(&home).join(".cache/brainstorm/kube-venv/bin/python");
     if !python.exists() {
         bail!("{} is missing: run tests/operator/ensure-emulator.sh (make test does)", python.display());
     }
@@ -201,6 +201,12 @@ async fn tenants_are_registered_kept_in_line_and_keyed() -> TestResult {
     assert_eq!((status["plan"].as_str(), status["state"].as_str()), (Some("sandbox"), Some("active")), "{ready}");
     assert_eq!(status["secretName"], "acme-brainstorm");
     assert_eq!(ready["metadata"]["finalizers"], json!(["brainstorm.dev/operator"]));
+    let condition = &status["conditions"][0];
+    assert_eq!(
+        (condition["type"].as_str(), condition["status"].as_str(), condition["reason"].as_str()),
+        (Some("Ready"), Some("True"), Some("Reconciled")),
+        "{ready}"
+    );
 
     // The Secret: owned by the Tenant, holding a key that works at the edge.
     let (key, secret) = key_in_secret(&kube, "acme-brainstorm").await?;
@@ -335,6 +341,8 @@ async fn kill_switches_follow_their_resources_and_never_lift_a_switch_set_by_han
         .await?
         .context("gone")?;
     assert!(held["status"]["applied"].is_null(), "{held}");
+    let condition = &held["status"]["conditions"][0];
+    assert_eq!((condition["status"].as_str(), condition["reason"].as_str()), (Some("False"), Some("HeldByOther")), "{held}");
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     completion_until(&gateway, &key, None, 503).await?;
     let lifted = gateway.call(Method::POST, "/v1/killswitch/deactivate", Some(&key), None).await?;
@@ -359,6 +367,7 @@ async fn kill_switches_follow_their_resources_and_never_lift_a_switch_set_by_han
     let failed =
         kube.until(&format!("{SWITCHES}/no-reason"), "switch failed", |object| phase(object) == Some("Failed")).await?.context("gone")?;
     assert!(failed["status"]["message"].as_str().is_some_and(|message| message.contains("reason")), "{failed}");
+    assert_eq!(failed["status"]["conditions"][0]["status"], "False", "{failed}");
     completion_until(&gateway, &key, None, 200).await?;
     Ok(())
 }

@@ -19,7 +19,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde_json::json;
 
-use crate::crd::{AppliedSwitch, DeletionPolicy, KillSwitch, KillSwitchStatus, Scope, Tenant, TenantStatus};
+use crate::crd::{AppliedSwitch, Condition, DeletionPolicy, KillSwitch, KillSwitchStatus, Scope, Tenant, TenantStatus};
 use crate::gateway::{DesiredSwitch, Gateway, MintedKey};
 
 /// Held on every resource the operator has acted on, so deleting it waits for the gateway's cleanup.
@@ -165,12 +165,15 @@ async fn reconcile_tenant(tenant: Arc<Tenant>, context: Arc<Context>) -> Result<
             api_key_prefix: key.map(|(_, prefix)| prefix).filter(|prefix| !prefix.is_empty()),
             message: None,
             observed_generation: tenant.meta().generation,
+            conditions: ready(&status.conditions, true, "Reconciled", "", tenant.meta().generation),
         },
         Err(error) => {
+            let phase = phase_of_failure(&error);
             let failed = TenantStatus {
-                phase: Some(phase_of_failure(&error).to_string()),
+                phase: Some(phase.to_string()),
                 message: Some(error.to_string()),
                 observed_generation: tenant.meta().generation,
+                conditions: ready(&status.conditions, false, phase, &error.to_string(), tenant.meta().generation),
                 ..status.clone()
             };
             write_status(&tenants, tenant.as_ref(), tenant.status.as_ref(), &failed).await?;
@@ -243,9 +246,11 @@ async fn reconcile_kill_switch(switch: Arc<KillSwitch>, context: Arc<Context>) -
         Ok(Some(desired)) => desired,
         Ok(None) => {
             let reference = switch.spec.tenant_ref.clone().unwrap_or_default();
+            let message = format!("waiting for Tenant `{reference}` to be registered");
             let waiting = KillSwitchStatus {
                 phase: Some("Pending".to_string()),
-                message: Some(format!("waiting for Tenant `{reference}` to be registered")),
+                conditions: ready(&status.conditions, false, "Pending", &message, switch.meta().generation),
+                message: Some(message),
                 observed_generation: switch.meta().generation,
                 ..status.clone()
             };
@@ -253,50 +258,79 @@ async fn reconcile_kill_switch(switch: Arc<KillSwitch>, context: Arc<Context>) -
             return Ok(Action::requeue(WAITING));
         }
         Err(error) => {
-            // A spec that cannot be applied: whatever this resource set before stays set until the
-            // spec is fixed or the resource deleted (lifting it here would fail open).
-            let failed = KillSwitchStatus {
-                phase: Some(phase_of_failure(&error).to_string()),
-                message: Some(error.to_string()),
-                observed_generation: switch.meta().generation,
-                ..status.clone()
-            };
-            write_status(&switches, switch.as_ref(), switch.status.as_ref(), &failed).await?;
-            return Err(error);
+            return fail_kill_switch(&switches, switch.as_ref(), &status, error).await;
         }
     };
     let outcome = gateway.converge_switch(Some(&desired), status.applied.as_ref(), &actor).await;
     let next = match outcome {
         Ok(outcome) => {
             let held_by_other = outcome.active && outcome.applied.is_none();
+            let message = (held_by_other && !desired.active).then(|| {
+                format!(
+                    "the switch is on, set by {}; the operator lifts only switches it set",
+                    outcome.activated_by.as_deref().unwrap_or("somebody else")
+                )
+            });
+            let converged = outcome.active == desired.active;
+            let reason = match (converged, outcome.active) {
+                (true, true) => "Active",
+                (true, false) => "Inactive",
+                (false, _) => "HeldByOther",
+            };
             KillSwitchStatus {
                 phase: Some(if outcome.active { "Active" } else { "Inactive" }.to_string()),
                 active: Some(outcome.active),
                 activated_at: outcome.activated_at,
                 activated_by: outcome.activated_by.clone(),
                 applied: outcome.applied,
-                message: (held_by_other && !desired.active).then(|| {
-                    format!(
-                        "the switch is on, set by {}; the operator lifts only switches it set",
-                        outcome.activated_by.as_deref().unwrap_or("somebody else")
-                    )
-                }),
+                conditions: ready(&status.conditions, converged, reason, message.as_deref().unwrap_or_default(), switch.meta().generation),
+                message,
                 observed_generation: switch.meta().generation,
             }
         }
-        Err(error) => {
-            let failed = KillSwitchStatus {
-                phase: Some("Failed".to_string()),
-                message: Some(format!("gateway: {error}")),
-                observed_generation: switch.meta().generation,
-                ..status.clone()
-            };
-            write_status(&switches, switch.as_ref(), switch.status.as_ref(), &failed).await?;
-            return Err(error.into());
-        }
+        Err(error) => return fail_kill_switch(&switches, switch.as_ref(), &status, error.into()).await,
     };
     write_status(&switches, switch.as_ref(), switch.status.as_ref(), &next).await?;
     Ok(Action::requeue(context.options.resync))
+}
+
+/// Reports a KillSwitch that could not be applied; whatever it set before stays set until the spec is
+/// fixed or the resource deleted (lifting it here would fail open).
+async fn fail_kill_switch(
+    switches: &Api<KillSwitch>,
+    switch: &KillSwitch,
+    status: &KillSwitchStatus,
+    error: ReconcileError,
+) -> Result<Action, ReconcileError> {
+    let phase = phase_of_failure(&error);
+    let failed = KillSwitchStatus {
+        phase: Some(phase.to_string()),
+        message: Some(error.to_string()),
+        observed_generation: switch.meta().generation,
+        conditions: ready(&status.conditions, false, phase, &error.to_string(), switch.meta().generation),
+        ..status.clone()
+    };
+    write_status(switches, switch, switch.status.as_ref(), &failed).await?;
+    Err(error)
+}
+
+/// The `Ready` condition after this reconciliation: its transition time moves only when its status
+/// does, so an unchanged condition leaves the status unchanged (and unwritten).
+fn ready(previous: &[Condition], is_ready: bool, reason: &str, message: &str, generation: Option<i64>) -> Vec<Condition> {
+    let status = if is_ready { "True" } else { "False" };
+    let last_transition_time = previous
+        .iter()
+        .find(|condition| condition.kind == "Ready" && condition.status == status)
+        .map(|condition| condition.last_transition_time.clone())
+        .unwrap_or_else(|| chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+    vec![Condition {
+        kind: "Ready".to_string(),
+        status: status.to_string(),
+        reason: reason.to_string(),
+        message: message.to_string(),
+        last_transition_time,
+        observed_generation: generation,
+    }]
 }
 
 /// The switch a KillSwitch's spec asks for; None while its Tenant has no gateway id yet.
@@ -395,4 +429,28 @@ where
     }
     api.patch_status(&resource.name_any(), &PatchParams::default(), &Patch::Merge(json!({ "status": status }))).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ready_condition_moves_its_transition_time_only_with_its_status() {
+        let earlier = Condition {
+            kind: "Ready".to_string(),
+            status: "True".to_string(),
+            reason: "Reconciled".to_string(),
+            message: String::new(),
+            last_transition_time: "2026-01-02T03:04:05Z".to_string(),
+            observed_generation: Some(1),
+        };
+        let held = ready(std::slice::from_ref(&earlier), true, "Reconciled", "", Some(2));
+        assert_eq!(held[0].last_transition_time, earlier.last_transition_time);
+        assert_eq!(held[0].observed_generation, Some(2));
+        let failed = ready(&held, false, "Failed", "spec.reason is required", Some(3));
+        assert_eq!((failed[0].status.as_str(), failed[0].reason.as_str()), ("False", "Failed"));
+        assert_ne!(failed[0].last_transition_time, earlier.last_transition_time);
+        assert_eq!(ready(&failed, false, "Failed", "spec.reason is required", Some(3)), failed);
+    }
 }

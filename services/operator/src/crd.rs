@@ -102,6 +102,9 @@ pub struct TenantStatus {
     pub message: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// `Ready`: True once the gateway matches the spec (`kubectl wait --for=condition=Ready`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
 }
 
 /// A kill switch declared in Kubernetes: while `active`, the gateway answers the tenant's
@@ -190,6 +193,28 @@ pub struct KillSwitchStatus {
     pub applied: Option<AppliedSwitch>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready`: True once the gateway matches the spec (`kubectl wait --for=condition=Ready`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// A condition in the Kubernetes convention (type, status, reason, message, transition time).
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    /// `Ready`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    /// One CamelCase word: why the condition is what it is.
+    pub reason: String,
+    #[serde(default)]
+    pub message: String,
+    /// When `status` last changed (RFC 3339).
+    pub last_transition_time: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 }
