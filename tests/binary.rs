@@ -12,13 +12,15 @@ type ConfigCase = (&'static [&'static str], &'static [(&'static str, &'static st
 #[test]
 fn bad_configuration_stops_start_up_naming_the_setting() -> TestResult {
     let work_dir = temp_dir("config")?;
-    let cases: [ConfigCase; 6] = [
+    let cases: [ConfigCase; 8] = [
         (&["up", "--listen", "not-an-address"], &[], "listen"),
         (&["up"], &[("BR_REQUIRE_AGENT_OWNER", "perhaps")], "BR_REQUIRE_AGENT_OWNER"),
         (&["up"], &[("BR_MASTER_KEY", "too-short")], "master_key"),
         (&["serve", "edge-router"], &[], "BR_IDENTITY_URL"),
         (&["serve", "identity"], &[], "BR_DATABASE_URL"),
         (&["serve", "teleporter"], &[], "unknown service"),
+        (&["operator"], &[], "the operator needs identity: set BR_IDENTITY_URL"),
+        (&["up"], &[("BR_CACHE_TTL_MS", "forever")], "cache_ttl_ms"),
     ];
     for (arguments, env, expected) in cases {
         let (succeeded, output) = run_to_end(arguments, env, &work_dir)?;
@@ -30,6 +32,12 @@ fn bad_configuration_stops_start_up_naming_the_setting() -> TestResult {
     let config_text = config.display().to_string();
     let (succeeded, output) = run_to_end(&["up", "--config", &config_text], &[], &work_dir)?;
     assert!(!succeeded && output.contains("unknown_key"), "{output}");
+    // A gRPC address for `up` that is taken stops start-up instead of running without it.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let taken_address = taken.local_addr()?.to_string();
+    let listen = format!("127.0.0.1:{}", brainstorm_e2e::free_port()?);
+    let (succeeded, output) = run_to_end(&["up", "--listen", &listen, "--grpc-listen", &taken_address], &[], &work_dir)?;
+    assert!(!succeeded && output.contains("cannot listen for gRPC"), "{output}");
     Ok(())
 }
 

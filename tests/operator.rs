@@ -1,6 +1,7 @@
-//! The Kubernetes operator end to end: `brainstorm operator` against a Kubernetes API (kmock's
-//! emulator, `tests/operator/kube_emulator.py`) and the distributed shape's services, driven the way
-//! kubectl would (create, merge-patch, delete over HTTP), checked at the gateway's REST edge.
+//! The Kubernetes operator end to end in both shapes: `brainstorm operator` against a Kubernetes API
+//! (kmock's emulator, `tests/operator/kube_emulator.py`) and the gateway's services over gRPC (the
+//! distributed shape's, or `brainstorm up --grpc-listen`'s), driven the way kubectl would (create,
+//! merge-patch, delete over HTTP), checked at the gateway's REST edge.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -8,11 +9,17 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use base64::Engine;
-use brainstorm_e2e::{Gateway, PLATFORM_ADMIN_KEY, Shape, temp_dir};
+use brainstorm_e2e::{Gateway, PLATFORM_ADMIN_KEY, Shape, free_port, temp_dir};
 use reqwest::Method;
 use serde_json::{Value, json};
 
 type TestResult = anyhow::Result<()>;
+
+brainstorm_e2e::in_both_shapes!(
+    tenants_are_registered_kept_in_line_and_keyed,
+    a_suspend_policy_rejects_the_tenant_on_deletion_and_foreign_secrets_are_never_overwritten,
+    kill_switches_follow_their_resources_and_never_lift_a_switch_set_by_hand
+);
 
 const NAMESPACE: &str = "team-a";
 const TENANTS: &str = "/apis/brainstorm.dev/v1alpha1/namespaces/team-a/tenants";
@@ -142,8 +149,13 @@ impl KubeApi {
 /// The distributed gateway, the emulated API server and the operator watching it (resync every
 /// second, so drift made around the operator is undone quickly). Without a Kafka bus the edge hears
 /// of the operator's changes to keys and tenants only when its cache expires: half a second here.
-async fn cluster() -> anyhow::Result<(Gateway, KubeApi)> {
-    let mut gateway = Gateway::start_with(Shape::Distributed, &[("BR_CACHE_TTL_MS", "500")]).await?;
+async fn cluster(shape: Shape) -> anyhow::Result<(Gateway, KubeApi)> {
+    let grpc_listen = format!("127.0.0.1:{}", free_port()?);
+    let mut settings = vec![("BR_CACHE_TTL_MS", "500")];
+    if shape == Shape::Embedded {
+        settings.push(("BR_GRPC_LISTEN", grpc_listen.as_str()));
+    }
+    let mut gateway = Gateway::start_with(shape, &settings).await?;
     let kube = KubeApi::start().await?;
     gateway.start_operator(&kube.kubeconfig, &[("BR_OPERATOR_RESYNC_SECONDS", "1")]).await?;
     Ok((gateway, kube))
@@ -189,9 +201,8 @@ async fn account_until(gateway: &Gateway, key: &str, status: u16) -> anyhow::Res
     }
 }
 
-#[tokio::test]
-async fn tenants_are_registered_kept_in_line_and_keyed() -> TestResult {
-    let (gateway, kube) = cluster().await?;
+async fn tenants_are_registered_kept_in_line_and_keyed(shape: Shape) -> TestResult {
+    let (gateway, kube) = cluster(shape).await?;
     let created = kube.create(TENANTS, tenant("acme", json!({"displayName": "Acme Agents"}))).await?;
     let uid = created["metadata"]["uid"].as_str().context("no uid")?.to_string();
     let ready = kube.until(&format!("{TENANTS}/acme"), "Tenant ready", |object| phase(object) == Some("Ready")).await?;
@@ -259,9 +270,8 @@ async fn tenants_are_registered_kept_in_line_and_keyed() -> TestResult {
     Ok(())
 }
 
-#[tokio::test]
-async fn a_suspend_policy_rejects_the_tenant_on_deletion_and_foreign_secrets_are_never_overwritten() -> TestResult {
-    let (gateway, kube) = cluster().await?;
+async fn a_suspend_policy_rejects_the_tenant_on_deletion_and_foreign_secrets_are_never_overwritten(shape: Shape) -> TestResult {
+    let (gateway, kube) = cluster(shape).await?;
     // A Secret of the wanted name that the Tenant does not own: refused with a message, not replaced.
     kube.create(SECRETS, json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "mine", "namespace": NAMESPACE}, "data": {"api-key": "c2VjcmV0"}}))
         .await?;
@@ -309,9 +319,8 @@ async fn completion_until(gateway: &Gateway, key: &str, agent: Option<&str>, sta
     }
 }
 
-#[tokio::test]
-async fn kill_switches_follow_their_resources_and_never_lift_a_switch_set_by_hand() -> TestResult {
-    let (gateway, kube) = cluster().await?;
+async fn kill_switches_follow_their_resources_and_never_lift_a_switch_set_by_hand(shape: Shape) -> TestResult {
+    let (gateway, kube) = cluster(shape).await?;
     // A switch whose Tenant does not exist yet waits for it.
     kube.create(SWITCHES, kill_switch("stop-acme", json!({"tenantRef": "acme", "reason": "runaway spend"}))).await?;
     kube.until(&format!("{SWITCHES}/stop-acme"), "switch pending", |object| phase(object) == Some("Pending")).await?;

@@ -192,6 +192,13 @@ impl Gateway {
                 let listen = format!("127.0.0.1:{edge_port}");
                 gateway.spawn("up", &["up", "--listen", &listen, "--data-dir", &data_dir], &common)?;
                 gateway.wait_healthy(edge_port).await?;
+                // `BR_GRPC_LISTEN` given: the embedded services answer gRPC there too.
+                if let Some((_, address)) = common.iter().find(|(name, _)| name == "BR_GRPC_LISTEN") {
+                    for service in ["identity", "catalog-health-sentinel", "budget-ledger", "audit-lineage", "policy-firewall"] {
+                        let variable = format!("BR_{}_URL", service.to_uppercase().replace('-', "_"));
+                        gateway.service_urls.push((variable, format!("http://{address}")));
+                    }
+                }
             }
             Shape::Distributed => {
                 let database_url = fresh_postgres_database().await?;
@@ -237,11 +244,12 @@ impl Gateway {
         Ok(gateway)
     }
 
-    /// Starts `brainstorm operator` (label `operator`) against the distributed shape's services and the
-    /// Kubernetes API `kubeconfig` points at; `env` adds settings. Waits until it answers /health.
+    /// Starts `brainstorm operator` (label `operator`) against the gateway's gRPC services (the
+    /// distributed shape's, or `up`'s when started with `BR_GRPC_LISTEN`) and the Kubernetes API
+    /// `kubeconfig` points at; `env` adds settings. Waits until it answers /health.
     pub async fn start_operator(&mut self, kubeconfig: &Path, env: &[(&str, &str)]) -> anyhow::Result<()> {
         if self.service_urls.is_empty() {
-            bail!("the operator needs the distributed shape's gRPC services");
+            bail!("the operator needs gRPC services: the distributed shape, or `up` with BR_GRPC_LISTEN");
         }
         let port = free_port()?;
         let listen = format!("127.0.0.1:{port}");

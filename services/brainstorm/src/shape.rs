@@ -33,6 +33,7 @@ use brainstorm_providers::catalog::ModelCatalog;
 use brainstorm_providers::upstream::UpstreamClient;
 use brainstorm_providers::vault::MasterKey;
 use tokio::sync::watch;
+use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::shutdown::Shutdown;
@@ -93,6 +94,22 @@ pub async fn up(settings: Settings) -> anyhow::Result<()> {
     let guard = budget_guard(&settings, bus.clone(), &budget).await?;
     let guardian = guardian(&policy, &settings);
     tracing::info!(listen = %settings.listen, data_dir = %settings.data_dir.display(), "brainstorm up: every service in one process");
+    // With a gRPC address configured, the embedded services also answer gRPC there (for the
+    // Kubernetes operator, or an edge elsewhere); by default `up` opens no port but the edge's.
+    let grpc = if settings.grpc_listen_configured {
+        let incoming = grpc_listener(settings.grpc_listen)?;
+        let mut routes = tonic::service::RoutesBuilder::default();
+        routes
+            .add_service(identity.as_grpc_service())
+            .add_service(catalog.as_grpc_service())
+            .add_service(audit.as_grpc_service())
+            .add_service(policy.as_grpc_service())
+            .add_service(budget.as_grpc_service());
+        tracing::info!(address = %settings.grpc_listen, "serving the embedded services over gRPC");
+        Some(tokio::spawn(serve_grpc(incoming, routes.routes(), shutdown.clone())))
+    } else {
+        None
+    };
     let dependencies = EdgeDependencies {
         identity,
         catalog,
@@ -106,6 +123,9 @@ pub async fn up(settings: Settings) -> anyhow::Result<()> {
         policy,
     };
     serve_edge(&settings, dependencies, bus, shutdown).await?;
+    if let Some(grpc) = grpc {
+        grpc.await.context("the gRPC server panicked")??;
+    }
     flush_evidence(&audit_publisher, &guardian).await;
     finish_writes(&stop_writers, vec![chain, ledger_writer]).await;
     drop(writer_thread);
@@ -227,46 +247,25 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
         _ => None,
     };
     let mut tasks = tokio::task::JoinSet::new();
-    let mut grpc = tonic::transport::Server::builder().tcp_nodelay(true);
-    let mut grpc_router = None;
+    let mut routes = tonic::service::RoutesBuilder::default();
     if let (true, Some(identity)) = (hosted.contains(&ServiceName::Identity), &identity) {
-        grpc_router = Some(grpc.add_service(identity.as_grpc_service()));
+        routes.add_service(identity.as_grpc_service());
     }
     if let (true, Some(catalog)) = (hosted.contains(&ServiceName::CatalogHealthSentinel), &catalog) {
-        let service = catalog.as_grpc_service();
-        grpc_router = Some(match grpc_router {
-            Some(router) => router.add_service(service),
-            None => grpc.add_service(service),
-        });
+        routes.add_service(catalog.as_grpc_service());
     }
     if let (true, Some(audit)) = (hosted.contains(&ServiceName::AuditLineage), &audit) {
-        let service = audit.as_grpc_service();
-        grpc_router = Some(match grpc_router {
-            Some(router) => router.add_service(service),
-            None => grpc.add_service(service),
-        });
+        routes.add_service(audit.as_grpc_service());
     }
     if let (true, Some(policy)) = (hosted.contains(&ServiceName::PolicyFirewall), &policy) {
-        let service = policy.as_grpc_service();
-        grpc_router = Some(match grpc_router {
-            Some(router) => router.add_service(service),
-            None => grpc.add_service(service),
-        });
+        routes.add_service(policy.as_grpc_service());
     }
     if let (true, Some(budget)) = (hosted.contains(&ServiceName::BudgetLedger), &budget) {
-        let service = budget.as_grpc_service();
-        grpc_router = Some(match grpc_router {
-            Some(router) => router.add_service(service),
-            None => grpc.add_service(service),
-        });
+        routes.add_service(budget.as_grpc_service());
     }
-    if let Some(router) = grpc_router {
-        let address = settings.grpc_listen;
-        let stop = shutdown.clone();
-        tracing::info!(%address, services = ?hosted, "serving gRPC");
-        tasks.spawn(async move {
-            router.serve_with_shutdown(address, stop.requested()).await.with_context(|| format!("gRPC server on {address} failed"))
-        });
+    if hosted.iter().any(|service| *service != ServiceName::EdgeRouter) {
+        tracing::info!(address = %settings.grpc_listen, services = ?hosted, "serving gRPC");
+        tasks.spawn(serve_grpc(grpc_listener(settings.grpc_listen)?, routes.routes(), shutdown.clone()));
     }
     match (hosts_edge, identity, catalog, budget, audit, policy) {
         (true, Some(identity), Some(catalog), Some(budget), Some(audit), Some(policy)) => {
@@ -625,6 +624,21 @@ pub async fn operator(settings: Settings, arguments: &crate::cli::OperatorArgs) 
     health.abort();
     tracing::info!("operator stopped");
     Ok(())
+}
+
+/// The gRPC address bound (TCP_NODELAY on every accepted connection), so a taken port stops start-up.
+fn grpc_listener(address: std::net::SocketAddr) -> anyhow::Result<TcpIncoming> {
+    let incoming = TcpIncoming::bind(address).with_context(|| format!("cannot listen for gRPC on {address}"))?;
+    Ok(incoming.with_nodelay(Some(true)))
+}
+
+/// The gRPC server of `routes` on a bound address until shutdown.
+async fn serve_grpc(incoming: TcpIncoming, routes: tonic::service::Routes, shutdown: Shutdown) -> anyhow::Result<()> {
+    tonic::transport::Server::builder()
+        .add_routes(routes)
+        .serve_with_incoming_shutdown(incoming, shutdown.requested())
+        .await
+        .context("the gRPC server failed")
 }
 
 async fn serve_health_only(listen: std::net::SocketAddr, shutdown: Shutdown) -> anyhow::Result<()> {

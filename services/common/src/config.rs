@@ -304,6 +304,9 @@ pub struct EgressProxy {
 pub struct Settings {
     pub listen: SocketAddr,
     pub grpc_listen: SocketAddr,
+    /// Whether `grpc_listen` was set (file, environment or flag) rather than defaulted: `up` serves
+    /// its services over gRPC only then.
+    pub grpc_listen_configured: bool,
     pub data_dir: PathBuf,
     pub database_url: Option<Secret>,
     pub redis_url: Option<Secret>,
@@ -338,6 +341,7 @@ impl Settings {
     /// Validates a merged layer (defaults are applied here).
     pub fn resolve(layer: ConfigLayer) -> Result<Settings, ConfigError> {
         let listen = parse_address("listen (BR_LISTEN, --listen)", layer.listen.as_deref().unwrap_or("127.0.0.1:8080"))?;
+        let grpc_listen_configured = layer.grpc_listen.is_some();
         let grpc_listen =
             parse_address("grpc_listen (BR_GRPC_LISTEN, --grpc-listen)", layer.grpc_listen.as_deref().unwrap_or("127.0.0.1:50051"))?;
         let data_dir = layer.data_dir.unwrap_or_else(|| PathBuf::from("brainstorm-data"));
@@ -430,6 +434,7 @@ impl Settings {
         Ok(Settings {
             listen,
             grpc_listen,
+            grpc_listen_configured,
             mail_outbox: layer.mail_outbox.unwrap_or_else(|| data_dir.join("outbox")),
             data_dir,
             database_url: layer.database_url,
