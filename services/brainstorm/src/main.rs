@@ -38,19 +38,41 @@ fn main() -> ExitCode {
     let environment = std::env::vars().collect();
     let result = runtime.block_on(async move {
         let settings = cli.settings(&environment)?;
-        brainstorm_common::telemetry::init_logging(settings.log_format, "info,sqlx=warn,h2=warn,tower=warn");
+        let export = brainstorm_common::telemetry::init(
+            settings.log_format,
+            "info,sqlx=warn,h2=warn,tower=warn",
+            settings.otel_exporter_otlp_endpoint.as_deref(),
+            &service_name(&cli.command),
+        )?;
         tracing::info!(scheduler = if one_cpu { "single-threaded" } else { "multi-threaded" }, "async runtime started");
-        match cli.command {
+        let result = match cli.command {
             Command::Up(_) => shape::up(settings).await,
             Command::Serve(serve) => shape::serve(settings, &serve.services).await,
             Command::Migrate(_) => shape::migrate(settings).await,
             Command::Operator(operator) => shape::operator(settings, &operator).await,
             Command::Audit(_) | Command::Crd => Ok(()),
+        };
+        // The exporter sends its last batch through the runtime, so it flushes on the blocking pool.
+        if let Some(export) = export {
+            let _flushed = tokio::task::spawn_blocking(move || export.shutdown()).await;
         }
+        result
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => fatal(&format!("{error:#}")),
+    }
+}
+
+/// The `service.name` of the process's exported traces: `brainstorm` for `up`, otherwise
+/// `brainstorm-` and the role (`brainstorm-edge-router`, `brainstorm-operator`, ...).
+fn service_name(command: &Command) -> String {
+    match command {
+        Command::Up(_) => "brainstorm".to_string(),
+        Command::Serve(serve) => format!("brainstorm-{}", serve.services.join("+")),
+        Command::Migrate(_) => "brainstorm-migrate".to_string(),
+        Command::Operator(_) => "brainstorm-operator".to_string(),
+        Command::Audit(_) | Command::Crd => "brainstorm-tool".to_string(),
     }
 }
 

@@ -596,6 +596,7 @@ async fn serve_edge(settings: &Settings, dependencies: EdgeDependencies, bus: Ar
         platform_admin_key: settings.platform_admin_key.clone(),
         cache_ttl: settings.cache_ttl,
         base_urls: settings.provider_base_urls.clone(),
+        trace_requests: settings.otel_exporter_otlp_endpoint.is_some(),
     };
     let edge = Arc::new(Edge::new(dependencies, &options));
     let follower = {

@@ -8,6 +8,7 @@ mod extract;
 mod header_value;
 mod pipeline;
 mod reply_guard;
+mod request_span;
 mod routes;
 mod routing_cache;
 mod sandbox;
@@ -49,6 +50,8 @@ pub struct EdgeOptions {
     pub cache_ttl: Duration,
     /// `BR_PROVIDER_<ID>_BASE_URL` overrides, by provider id.
     pub base_urls: BTreeMap<String, String>,
+    /// One span per request, for trace export (`OTEL_EXPORTER_OTLP_ENDPOINT`).
+    pub trace_requests: bool,
 }
 
 /// The services and data the edge works with.
@@ -133,7 +136,7 @@ impl Edge {
             guardian: dependencies.guardian.clone(),
         };
         let state = EdgeState { shared: Arc::new(shared) };
-        Edge { router: router(state), authenticator, routing, guardian: dependencies.guardian }
+        Edge { router: router(state, options.trace_requests), authenticator, routing, guardian: dependencies.guardian }
     }
 
     /// Follows identity and catalog changes on the bus (runs until the bus closes).
@@ -149,9 +152,9 @@ impl Edge {
     }
 }
 
-fn router(state: EdgeState) -> Router {
+fn router(state: EdgeState, trace_requests: bool) -> Router {
     use routes::{admin, budget, completions, governance, guardian, identity, providers};
-    Router::new()
+    let routes = Router::new()
         .route("/health", get(routes::health))
         .route("/v1/register", post(identity::register))
         .route("/v1/account", get(identity::get_account).patch(identity::update_account))
@@ -231,9 +234,9 @@ fn router(state: EdgeState) -> Router {
         .route("/v1/catalog/runnable", get(completions::runnable))
         .fallback(route_not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(extract::RequestIdLayer)
-        .with_state(state)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES));
+    let routes = if trace_requests { routes.layer(axum::middleware::from_fn(request_span::trace_request)) } else { routes };
+    routes.layer(extract::RequestIdLayer).with_state(state)
 }
 
 async fn route_not_found(method: Method, uri: Uri) -> ApiError {

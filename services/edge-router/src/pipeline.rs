@@ -225,6 +225,17 @@ fn trace_context(request_headers: &HeaderMap) -> TraceContext {
                 parts.len() == 4 && parts[1].len() == 32 && parts[2].len() == 16 && parts[1].bytes().all(|byte| byte.is_ascii_hexdigit());
             valid.then(|| (parts[1].to_lowercase(), parts[2].to_lowercase()))
         });
+    // Traces exported: the record names the request's exported span (same trace, same span id).
+    if let Some((trace_id, span_id)) = brainstorm_common::telemetry::current_span_ids() {
+        let origin = if incoming.is_some() { "traceparent" } else { "generated" };
+        return TraceContext {
+            trace_id,
+            span_id,
+            parent_span_id: incoming.map(|(_, parent)| parent),
+            origin: origin.to_string(),
+            inbound_trusted: false,
+        };
+    }
     match incoming {
         Some((trace_id, parent)) => TraceContext {
             trace_id,
