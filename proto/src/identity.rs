@@ -56,5 +56,11 @@ crate::grpc::service_contract! {
         fn start_email_verification(StartEmailVerificationRequest) -> EmailVerificationStarted;
         /// Consumes a mailed code: records the verified address and graduates the tenant to `standard`.
         fn confirm_email_verification(ConfirmEmailVerificationRequest) -> Tenant;
+        fn create_agent_profile(CreateAgentProfileRequest) -> AgentProfile;
+        fn get_agent_profile(AgentProfileRef) -> AgentProfile;
+        fn list_agent_profiles(TenantRef) -> AgentProfileList;
+        fn update_agent_profile(UpdateAgentProfileRequest) -> AgentProfile;
+        fn delete_agent_profile(AgentProfileRef) -> AgentProfile;
+        fn set_agent_lifecycle(SetAgentLifecycleRequest) -> AgentProfile;
     }
 }

@@ -331,6 +331,7 @@ fn identity_service(settings: &Settings, database: Database, bus: Arc<dyn EventB
         dashboard_url: settings.dashboard_url.clone(),
         registration_mode: settings.registration_mode,
         outbox: MailOutbox::new(&settings.mail_outbox),
+        require_agent_owner: settings.require_agent_owner,
     };
     IdentityServiceImpl::new(database, bus, options)
 }

@@ -21,7 +21,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::{Method, Uri};
-use axum::routing::{delete, get, post, put};
+use axum::routing::{delete, get, patch, post, put};
 use brainstorm_audit_lineage::AuditPublisher;
 use brainstorm_budget_ledger::BudgetGuard;
 use brainstorm_common::ApiError;
@@ -153,7 +153,7 @@ impl Edge {
 }
 
 fn router(state: EdgeState, trace_requests: bool) -> Router {
-    use routes::{admin, budget, completions, governance, guardian, identity, providers};
+    use routes::{admin, agents, budget, completions, governance, guardian, identity, providers};
     let routes = Router::new()
         .route("/health", get(routes::health))
         .route("/v1/register", post(identity::register))
@@ -226,6 +226,9 @@ fn router(state: EdgeState, trace_requests: bool) -> Router {
         .route("/v1/replays/decisions", get(governance::decisions))
         .route("/v1/replays/simulate", post(governance::simulate))
         .route("/v1/replays/compare", get(governance::compare))
+        .route("/v1/agent/profiles", get(agents::list).post(agents::create))
+        .route("/v1/agent/profiles/{agent_id}", get(agents::get).patch(agents::update).delete(agents::delete))
+        .route("/v1/agent/profiles/lifecycle/{agent_id}", patch(agents::lifecycle))
         .route("/v1/chat/completions", post(completions::chat_completions))
         .route("/v1/messages", post(completions::messages))
         .route("/v1/messages/count_tokens", post(completions::count_tokens))

@@ -1,6 +1,7 @@
 //! The edge's handlers, by area.
 
 pub mod admin;
+pub mod agents;
 pub mod budget;
 pub mod completions;
 pub mod governance;

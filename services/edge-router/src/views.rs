@@ -2,7 +2,7 @@
 
 use brainstorm_common::money::Usd;
 use brainstorm_common::time::parse_timestamp;
-use brainstorm_proto::identity::{ApiKey, ClaimToken, Invitation, InviteCode, Tenant, User};
+use brainstorm_proto::identity::{AgentProfile, ApiKey, ClaimToken, Invitation, InviteCode, Tenant, User};
 use serde_json::{Value, json};
 
 pub fn tenant(tenant: &Tenant) -> Value {
@@ -88,5 +88,27 @@ pub fn invite_code(code: &InviteCode) -> Value {
         "remaining_uses": remaining,
         "expires_at": code.expires_at,
         "created_at": code.created_at,
+    })
+}
+
+/// An agent profile as the spec spells it (camelCase; budgets in US dollars).
+pub fn agent_profile(profile: &AgentProfile) -> Value {
+    json!({
+        "id": profile.id,
+        "tenantId": profile.tenant_id,
+        "agentId": profile.agent_id,
+        "displayName": profile.display_name,
+        "ownerId": profile.owner_id,
+        "costCenter": profile.cost_center,
+        "budgetDailyUsd": profile.budget_daily_nanos.map(|nanos| Usd::from_nanos(nanos).to_json()),
+        "budgetMonthlyUsd": profile.budget_monthly_nanos.map(|nanos| Usd::from_nanos(nanos).to_json()),
+        "role": profile.role,
+        "lifecycleState": profile.lifecycle_state,
+        "manifestId": profile.manifest_id,
+        "parentAgentId": profile.parent_agent_id,
+        "expiresAt": profile.expires_at,
+        "metadata": crate::routes::agents::metadata_object(&profile.metadata_json),
+        "createdAt": profile.created_at,
+        "updatedAt": profile.updated_at,
     })
 }

@@ -3,6 +3,7 @@
 //! `IdentityServiceImpl` implements the `IdentityService` contract of `brainstorm-proto` over a
 //! `Database`; callers reach it through an `IdentityClient`, in process or over gRPC.
 
+mod agents;
 pub mod rbac;
 mod secrets;
 mod service;

@@ -14,6 +14,7 @@ use brainstorm_proto::{ServiceError, ServiceResult};
 use chrono::{Duration, Utc};
 use prost::Message;
 
+use crate::agents::{self, AgentStore};
 use crate::rbac::{self, ROLES};
 use crate::secrets::{self, CLAIM_TOKEN_PREFIX, LIVE_KEY_PREFIX};
 use crate::store::{
@@ -38,12 +39,15 @@ pub struct IdentityOptions {
     pub dashboard_url: String,
     pub registration_mode: RegistrationMode,
     pub outbox: MailOutbox,
+    /// The owner-required switch (`BR_REQUIRE_AGENT_OWNER`): every agent profile needs an owner.
+    pub require_agent_owner: bool,
 }
 
 /// The identity service.
 #[derive(Clone)]
 pub struct IdentityServiceImpl {
     store: IdentityStore,
+    agents: AgentStore,
     bus: Arc<dyn EventBus>,
     options: Arc<IdentityOptions>,
 }
@@ -51,7 +55,20 @@ pub struct IdentityServiceImpl {
 impl IdentityServiceImpl {
     /// Identity over a migrated database, publishing its changes on `bus`.
     pub fn new(database: Database, bus: Arc<dyn EventBus>, options: IdentityOptions) -> Self {
-        IdentityServiceImpl { store: IdentityStore::new(database), bus, options: Arc::new(options) }
+        IdentityServiceImpl {
+            store: IdentityStore::new(database.clone()),
+            agents: AgentStore::new(database),
+            bus,
+            options: Arc::new(options),
+        }
+    }
+
+    async fn agent_or_not_found(&self, tenant_id: &str, agent_id: &str) -> ServiceResult<AgentProfile> {
+        self.agents
+            .get(tenant_id, agent_id)
+            .await
+            .map_err(store_failure)?
+            .ok_or_else(|| ServiceError::not_found("agent_not_found", format!("no agent profile `{agent_id}`")))
     }
 
     fn claim_url(&self, token: &str) -> String {
@@ -623,6 +640,63 @@ impl IdentityService for IdentityServiceImpl {
         tracing::info!(tenant_id = %request.tenant_id, plan = STANDARD_PLAN, "email verified, tenant graduated");
         // The verified address changed the tenant even when it was already on `standard`.
         self.publish_tenant_changed(&request.tenant_id).await
+    }
+
+    async fn create_agent_profile(&self, request: CreateAgentProfileRequest) -> ServiceResult<AgentProfile> {
+        let profile = agents::new_profile(&request, self.options.require_agent_owner)?;
+        self.tenant_or_not_found(&request.tenant_id).await?;
+        if !self.agents.insert(&profile).await.map_err(store_failure)? {
+            return Err(ServiceError::conflict("agent_exists", format!("an agent profile `{}` already exists", profile.agent_id)));
+        }
+        tracing::info!(tenant_id = %profile.tenant_id, agent_id = %profile.agent_id, "agent profile created");
+        Ok(profile)
+    }
+
+    async fn get_agent_profile(&self, request: AgentProfileRef) -> ServiceResult<AgentProfile> {
+        self.agent_or_not_found(&request.tenant_id, &request.agent_id).await
+    }
+
+    async fn list_agent_profiles(&self, request: TenantRef) -> ServiceResult<AgentProfileList> {
+        Ok(AgentProfileList { profiles: self.agents.list(&request.tenant_id).await.map_err(store_failure)? })
+    }
+
+    async fn update_agent_profile(&self, request: UpdateAgentProfileRequest) -> ServiceResult<AgentProfile> {
+        let current = self.agent_or_not_found(&request.tenant_id, &request.agent_id).await?;
+        let state = current.lifecycle_state.clone();
+        let updated = agents::updated_profile(current, &request, self.options.require_agent_owner)?;
+        if !self.agents.update(&updated, &state).await.map_err(store_failure)? {
+            return Err(ServiceError::conflict("concurrent_change", "the agent profile changed meanwhile; read it and try again"));
+        }
+        Ok(updated)
+    }
+
+    async fn delete_agent_profile(&self, request: AgentProfileRef) -> ServiceResult<AgentProfile> {
+        let profile = self.agent_or_not_found(&request.tenant_id, &request.agent_id).await?;
+        if !self.agents.delete(&request.tenant_id, &request.agent_id).await.map_err(store_failure)? {
+            return Err(ServiceError::not_found("agent_not_found", format!("no agent profile `{}`", request.agent_id)));
+        }
+        tracing::info!(tenant_id = %request.tenant_id, agent_id = %request.agent_id, "agent profile deleted");
+        Ok(profile)
+    }
+
+    async fn set_agent_lifecycle(&self, request: SetAgentLifecycleRequest) -> ServiceResult<AgentProfile> {
+        let state = request.state.trim();
+        if !agents::LIFECYCLE_STATES.contains(&state) {
+            return Err(ServiceError::invalid("invalid_state", format!("state must be one of {}", agents::LIFECYCLE_STATES.join(", "))));
+        }
+        let mut profile = self.agent_or_not_found(&request.tenant_id, &request.agent_id).await?;
+        let from = profile.lifecycle_state.clone();
+        if !agents::may_move(&from, state) {
+            return Err(ServiceError::conflict("invalid_transition", format!("an agent cannot move from {from} to {state}")));
+        }
+        profile.lifecycle_state = state.to_string();
+        profile.updated_at = now_timestamp();
+        // Guarded by the state read: of two concurrent moves from one state, one wins.
+        if !self.agents.update(&profile, &from).await.map_err(store_failure)? {
+            return Err(ServiceError::conflict("invalid_transition", format!("the agent left {from} meanwhile; read it and try again")));
+        }
+        tracing::info!(tenant_id = %request.tenant_id, agent_id = %request.agent_id, from = %from, to = state, "agent lifecycle moved");
+        Ok(profile)
     }
 }
 

@@ -15,7 +15,12 @@ type TestResult = Result<(), Box<dyn std::error::Error>>;
 async fn remote_identity() -> Result<IdentityClient, Box<dyn std::error::Error>> {
     let database = testing::fresh_sqlite().await?;
     let outbox = MailOutbox::new(std::env::temp_dir().join(format!("brainstorm-outbox-{}", uuid::Uuid::new_v4().simple())));
-    let options = IdentityOptions { dashboard_url: "https://dash.example".to_string(), registration_mode: RegistrationMode::Open, outbox };
+    let options = IdentityOptions {
+        dashboard_url: "https://dash.example".to_string(),
+        registration_mode: RegistrationMode::Open,
+        outbox,
+        require_agent_owner: false,
+    };
     let local = IdentityClient::local(IdentityServiceImpl::new(database, Arc::new(InProcessBus::new()), options));
 
     Ok(local.over_grpc_duplex().await?)

@@ -26,8 +26,12 @@ struct Harness {
 fn harness(database: Database, registration_mode: RegistrationMode) -> Harness {
     let bus = InProcessBus::new();
     let outbox = std::env::temp_dir().join(format!("brainstorm-outbox-{}", uuid::Uuid::new_v4().simple()));
-    let options =
-        IdentityOptions { dashboard_url: "https://dash.example".to_string(), registration_mode, outbox: MailOutbox::new(&outbox) };
+    let options = IdentityOptions {
+        dashboard_url: "https://dash.example".to_string(),
+        registration_mode,
+        outbox: MailOutbox::new(&outbox),
+        require_agent_owner: false,
+    };
     let shared_bus: Arc<dyn EventBus> = Arc::new(bus.clone());
     Harness { identity: IdentityServiceImpl::new(database.clone(), shared_bus, options), bus, outbox, database }
 }
@@ -49,6 +53,7 @@ use brainstorm_common::on_both_engines;
 on_both_engines!(
     registration_creates_a_sandbox_tenant_with_an_admin_key_and_claim,
     registration_with_a_chosen_id_happens_once,
+    agent_profiles_are_stored_changed_and_moved,
     keys_are_stored_hashed_and_authenticate_until_revoked,
     expired_keys_and_malformed_keys_are_refused,
     keys_cannot_grant_more_than_their_creator,
@@ -106,6 +111,50 @@ async fn registration_with_a_chosen_id_happens_once(database: Database) -> TestR
     assert_eq!(principal.tenant.map(|tenant| tenant.id), Some(id.to_string()));
     let malformed = harness.identity.register(request("Bad id", "not-a-uuid")).await.err().ok_or("malformed id accepted")?;
     assert_eq!((malformed.kind, malformed.reason.as_str()), (ErrorKind::InvalidArgument, "invalid_tenant_id"));
+    Ok(())
+}
+
+async fn agent_profiles_are_stored_changed_and_moved(database: Database) -> TestResult {
+    let harness = harness(database, RegistrationMode::Open);
+    let tenant = tenant_id(&register(&harness.identity, "Agents").await?);
+    let request = CreateAgentProfileRequest {
+        tenant_id: tenant.clone(),
+        agent_id: "crawler".to_string(),
+        budget_daily_nanos: Some(5_250_000_000),
+        metadata_json: Some("{\"team\": \"growth\"}".to_string()),
+        ..CreateAgentProfileRequest::default()
+    };
+    let created = harness.identity.create_agent_profile(request.clone()).await?;
+    assert_eq!(
+        (created.lifecycle_state.as_str(), created.role.as_str(), created.metadata_json.as_str()),
+        ("provisioned", "agent", "{\"team\":\"growth\"}")
+    );
+    let twice = harness.identity.create_agent_profile(request.clone()).await.err().ok_or("created twice")?;
+    assert_eq!((twice.kind, twice.reason.as_str()), (ErrorKind::Conflict, "agent_exists"));
+    let unknown_tenant = CreateAgentProfileRequest { tenant_id: "nope".to_string(), ..request };
+    assert_eq!(harness.identity.create_agent_profile(unknown_tenant).await.err().map(|error| error.kind), Some(ErrorKind::NotFound));
+
+    let reference = AgentProfileRef { tenant_id: tenant.clone(), agent_id: "crawler".to_string() };
+    let update = UpdateAgentProfileRequest {
+        tenant_id: tenant.clone(),
+        agent_id: "crawler".to_string(),
+        owner_id: Some("user_1".to_string()),
+        cleared: vec!["budget_daily_nanos".to_string()],
+        ..UpdateAgentProfileRequest::default()
+    };
+    let updated = harness.identity.update_agent_profile(update).await?;
+    assert_eq!((updated.owner_id.as_deref(), updated.budget_daily_nanos), (Some("user_1"), None));
+    assert_eq!(harness.identity.get_agent_profile(reference.clone()).await?, updated);
+
+    let mv =
+        |state: &str| SetAgentLifecycleRequest { tenant_id: tenant.clone(), agent_id: "crawler".to_string(), state: state.to_string() };
+    assert_eq!(harness.identity.set_agent_lifecycle(mv("terminated")).await.err().map(|error| error.kind), Some(ErrorKind::Conflict));
+    assert_eq!(harness.identity.set_agent_lifecycle(mv("active")).await?.lifecycle_state, "active");
+    assert_eq!(harness.identity.set_agent_lifecycle(mv("dormant")).await.err().map(|error| error.kind), Some(ErrorKind::InvalidArgument));
+    let listed = harness.identity.list_agent_profiles(TenantRef { tenant_id: tenant.clone() }).await?;
+    assert_eq!(listed.profiles.iter().map(|profile| profile.lifecycle_state.as_str()).collect::<Vec<_>>(), vec!["active"]);
+    harness.identity.delete_agent_profile(reference.clone()).await?;
+    assert_eq!(harness.identity.get_agent_profile(reference).await.err().map(|error| error.kind), Some(ErrorKind::NotFound));
     Ok(())
 }
 

@@ -26,8 +26,12 @@ async fn gateway(registration_mode: RegistrationMode) -> Result<Gateway, Box<dyn
     let database = testing::fresh_sqlite().await?;
     let bus: Arc<dyn EventBus> = Arc::new(InProcessBus::new());
     let outbox = std::env::temp_dir().join(format!("brainstorm-operator-outbox-{}", uuid_suffix()));
-    let options =
-        IdentityOptions { dashboard_url: "https://dash.example".to_string(), registration_mode, outbox: MailOutbox::new(&outbox) };
+    let options = IdentityOptions {
+        dashboard_url: "https://dash.example".to_string(),
+        registration_mode,
+        outbox: MailOutbox::new(&outbox),
+        require_agent_owner: false,
+    };
     let identity = IdentityClient::local(IdentityServiceImpl::new(database.clone(), bus.clone(), options));
     let policy = PolicyFirewallClient::local(PolicyFirewallServiceImpl::new(database, bus, PolicyFirewallOptions::default()));
     Ok(Gateway { identity, policy })
