@@ -1,7 +1,8 @@
 //! Trace export end to end in both shapes: with `OTEL_EXPORTER_OTLP_ENDPOINT` set, the gateway sends
 //! one span per request over OTLP/gRPC to a collector (here an OTLP trace receiver served by the test,
-//! from `opentelemetry-proto`), continuing the caller's `traceparent`, and the audit evidence of a
-//! completion (`traceparent` answer header) names that very span.
+//! from `opentelemetry-proto`), continuing the caller's `traceparent`; the audit evidence of a
+//! completion (`traceparent` answer header) names that very span; and in the distributed shape a
+//! service's span of a gRPC call continues the edge's trace.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -126,6 +127,18 @@ async fn requests_are_exported_as_spans_that_continue_the_callers_trace(shape: S
     assert_eq!(attribute(&span.attributes, "http.response.status_code"), Some("200".to_string()));
     assert_eq!(attribute(&span.attributes, "http.route"), Some("/v1/chat/completions".to_string()));
     assert!(span.end_time_unix_nano >= span.start_time_unix_nano && span.start_time_unix_nano > 0);
+
+    // Across the gRPC hop (the distributed shape): the service's span continues the edge's.
+    if shape == Shape::Distributed {
+        let created = gateway.call(Method::POST, "/v1/agent/profiles", Some(&key), Some(json!({"agentId": "tracer"}))).await?;
+        assert_eq!(created.status, 201, "{}", created.body);
+        let edge = collector.until("for the profile creation", |received| received.span.name == "POST /v1/agent/profiles").await?;
+        let hop = collector.until("in identity", |received| received.span.name == "IdentityService/create_agent_profile").await?;
+        assert_eq!(hop.service, "brainstorm-identity");
+        assert_eq!(hex(&hop.span.trace_id), hex(&edge.span.trace_id), "one trace across the hop");
+        assert_eq!(hex(&hop.span.parent_span_id), hex(&edge.span.span_id), "the edge's span is the parent");
+        assert_eq!(attribute(&hop.span.attributes, "rpc.system"), Some("grpc".to_string()));
+    }
 
     // Without a traceparent: a new trace, rooted at the request; routes are named by their template.
     let reply = gateway.call(Method::GET, "/v1/approvals/apr_missing", Some(&key), None).await?;

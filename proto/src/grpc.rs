@@ -90,8 +90,10 @@ macro_rules! service_contract {
                 async fn $method(&self, request: $Request) -> $crate::ServiceResult<$Response> {
                     // Clones of a tonic client share one channel: cheap, and no `&mut self` needed.
                     let mut generated = self.generated.clone();
+                    let mut call = tonic::Request::new(request);
+                    $crate::trace::inject(call.metadata_mut());
                     generated
-                        .$method(tonic::Request::new(request))
+                        .$method(call)
                         .await
                         .map(tonic::Response::into_inner)
                         .map_err($crate::ServiceError::from)
@@ -112,8 +114,11 @@ macro_rules! service_contract {
                     &self,
                     request: tonic::Request<$Request>,
                 ) -> Result<tonic::Response<$Response>, tonic::Status> {
+                    use tracing::Instrument as _;
+                    let span = $crate::trace::server_span(stringify!($Trait), stringify!($method), request.metadata());
                     self.client
                         .$method(request.into_inner())
+                        .instrument(span)
                         .await
                         .map(tonic::Response::new)
                         .map_err(tonic::Status::from)

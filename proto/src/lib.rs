@@ -11,5 +11,6 @@ pub mod events;
 mod grpc;
 pub mod identity;
 pub mod policy;
+pub mod trace;
 
 pub use error::{ErrorKind, ServiceError, ServiceResult};
