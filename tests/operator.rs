@@ -169,6 +169,36 @@ fn kill_switch(name: &str, spec: Value) -> Value {
     json!({"apiVersion": "brainstorm.dev/v1alpha1", "kind": "KillSwitch", "metadata": {"name": name, "namespace": NAMESPACE}, "spec": spec})
 }
 
+/// The Events the operator recorded about `name`, as (type, reason, note).
+async fn events_of(kube: &KubeApi, name: &str) -> anyhow::Result<Vec<(String, String, String)>> {
+    let list = kube.get(&format!("/apis/events.k8s.io/v1/namespaces/{NAMESPACE}/events")).await?.unwrap_or(Value::Null);
+    Ok(list["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|event| event["regarding"]["name"] == name)
+        .map(|event| {
+            let text = |member: &str| event[member].as_str().unwrap_or_default().to_string();
+            (text("type"), text("reason"), text("note"))
+        })
+        .collect())
+}
+
+/// Waits (at most 20 s) until an Event of `reason` about `name` is recorded, and returns its note.
+async fn event_until(kube: &KubeApi, name: &str, reason: &str, note_holds: &str) -> anyhow::Result<String> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let events = events_of(kube, name).await?;
+        if let Some((_, _, note)) = events.iter().find(|(_, seen, note)| seen == reason && note.contains(note_holds)) {
+            return Ok(note.clone());
+        }
+        if Instant::now() > deadline {
+            bail!("no {reason} Event about {name} holding {note_holds:?}: {events:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn phase(object: Option<&Value>) -> Option<&str> {
     object.and_then(|object| object["status"]["phase"].as_str())
 }
@@ -226,6 +256,8 @@ async fn tenants_are_registered_kept_in_line_and_keyed(shape: Shape) -> TestResu
     assert!(!ready.to_string().contains(&key), "the key must not appear in the Tenant");
     let (seen, body) = account(&gateway, &key).await?;
     assert_eq!(seen, 200, "{body}");
+    event_until(&kube, "acme", "Registered", &uid).await?;
+    event_until(&kube, "acme", "KeyWritten", "acme-brainstorm").await?;
     assert_eq!((body["tenant"]["id"].as_str(), body["tenant"]["name"].as_str()), (Some(uid.as_str()), Some("Acme Agents")), "{body}");
 
     // Spec changes reach the gateway: the name and the plan.
@@ -260,6 +292,8 @@ async fn tenants_are_registered_kept_in_line_and_keyed(shape: Shape) -> TestResu
     };
     account_until(&gateway, &rotated, 200).await?;
     account_until(&gateway, &key, 401).await?;
+    event_until(&kube, "acme", "KeyRotated", "previous key revoked").await?;
+    event_until(&kube, "acme", "StateChanged", "rejected").await?;
 
     // Deleting the Tenant revokes the operator's key and keeps the tenant (Retain).
     kube.delete(&format!("{TENANTS}/acme")).await?;
@@ -332,6 +366,7 @@ async fn kill_switches_follow_their_resources_and_never_lift_a_switch_set_by_han
 
     let refused = completion_until(&gateway, &key, None, 503).await?;
     assert_eq!(refused["error"]["code"], "kill_switch_active", "{refused}");
+    event_until(&kube, "stop-acme", "SwitchSet", "runaway spend").await?;
     let state = gateway.call(Method::GET, "/v1/killswitch/status", Some(&key), None).await?;
     assert_eq!((state.body["active"].as_bool(), state.body["reason"].as_str()), (Some(true), Some("runaway spend")), "{}", state.body);
 
@@ -339,6 +374,7 @@ async fn kill_switches_follow_their_resources_and_never_lift_a_switch_set_by_han
     kube.patch(&format!("{SWITCHES}/stop-acme"), json!({"spec": {"active": false}})).await?;
     kube.until(&format!("{SWITCHES}/stop-acme"), "switch inactive", |object| phase(object) == Some("Inactive")).await?;
     completion_until(&gateway, &key, None, 200).await?;
+    event_until(&kube, "stop-acme", "SwitchLifted", "off").await?;
 
     // A switch an incident responder sets by hand is not the operator's to lift.
     let by_hand = gateway.call(Method::POST, "/v1/killswitch/activate", Some(&key), Some(json!({"reason": "on-call"}))).await?;
@@ -377,6 +413,8 @@ async fn kill_switches_follow_their_resources_and_never_lift_a_switch_set_by_han
         kube.until(&format!("{SWITCHES}/no-reason"), "switch failed", |object| phase(object) == Some("Failed")).await?.context("gone")?;
     assert!(failed["status"]["message"].as_str().is_some_and(|message| message.contains("reason")), "{failed}");
     assert_eq!(failed["status"]["conditions"][0]["status"], "False", "{failed}");
+    let warnings = events_of(&kube, "no-reason").await?;
+    assert!(warnings.iter().any(|(kind, reason, _)| kind == "Warning" && reason == "ReconcileFailed"), "{warnings:?}");
     completion_until(&gateway, &key, None, 200).await?;
     Ok(())
 }

@@ -450,6 +450,7 @@ def check_operator(rendered: Render, namespace: str | None) -> None:
     needed = {("brainstorm.dev", resource, verb) for resource in ("tenants", "killswitches") for verb in ("get", "list", "watch", "patch")}
     needed |= {("brainstorm.dev", f"{resource}/status", "patch") for resource in ("tenants", "killswitches")}
     needed |= {("", "secrets", verb) for verb in ("get", "list", "watch", "create", "patch")}
+    needed |= {("events.k8s.io", "events", verb) for verb in ("create", "patch")}
     expect(needed <= granted, f"the operator's role lacks {sorted(needed - granted)}")
     expect(not any(verb in ("delete", "*") for _, _, verb in granted), "the operator needs no delete rights")
     expect(binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind, "name": name}, f"binding roleRef {binding['roleRef']}")

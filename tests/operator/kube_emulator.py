@@ -8,7 +8,7 @@ out: every created object gets `metadata.uid`, `creationTimestamp`, `generation`
 `resourceVersion`; every write moves the resourceVersion on, and a write to `spec` moves the
 generation; a merge patch naming a stale `metadata.resourceVersion` is refused with 409, as the API
 server's optimistic concurrency does; errors carry the API server's reasons (`NotFound`,
-`AlreadyExists`), which clients match on. The operator's resources and Secrets are declared so that
+`AlreadyExists`), which clients match on. The operator's resources, Secrets and Events are declared so that
 listing them works before the first one exists.
 
     python kube_emulator.py --port 0   # prints "listening on http://127.0.0.1:PORT" when ready
@@ -35,6 +35,10 @@ RESOURCES = {
     "brainstorm.dev/v1alpha1/killswitches": kmock.ResourceInfo(
         kind="KillSwitch", singular="killswitch", namespaced=True, subresources={"status"},
         verbs={"get", "list", "watch", "create", "patch", "delete"},
+    ),
+    "events.k8s.io/v1/events": kmock.ResourceInfo(
+        kind="Event", singular="event", namespaced=True,
+        verbs={"get", "list", "watch", "create", "patch"},
     ),
     "v1/secrets": kmock.ResourceInfo(
         kind="Secret", singular="secret", namespaced=True,

@@ -14,6 +14,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
@@ -58,11 +59,31 @@ struct Context {
     client: Client,
     gateway: Gateway,
     options: OperatorOptions,
+    /// Kubernetes Events on the resources (`kubectl describe` shows what the operator did).
+    recorder: Recorder,
+}
+
+impl Context {
+    /// Publishes an Event about `resource`; a refused Event is logged, never a failed reconciliation.
+    async fn event(&self, resource: &impl Resource<DynamicType = ()>, warning: bool, reason: &str, note: String) {
+        let event = Event {
+            type_: if warning { EventType::Warning } else { EventType::Normal },
+            reason: reason.to_string(),
+            note: Some(note),
+            action: reason.to_string(),
+            secondary: None,
+        };
+        if let Err(error) = self.recorder.publish(&event, &resource.object_ref(&())).await {
+            tracing::debug!(%error, reason, "could not publish an Event");
+        }
+    }
 }
 
 /// Runs both controllers until `shutdown` resolves.
 pub async fn run(client: Client, gateway: Gateway, options: OperatorOptions, shutdown: impl Future<Output = ()> + Send + 'static) {
-    let context = Arc::new(Context { client: client.clone(), gateway, options: options.clone() });
+    let reporter = Reporter { controller: "brainstorm-operator".to_string(), instance: std::env::var("HOSTNAME").ok() };
+    let recorder = Recorder::new(client.clone(), reporter);
+    let context = Arc::new(Context { client: client.clone(), gateway, options: options.clone(), recorder });
     let (tenants, kill_switches, secrets) = match &options.namespace {
         Some(namespace) => (
             Api::<Tenant>::namespaced(client.clone(), namespace),
@@ -138,13 +159,24 @@ async fn reconcile_tenant(tenant: Arc<Tenant>, context: Arc<Context>) -> Result<
     let outcome = async {
         let held_key = held_key(&secrets, &secret_name, &uid).await?;
         let converged = gateway.converge_tenant(&uid, &tenant.spec, held_key.as_deref(), &actor_of(tenant.as_ref())).await?;
+        if converged.registered {
+            context.event(tenant.as_ref(), false, "Registered", format!("tenant {uid} registered in the gateway")).await;
+        }
         let key = match &converged.minted {
             Some(minted) => {
                 write_secret(&secrets, &secret_name, tenant.as_ref(), minted).await?;
                 // The key the Secret held before (deleted, or revoked by hand) goes: rotation.
-                for old in [status.api_key_id.as_deref(), held_key.as_deref()].into_iter().flatten().filter(|old| *old != minted.id) {
+                let previous: Vec<&str> =
+                    [status.api_key_id.as_deref(), held_key.as_deref()].into_iter().flatten().filter(|old| *old != minted.id).collect();
+                for old in &previous {
                     gateway.revoke_key(&uid, old).await?;
                 }
+                // Distinct reasons: the recorder folds Events of one reason into a series (same note).
+                let (reason, note) = match previous.is_empty() {
+                    true => ("KeyWritten", format!("admin key {}... written to Secret {secret_name}", minted.prefix)),
+                    false => ("KeyRotated", format!("admin key {}... written to Secret {secret_name}; the previous key revoked", minted.prefix)),
+                };
+                context.event(tenant.as_ref(), false, reason, note).await;
                 Some((minted.id.clone(), minted.prefix.clone()))
             }
             None => held_key.map(|id| (id, status.api_key_prefix.clone().unwrap_or_default())),
@@ -169,6 +201,9 @@ async fn reconcile_tenant(tenant: Arc<Tenant>, context: Arc<Context>) -> Result<
         },
         Err(error) => {
             let phase = phase_of_failure(&error);
+            if tenant.status.as_ref().and_then(|status| status.message.as_deref()) != Some(error.to_string().as_str()) {
+                context.event(tenant.as_ref(), true, "ReconcileFailed", error.to_string()).await;
+            }
             let failed = TenantStatus {
                 phase: Some(phase.to_string()),
                 message: Some(error.to_string()),
@@ -180,6 +215,10 @@ async fn reconcile_tenant(tenant: Arc<Tenant>, context: Arc<Context>) -> Result<
             return Err(error);
         }
     };
+    if status.state.is_some() && status.state != next.state {
+        let state = next.state.clone().unwrap_or_default();
+        context.event(tenant.as_ref(), false, "StateChanged", format!("tenant status is now {state}")).await;
+    }
     write_status(&tenants, tenant.as_ref(), tenant.status.as_ref(), &next).await?;
     Ok(Action::requeue(context.options.resync))
 }
@@ -236,6 +275,11 @@ async fn reconcile_kill_switch(switch: Arc<KillSwitch>, context: Arc<Context>) -
     if switch.meta().deletion_timestamp.is_some() {
         if has_finalizer(switch.as_ref()) {
             gateway.converge_switch(None, status.applied.as_ref(), &actor).await?;
+            if status.applied.is_some() {
+                context
+                    .event(switch.as_ref(), false, "SwitchLifted", "the resource is being deleted: the switch it set is off".to_string())
+                    .await;
+            }
             set_finalizer(&switches, switch.as_ref(), false).await?;
         }
         return Ok(Action::await_change());
@@ -258,12 +302,17 @@ async fn reconcile_kill_switch(switch: Arc<KillSwitch>, context: Arc<Context>) -
             return Ok(Action::requeue(WAITING));
         }
         Err(error) => {
-            return fail_kill_switch(&switches, switch.as_ref(), &status, error).await;
+            return fail_kill_switch(&context, &switches, switch.as_ref(), &status, error).await;
         }
     };
     let outcome = gateway.converge_switch(Some(&desired), status.applied.as_ref(), &actor).await;
     let next = match outcome {
         Ok(outcome) => {
+            if outcome.applied.is_some() && outcome.applied != status.applied {
+                context.event(switch.as_ref(), false, "SwitchSet", format!("switch on: {}", desired.reason)).await;
+            } else if status.applied.is_some() && outcome.applied.is_none() {
+                context.event(switch.as_ref(), false, "SwitchLifted", "the switch this resource set is off".to_string()).await;
+            }
             let held_by_other = outcome.active && outcome.applied.is_none();
             let message = (held_by_other && !desired.active).then(|| {
                 format!(
@@ -288,7 +337,7 @@ async fn reconcile_kill_switch(switch: Arc<KillSwitch>, context: Arc<Context>) -
                 observed_generation: switch.meta().generation,
             }
         }
-        Err(error) => return fail_kill_switch(&switches, switch.as_ref(), &status, error.into()).await,
+        Err(error) => return fail_kill_switch(&context, &switches, switch.as_ref(), &status, error.into()).await,
     };
     write_status(&switches, switch.as_ref(), switch.status.as_ref(), &next).await?;
     Ok(Action::requeue(context.options.resync))
@@ -297,12 +346,16 @@ async fn reconcile_kill_switch(switch: Arc<KillSwitch>, context: Arc<Context>) -
 /// Reports a KillSwitch that could not be applied; whatever it set before stays set until the spec is
 /// fixed or the resource deleted (lifting it here would fail open).
 async fn fail_kill_switch(
+    context: &Context,
     switches: &Api<KillSwitch>,
     switch: &KillSwitch,
     status: &KillSwitchStatus,
     error: ReconcileError,
 ) -> Result<Action, ReconcileError> {
     let phase = phase_of_failure(&error);
+    if status.message.as_deref() != Some(error.to_string().as_str()) {
+        context.event(switch, true, "ReconcileFailed", error.to_string()).await;
+    }
     let failed = KillSwitchStatus {
         phase: Some(phase.to_string()),
         message: Some(error.to_string()),

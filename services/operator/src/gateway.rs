@@ -29,6 +29,8 @@ pub struct Gateway {
 pub struct TenantOutcome {
     pub tenant: Tenant,
     pub minted: Option<MintedKey>,
+    /// Whether this call registered the tenant.
+    pub registered: bool,
 }
 
 /// A freshly minted admin key: the plaintext exists only here and in the Secret it is written to.
@@ -87,6 +89,7 @@ impl Gateway {
             }
             Err(error) => return Err(error),
         };
+        let registered = minted.is_some();
         if tenant.name != name {
             tenant =
                 self.identity.update_tenant(UpdateTenantRequest { tenant_id: tenant_id.to_string(), name: Some(name.to_string()) }).await?;
@@ -107,7 +110,7 @@ impl Gateway {
         if minted.is_none() && !self.key_is_live(tenant_id, held_key).await? {
             minted = Some(self.mint_admin_key(tenant_id, actor).await?);
         }
-        Ok(TenantOutcome { tenant, minted })
+        Ok(TenantOutcome { tenant, minted, registered })
     }
 
     /// Whether `key_id` names an unrevoked key of the tenant.
