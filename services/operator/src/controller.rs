@@ -174,7 +174,9 @@ async fn reconcile_tenant(tenant: Arc<Tenant>, context: Arc<Context>) -> Result<
                 // Distinct reasons: the recorder folds Events of one reason into a series (same note).
                 let (reason, note) = match previous.is_empty() {
                     true => ("KeyWritten", format!("admin key {}... written to Secret {secret_name}", minted.prefix)),
-                    false => ("KeyRotated", format!("admin key {}... written to Secret {secret_name}; the previous key revoked", minted.prefix)),
+                    false => {
+                        ("KeyRotated", format!("admin key {}... written to Secret {secret_name}; the previous key revoked", minted.prefix))
+                    }
                 };
                 context.event(tenant.as_ref(), false, reason, note).await;
                 Some((minted.id.clone(), minted.prefix.clone()))
