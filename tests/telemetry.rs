@@ -117,7 +117,12 @@ async fn requests_are_exported_as_spans_that_continue_the_callers_trace(shape: S
         Shape::Embedded => "brainstorm",
         Shape::Distributed => "brainstorm-edge-router",
     };
-    let exported = collector.until("for the completion", |received| hex(&received.span.trace_id) == trace_id).await?;
+    // The edge's span: in the distributed shape the services' spans of the same request share its trace.
+    let exported = collector
+        .until("for the completion", |received| {
+            hex(&received.span.trace_id) == trace_id && received.span.name == "POST /v1/chat/completions"
+        })
+        .await?;
     let span = &exported.span;
     assert_eq!(span.name, "POST /v1/chat/completions");
     assert_eq!(exported.service, expected_service);
@@ -138,6 +143,12 @@ async fn requests_are_exported_as_spans_that_continue_the_callers_trace(shape: S
         assert_eq!(hex(&hop.span.trace_id), hex(&edge.span.trace_id), "one trace across the hop");
         assert_eq!(hex(&hop.span.parent_span_id), hex(&edge.span.span_id), "the edge's span is the parent");
         assert_eq!(attribute(&hop.span.attributes, "rpc.system"), Some("grpc".to_string()));
+        // The completion's own calls (the routing configuration, at least) joined the caller's trace.
+        collector
+            .until("of a service in the completion's trace", |received| {
+                hex(&received.span.trace_id) == trace_id && received.service != "brainstorm-edge-router"
+            })
+            .await?;
     }
 
     // Without a traceparent: a new trace, rooted at the request; routes are named by their template.
