@@ -166,8 +166,14 @@ async fn reconcile_tenant(tenant: Arc<Tenant>, context: Arc<Context>) -> Result<
             Some(minted) => {
                 write_secret(&secrets, &secret_name, tenant.as_ref(), minted).await?;
                 // The key the Secret held before (deleted, or revoked by hand) goes: rotation.
-                let previous: Vec<&str> =
-                    [status.api_key_id.as_deref(), held_key.as_deref()].into_iter().flatten().filter(|old| *old != minted.id).collect();
+                let mut previous: Vec<&str> = [status.api_key_id.as_deref(), held_key.as_deref()]
+                    .into_iter()
+                    .flatten()
+                    .chain(converged.superseded.iter().map(String::as_str))
+                    .filter(|old| *old != minted.id)
+                    .collect();
+                previous.sort_unstable();
+                previous.dedup();
                 for old in &previous {
                     gateway.revoke_key(&uid, old).await?;
                 }

@@ -31,6 +31,11 @@ pub struct TenantOutcome {
     pub minted: Option<MintedKey>,
     /// Whether this call registered the tenant.
     pub registered: bool,
+    /// With a key minted for an existing tenant: the keys it replaces, to revoke once the new one
+    /// is stored (the key registration made and keys minted before for this resource, unless the
+    /// Secret holds them). A retry after a crash between minting and writing the Secret leaves no
+    /// live key that nobody holds.
+    pub superseded: Vec<String>,
 }
 
 /// A freshly minted admin key: the plaintext exists only here and in the Secret it is written to.
@@ -107,17 +112,21 @@ impl Gateway {
                 .set_tenant_status(SetTenantStatusRequest { tenant_id: tenant_id.to_string(), status: status.to_string() })
                 .await?;
         }
-        if minted.is_none() && !self.key_is_live(tenant_id, held_key).await? {
-            minted = Some(self.mint_admin_key(tenant_id, actor).await?);
+        let mut superseded = Vec::new();
+        if minted.is_none() {
+            let keys = self.identity.list_api_keys(TenantRef { tenant_id: tenant_id.to_string() }).await?.keys;
+            let held_live = held_key.is_some_and(|held| keys.iter().any(|key| key.id == held && key.revoked_at.is_none()));
+            if !held_live {
+                superseded = keys
+                    .iter()
+                    .filter(|key| key.revoked_at.is_none() && Some(key.id.as_str()) != held_key)
+                    .filter(|key| is_registration_key(key) || (key.name == OPERATOR_KEY_NAME && key.created_by.as_deref() == Some(actor)))
+                    .map(|key| key.id.clone())
+                    .collect();
+                minted = Some(self.mint_admin_key(tenant_id, actor).await?);
+            }
         }
-        Ok(TenantOutcome { tenant, minted, registered })
-    }
-
-    /// Whether `key_id` names an unrevoked key of the tenant.
-    async fn key_is_live(&self, tenant_id: &str, key_id: Option<&str>) -> Result<bool, ServiceError> {
-        let Some(key_id) = key_id else { return Ok(false) };
-        let keys = self.identity.list_api_keys(TenantRef { tenant_id: tenant_id.to_string() }).await?;
-        Ok(keys.keys.iter().any(|key| key.id == key_id && key.revoked_at.is_none()))
+        Ok(TenantOutcome { tenant, minted, registered, superseded })
     }
 
     async fn mint_admin_key(&self, tenant_id: &str, actor: &str) -> Result<MintedKey, ServiceError> {
@@ -281,6 +290,11 @@ impl Gateway {
             other => other,
         }
     }
+}
+
+/// The admin key registration makes (named `registration`, created by nobody).
+fn is_registration_key(key: &brainstorm_proto::identity::ApiKey) -> bool {
+    key.name == "registration" && key.created_by.is_none()
 }
 
 fn missing(what: &str) -> ServiceError {

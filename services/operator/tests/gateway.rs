@@ -93,6 +93,27 @@ async fn a_tenant_is_registered_once_under_its_uid_and_kept_as_declared() -> Tes
     gateway.revoke_key(UID, &fresh.id).await?;
     assert!(!authenticates(&gateway, &fresh.plaintext).await?);
 
+    // A crash between minting and writing the Secret, twice: each retry names the keys nobody holds
+    // (the registration key, the operator's earlier keys) for revocation once its own is stored.
+    let other = "3f1d2c3b-4a59-4e87-9d6c-5b4a3f2e1d0c";
+    let registered = gateway.converge_tenant(other, &spec("Crashy"), None, ACTOR).await?;
+    assert!(registered.registered && registered.superseded.is_empty());
+    let registration_key = registered.minted.ok_or("no key")?;
+    let first_retry = gateway.converge_tenant(other, &spec("Crashy"), None, ACTOR).await?;
+    assert!(!first_retry.registered);
+    assert_eq!(first_retry.superseded, vec![registration_key.id.clone()]);
+    let lost = first_retry.minted.ok_or("no key minted on retry")?;
+    let second_retry = gateway.converge_tenant(other, &spec("Crashy"), None, ACTOR).await?;
+    let mut expected = vec![registration_key.id.clone(), lost.id.clone()];
+    expected.sort();
+    let mut superseded = second_retry.superseded.clone();
+    superseded.sort();
+    assert_eq!(superseded, expected);
+    // Held and live: nothing minted, nothing superseded.
+    let kept = second_retry.minted.ok_or("no key")?;
+    let settled = gateway.converge_tenant(other, &spec("Crashy"), Some(&kept.id), ACTOR).await?;
+    assert!(settled.minted.is_none() && settled.superseded.is_empty());
+
     // A spec the gateway refuses is an error, not a silent skip.
     let refused = gateway.converge_tenant("1f1d2c3b-4a59-4e87-9d6c-5b4a3f2e1d0c", &spec("   "), None, ACTOR).await;
     assert_eq!(refused.err().map(|error| error.kind), Some(ErrorKind::InvalidArgument));
