@@ -571,18 +571,14 @@ async fn write_private(path: &std::path::Path, contents: &str) -> std::io::Resul
 }
 
 fn remote(settings: &Settings, service: ServiceName) -> anyhow::Result<Channel> {
-    service_channel(settings, service, "edge-router")
+    service_channel(settings, service, || {
+        format!("edge-router needs {service}: run it in this process (`serve edge-router {service}`) or set {}", service.url_variable())
+    })
 }
 
-/// A lazy gRPC channel to `service` at its `BR_<SERVICE>_URL`; `caller` names who needs it.
-fn service_channel(settings: &Settings, service: ServiceName, caller: &str) -> anyhow::Result<Channel> {
-    let url = settings.service_urls.get(&service).with_context(|| {
-        if caller == "edge-router" {
-            format!("edge-router needs {service}: run it in this process (`serve edge-router {service}`) or set {}", service.url_variable())
-        } else {
-            format!("{caller} needs {service}: set {}", service.url_variable())
-        }
-    })?;
+/// A lazy gRPC channel to `service` at its `BR_<SERVICE>_URL`; `missing` says what to do without one.
+fn service_channel(settings: &Settings, service: ServiceName, missing: impl FnOnce() -> String) -> anyhow::Result<Channel> {
+    let url = settings.service_urls.get(&service).with_context(missing)?;
     let endpoint = Endpoint::from_shared(url.clone())
         .with_context(|| format!("{} is not a valid URL", service.url_variable()))?
         .tcp_nodelay(true)
@@ -611,9 +607,12 @@ async fn serve_edge(settings: &Settings, dependencies: EdgeDependencies, bus: Ar
 
 /// `brainstorm operator`: the Kubernetes operator, with `GET /health` on the REST address.
 pub async fn operator(settings: Settings, arguments: &crate::cli::OperatorArgs) -> anyhow::Result<()> {
+    let channel = |service: ServiceName| {
+        service_channel(&settings, service, || format!("the operator needs {service}: set {}", service.url_variable()))
+    };
     let gateway = brainstorm_operator::Gateway {
-        identity: IdentityClient::grpc(service_channel(&settings, ServiceName::Identity, "the operator")?),
-        policy: PolicyFirewallClient::grpc(service_channel(&settings, ServiceName::PolicyFirewall, "the operator")?),
+        identity: IdentityClient::grpc(channel(ServiceName::Identity)?),
+        policy: PolicyFirewallClient::grpc(channel(ServiceName::PolicyFirewall)?),
     };
     let client = kube::Client::try_default().await.context("cannot reach the Kubernetes API (KUBECONFIG or the pod's service account)")?;
     let options = brainstorm_operator::OperatorOptions {

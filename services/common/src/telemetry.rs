@@ -1,11 +1,8 @@
 //! Logging and trace export for the binary: structured `tracing` output (text or JSON) and, when
 //! `OTEL_EXPORTER_OTLP_ENDPOINT` is set, the process's spans exported over OTLP/gRPC.
 
-use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
-use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
-use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -78,39 +75,21 @@ fn trace_provider(endpoint: &str, service_name: &str) -> Result<SdkTracerProvide
 
 /// The W3C trace context of a request's headers (`traceparent`, `tracestate`), to parent its span.
 pub fn remote_context(headers: &http::HeaderMap) -> opentelemetry::Context {
-    TraceContextPropagator::new().extract(&HeaderExtractor(headers))
+    brainstorm_proto::trace::remote_context(|key| headers.get(key).and_then(|value| value.to_str().ok()))
 }
 
 /// Makes `span` a child of the request's remote trace context, if it carries a valid one.
 pub fn continue_trace(span: &tracing::Span, headers: &http::HeaderMap) {
-    let context = remote_context(headers);
-    if context.span().span_context().is_valid() {
-        let _ignored = span.set_parent(context);
-    }
+    brainstorm_proto::trace::continue_from(span, remote_context(headers));
 }
 
 /// The trace id and span id (lowercase hex) of the current span when it is exported; None when
 /// trace export is off (the edge then makes its own ids for the audit record).
 pub fn current_span_ids() -> Option<(String, String)> {
-    let span = tracing::Span::current();
-    if span.is_none() {
-        return None;
-    }
-    let context = span.context();
-    let span_context = context.span().span_context().clone();
-    span_context.is_valid().then(|| (span_context.trace_id().to_string(), span_context.span_id().to_string()))
-}
-
-struct HeaderExtractor<'a>(&'a http::HeaderMap);
-
-impl Extractor for HeaderExtractor<'_> {
-    fn get(&self, key: &str) -> Option<&str> {
-        self.0.get(key).and_then(|value| value.to_str().ok())
-    }
-
-    fn keys(&self) -> Vec<&str> {
-        self.0.keys().map(http::HeaderName::as_str).collect()
-    }
+    let context = brainstorm_proto::trace::exported_context()?;
+    let span = context.span();
+    let ids = span.span_context();
+    Some((ids.trace_id().to_string(), ids.span_id().to_string()))
 }
 
 #[cfg(test)]

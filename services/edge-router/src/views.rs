@@ -107,7 +107,8 @@ pub fn agent_profile(profile: &AgentProfile) -> Value {
         "manifestId": profile.manifest_id,
         "parentAgentId": profile.parent_agent_id,
         "expiresAt": profile.expires_at,
-        "metadata": crate::routes::agents::metadata_object(&profile.metadata_json),
+        // Stored as an object's text; anything else (never written) shows as `{}`.
+        "metadata": serde_json::from_str::<Value>(&profile.metadata_json).ok().filter(Value::is_object).unwrap_or_else(|| json!({})),
         "createdAt": profile.created_at,
         "updatedAt": profile.updated_at,
     })

@@ -9,7 +9,7 @@ use brainstorm_proto::identity::{
     AgentProfileRef, CreateAgentProfileRequest, SetAgentLifecycleRequest, TenantRef, UpdateAgentProfileRequest,
 };
 use serde::Deserialize;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use crate::EdgeState;
 use crate::auth::Caller;
@@ -83,14 +83,6 @@ fn nanos(field: &str, amount: Option<&serde_json::Number>) -> Result<Option<i64>
         .map_err(|error| ApiError::invalid_request("invalid_budget", format!("{field}: {error}")))
 }
 
-fn metadata_text(metadata: Option<Value>) -> Result<Option<String>, ApiError> {
-    match metadata {
-        None => Ok(None),
-        Some(value @ Value::Object(_)) => Ok(Some(value.to_string())),
-        Some(_) => Err(ApiError::invalid_request("invalid_metadata", "metadata must be a JSON object")),
-    }
-}
-
 /// `GET /v1/agent/profiles` (agent.profile.read): `{profiles[], total}`.
 pub async fn list(State(state): State<EdgeState>, caller: Caller) -> Answer {
     caller.require(READ)?;
@@ -119,7 +111,7 @@ pub async fn create(
         budget_daily_nanos: nanos("budgetDailyUsd", body.budget_daily_usd.as_ref())?,
         budget_monthly_nanos: nanos("budgetMonthlyUsd", body.budget_monthly_usd.as_ref())?,
         role: body.role,
-        metadata_json: metadata_text(body.metadata)?,
+        metadata_json: body.metadata.map(|metadata| metadata.to_string()),
     };
     let profile = state.identity.create_agent_profile(request).await?;
     Ok((StatusCode::CREATED, Json(json!({"profile": views::agent_profile(&profile)}))))
@@ -171,7 +163,7 @@ pub async fn update(
         budget_daily_nanos,
         budget_monthly_nanos,
         role: body.role,
-        metadata_json: metadata_text(body.metadata)?,
+        metadata_json: body.metadata.map(|metadata| metadata.to_string()),
         cleared,
     };
     let profile = state.identity.update_agent_profile(request).await?;
@@ -203,12 +195,4 @@ pub async fn lifecycle(
     let request = SetAgentLifecycleRequest { tenant_id: caller.tenant_id()?.to_string(), agent_id, state: target };
     let profile = state.identity.set_agent_lifecycle(request).await?;
     Ok(Json(json!({"profile": views::agent_profile(&profile)})))
-}
-
-/// Members of a stored metadata text (an object; anything else shows as `{}`).
-pub fn metadata_object(text: &str) -> Value {
-    match serde_json::from_str::<Value>(text) {
-        Ok(value @ Value::Object(_)) => value,
-        _ => Value::Object(Map::new()),
-    }
 }
