@@ -21,6 +21,9 @@ fn main() -> Result<(), Box<dyn Error>> {
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
+        // Per-agent limits keep their agents in order, so their JSON and answers are stable.
+        .btree_map(".brainstorm.budget.v1.AgentLimits.limits")
+        .btree_map(".brainstorm.budget.v1.WriteAgentLimitsRequest.set")
         // The edge answers governance reads with these messages as they are.
         .type_attribute(".brainstorm.audit.v1", "#[derive(serde::Serialize)]")
         // Transport only: the edge's canonical payload travels with the record to the chain writer.

@@ -1,14 +1,26 @@
 //! Agent profiles end to end in both shapes: create, read, change and delete them, move them
 //! through their lifecycle (every move the table forbids is a 409), with the roles that may do
-//! each, and the owner-required switch.
+//! each, and the owner-required switch; agents bootstrapping with a tenant key and reading
+//! themselves with the JWT it mints.
 
-use brainstorm_e2e::{Gateway, Shape};
+use std::time::Duration;
+
+use brainstorm_e2e::{Gateway, Reply, Shape};
+use brainstorm_mock_upstream::{MockConfig, MockUpstream};
 use reqwest::Method;
 use serde_json::{Value, json};
 
 type TestResult = anyhow::Result<()>;
 
-brainstorm_e2e::in_both_shapes!(profiles_are_managed_and_moved_through_their_lifecycle, the_owner_required_switch_refuses_ownerless_agents);
+brainstorm_e2e::in_both_shapes!(
+    profiles_are_managed_and_moved_through_their_lifecycle,
+    the_owner_required_switch_refuses_ownerless_agents,
+    agents_bootstrap_and_read_themselves_with_their_jwt,
+    an_ownerless_agent_is_held_to_the_switch_turned_on_later,
+    agent_limits_cap_each_agents_budget_and_rate,
+);
+
+const ANTHROPIC_KEY: &str = "sk-ant-agents-test-0123456789abcdefghijkl";
 
 async fn key_with_role(gateway: &Gateway, admin: &str, role: &str) -> anyhow::Result<String> {
     let reply = gateway.call(Method::POST, "/v1/api-keys", Some(admin), Some(json!({"name": role, "role": role}))).await?;
@@ -139,5 +151,293 @@ async fn the_owner_required_switch_refuses_ownerless_agents(shape: Shape) -> Tes
     assert_eq!(owned.status, 201, "{}", owned.text);
     let unowning = gateway.call(Method::PATCH, "/v1/agent/profiles/owned", Some(&admin), Some(json!({"ownerId": null}))).await?;
     assert_eq!((unowning.status, code(&unowning)), (400, "owner_required"), "{}", unowning.text);
+    Ok(())
+}
+
+/// `GET` with an agent JWT.
+async fn as_agent(gateway: &Gateway, path: &str, jwt: &str) -> anyhow::Result<Reply> {
+    gateway.call(Method::GET, path, Some(jwt), None).await
+}
+
+async fn agents_bootstrap_and_read_themselves_with_their_jwt(shape: Shape) -> TestResult {
+    let mock = MockUpstream::start(MockConfig::default()).await?;
+    let gateway = Gateway::start_with(shape, &[("BR_PROVIDER_ANTHROPIC_BASE_URL", mock.base_url())]).await?;
+    let (admin, registration) = gateway.register("Agent Works").await?;
+    let admin_key_id = registration["api_key"]["id"].as_str().unwrap_or_default().to_string();
+    let registered =
+        gateway.call(Method::POST, "/v1/providers", Some(&admin), Some(json!({"provider": "anthropic", "api_key": ANTHROPIC_KEY}))).await?;
+    assert_eq!(registered.status, 201, "{}", registered.text);
+
+    let body = json!({"agent_id": "researcher", "display_name": "Researcher", "budget_daily_usd": 2.5, "metadata": {"can_delegate": true}});
+    let boot = gateway.call(Method::POST, "/v1/agent/bootstrap", Some(&admin), Some(body.clone())).await?;
+    assert_eq!(boot.status, 201, "{}", boot.text);
+    let profile = &boot.body["profile"];
+    assert_eq!((profile["agentId"].as_str(), profile["lifecycleState"].as_str()), (Some("researcher"), Some("active")));
+    assert_eq!(profile["ownerId"], json!(format!("key:{admin_key_id}")), "the bootstrapping key answers for the agent");
+    assert_eq!(profile["metadata"], json!({"can_delegate": true}));
+    assert_eq!(
+        boot.body["budget"],
+        json!({"profile_daily_usd": 2.5, "profile_monthly_usd": null, "enforced_daily_usd": 2.5, "enforced_rpm": null})
+    );
+    assert!(boot.body["next_steps"]["completions"].as_str().is_some_and(|step| step.contains("X-BR-Agent-Id: researcher")));
+    let jwt = boot.body["jwt"].as_str().unwrap_or_default().to_string();
+    assert_eq!(jwt.split('.').count(), 3, "{jwt}");
+    let expires_at = chrono::DateTime::parse_from_rfc3339(boot.body["jwt_expires_at"].as_str().unwrap_or_default())?;
+    let lifetime = expires_at.signed_duration_since(chrono::Utc::now()).num_seconds();
+    assert!((3500..=3600).contains(&lifetime), "an hour by default, got {lifetime} s");
+    // The enforced budget is the ledger's agent budget, visible where budgets are managed.
+    let agents = gateway.call(Method::GET, "/v1/budget/agents", Some(&admin), None).await?;
+    let configured = agents.body["agents"].as_array().cloned().unwrap_or_default();
+    assert!(
+        configured.iter().any(|agent| agent["agentId"] == "researcher" && agent["config"]["perDayUsd"] == json!(2.5)),
+        "{}",
+        agents.text
+    );
+
+    // Again: the same profile, 200, a fresh token.
+    let again = gateway.call(Method::POST, "/v1/agent/bootstrap", Some(&admin), Some(body.clone())).await?;
+    assert_eq!(again.status, 200, "{}", again.text);
+    assert_eq!(again.body["profile"]["id"], boot.body["profile"]["id"]);
+    assert_ne!(again.body["jwt"], boot.body["jwt"]);
+    let stolen = gateway
+        .call(Method::POST, "/v1/agent/bootstrap", Some(&admin), Some(json!({"agent_id": "researcher", "owner_id": "someone-else"})))
+        .await?;
+    assert_eq!((stolen.status, code(&stolen)), (409, "agent_exists"), "{}", stolen.text);
+
+    // Who may bootstrap: a key that may call completions; never an agent JWT.
+    let with_jwt = gateway.call(Method::POST, "/v1/agent/bootstrap", Some(&jwt), Some(body.clone())).await?;
+    assert_eq!((with_jwt.status, code(&with_jwt)), (403, "api_key_required"), "{}", with_jwt.text);
+    let developer = key_with_role(&gateway, &admin, "developer").await?;
+    let auditor = key_with_role(&gateway, &admin, "auditor").await?;
+    let by_developer = gateway.call(Method::POST, "/v1/agent/bootstrap", Some(&developer), Some(json!({"agent_id": "helper"}))).await?;
+    assert_eq!(by_developer.status, 201, "{}", by_developer.text);
+    let by_auditor = gateway.call(Method::POST, "/v1/agent/bootstrap", Some(&auditor), Some(json!({"agent_id": "watcher"}))).await?;
+    assert_eq!(by_auditor.status, 403, "{}", by_auditor.text);
+    assert_eq!(gateway.call(Method::POST, "/v1/agent/bootstrap", None, Some(json!({"agent_id": "nobody"}))).await?.status, 401);
+    for (bad, status, expected) in [
+        (json!({"display_name": "x"}), 400, "agent_id_required"),
+        (json!({"agent_id": "Not Valid"}), 400, "invalid_agent_id"),
+        (json!({"agent_id": "lister", "metadata": "text"}), 400, "invalid_metadata"),
+        (json!({"agent_id": "lister", "budget_daily_usd": "lots"}), 400, "invalid_json"),
+    ] {
+        let refused = gateway.call(Method::POST, "/v1/agent/bootstrap", Some(&admin), Some(bad.clone())).await?;
+        assert_eq!(refused.status, status, "{bad}: {}", refused.text);
+        if expected != "invalid_json" {
+            assert_eq!(code(&refused), expected, "{bad}: {}", refused.text);
+        }
+    }
+
+    // The JWT reads the agent's own views; an API key, nothing, or an edited token does not.
+    let me = as_agent(&gateway, "/v1/agent/profiles/me", &jwt).await?;
+    assert_eq!((me.status, me.body["profile"]["id"].clone()), (200, boot.body["profile"]["id"].clone()), "{}", me.text);
+    let with_key = as_agent(&gateway, "/v1/agent/profiles/me", &admin).await?;
+    assert_eq!((with_key.status, code(&with_key)), (401, "agent_token_required"), "{}", with_key.text);
+    assert_eq!(with_key.body["recovery"]["endpoint"], "/v1/agent/bootstrap");
+    let anonymous = gateway.call(Method::GET, "/v1/agent/status", None, None).await?;
+    assert_eq!((anonymous.status, code(&anonymous)), (401, "agent_token_required"));
+    let edited = format!("{}A", jwt);
+    let forged = as_agent(&gateway, "/v1/agent/status", &edited).await?;
+    assert_eq!((forged.status, code(&forged)), (401, "invalid_agent_token"), "{}", forged.text);
+
+    // Spend through the agent shows in its status (the counters the budget is enforced on).
+    let completion = json!({"model": "anthropic/claude-haiku-4-5", "max_tokens": 10, "messages": [{"role": "user", "content": "hello"}]});
+    let attributed = gateway
+        .request(Method::POST, "/v1/chat/completions", Some(&admin))
+        .header("x-br-agent-id", "researcher")
+        .json(&completion)
+        .send()
+        .await?;
+    assert_eq!(attributed.status().as_u16(), 200);
+    let mut status = Reply::default();
+    for _ in 0..100 {
+        status = as_agent(&gateway, "/v1/agent/status", &jwt).await?;
+        if status.body["limits"]["enforced_daily_spent_usd"].as_f64().is_some_and(|spent| spent > 0.0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(status.status, 200, "{}", status.text);
+    let limits = &status.body["limits"];
+    let spent = limits["enforced_daily_spent_usd"].as_f64().unwrap_or_default();
+    assert!(spent > 0.0, "{}", status.text);
+    let remaining = limits["enforced_daily_remaining_usd"].as_f64().unwrap_or_default();
+    assert!((remaining + spent - 2.5).abs() < 1e-6, "{}", status.text);
+    assert_eq!((limits["enforced_daily_usd"].as_f64(), limits["profile_daily_usd"].as_f64()), (Some(2.5), Some(2.5)));
+    assert_eq!(status.body["governance"], json!({"lifecycle_state": "active", "manifest_id": null, "role": "agent"}));
+    assert!(status.body["anomaly"]["recent_events"].is_array(), "{}", status.text);
+    let my_limits = as_agent(&gateway, "/v1/agent/limits/me", &jwt).await?;
+    assert_eq!((my_limits.status, my_limits.body["limits"]["enforced_daily_usd"].as_f64()), (200, Some(2.5)), "{}", my_limits.text);
+    let my_anomalies = as_agent(&gateway, "/v1/agent/anomaly/me", &jwt).await?;
+    assert!(my_anomalies.status == 200 && my_anomalies.body["events"].is_array(), "{}", my_anomalies.text);
+    let this_agent = as_agent(&gateway, "/v1/self", &jwt).await?;
+    assert_eq!(
+        (this_agent.body["type"].as_str(), this_agent.body["agent_id"].as_str()),
+        (Some("agent"), Some("researcher")),
+        "{}",
+        this_agent.text
+    );
+    let this_key = as_agent(&gateway, "/v1/self", &admin).await?;
+    assert_eq!(
+        (this_key.body["type"].as_str(), this_key.body["key_id"].as_str()),
+        (Some("api_key"), Some(admin_key_id.as_str())),
+        "{}",
+        this_key.text
+    );
+
+    // Lifecycle: suspended agents are refused at once (tokens and bootstrap); terminated ones for good.
+    let mv =
+        |state: &str| gateway.call(Method::PATCH, "/v1/agent/profiles/lifecycle/researcher", Some(&admin), Some(json!({"state": state})));
+    assert_eq!(mv("suspended").await?.status, 200);
+    let suspended = as_agent(&gateway, "/v1/agent/profiles/me", &jwt).await?;
+    assert_eq!((suspended.status, code(&suspended)), (403, "agent_suspended"), "{}", suspended.text);
+    let rebooted = gateway.call(Method::POST, "/v1/agent/bootstrap", Some(&admin), Some(body.clone())).await?;
+    assert_eq!((rebooted.status, code(&rebooted)), (403, "agent_suspended"), "{}", rebooted.text);
+    assert_eq!(mv("active").await?.status, 200);
+    assert_eq!(as_agent(&gateway, "/v1/agent/status", &jwt).await?.status, 200);
+    assert_eq!(mv("suspended").await?.status, 200);
+    assert_eq!(mv("terminated").await?.status, 200);
+    let terminated = as_agent(&gateway, "/v1/agent/status", &jwt).await?;
+    assert_eq!((terminated.status, code(&terminated)), (403, "agent_terminated"), "{}", terminated.text);
+
+    // Another tenant's agent of the same name is its own.
+    let (other, _) = gateway.register("Elsewhere").await?;
+    let theirs = gateway.call(Method::POST, "/v1/agent/bootstrap", Some(&other), Some(json!({"agent_id": "researcher"}))).await?;
+    assert_eq!(theirs.status, 201, "{}", theirs.text);
+    assert_ne!(theirs.body["profile"]["id"], boot.body["profile"]["id"]);
+    Ok(())
+}
+
+async fn an_ownerless_agent_is_held_to_the_switch_turned_on_later(shape: Shape) -> TestResult {
+    let mut gateway = Gateway::start(shape).await?;
+    let (admin, _) = gateway.register("Late Rules").await?;
+    let created = gateway.call(Method::POST, "/v1/agent/profiles", Some(&admin), Some(json!({"agentId": "orphan"}))).await?;
+    assert_eq!((created.status, created.body["profile"]["ownerId"].clone()), (201, Value::Null), "{}", created.text);
+    let boot = gateway.call(Method::POST, "/v1/agent/bootstrap", Some(&admin), Some(json!({"agent_id": "orphan"}))).await?;
+    assert_eq!(
+        (boot.status, boot.body["profile"]["ownerId"].clone()),
+        (200, Value::Null),
+        "an existing profile keeps its owner: {}",
+        boot.text
+    );
+    let jwt = boot.body["jwt"].as_str().unwrap_or_default().to_string();
+    assert_eq!(as_agent(&gateway, "/v1/agent/limits/me", &jwt).await?.status, 200);
+
+    // Identity restarted with the switch on: the agent may read its status and profile, nothing else.
+    let identity = match shape {
+        Shape::Embedded => "up",
+        Shape::Distributed => "identity",
+    };
+    gateway.kill(identity)?;
+    gateway.restart_with(identity, &[("BR_REQUIRE_AGENT_OWNER", "true")]).await?;
+    for path in ["/v1/agent/limits/me", "/v1/agent/anomaly/me", "/v1/self"] {
+        let refused = as_agent(&gateway, path, &jwt).await?;
+        assert_eq!((refused.status, code(&refused)), (403, "owner_required"), "{path}: {}", refused.text);
+        assert_eq!(refused.body["recovery"]["endpoint"], "/v1/agent/profiles/orphan");
+    }
+    for path in ["/v1/agent/status", "/v1/agent/profiles/me"] {
+        assert_eq!(as_agent(&gateway, path, &jwt).await?.status, 200, "{path}");
+    }
+    let owned = gateway.call(Method::PATCH, "/v1/agent/profiles/orphan", Some(&admin), Some(json!({"ownerId": "user_7"}))).await?;
+    assert_eq!(owned.status, 200, "{}", owned.text);
+    assert_eq!(as_agent(&gateway, "/v1/agent/limits/me", &jwt).await?.status, 200);
+    Ok(())
+}
+
+async fn completion_as(gateway: &Gateway, key: &str, agent: &str) -> anyhow::Result<Reply> {
+    let completion = json!({"model": "anthropic/claude-haiku-4-5", "max_tokens": 10, "messages": [{"role": "user", "content": "hello"}]});
+    let response =
+        gateway.request(Method::POST, "/v1/chat/completions", Some(key)).header("x-br-agent-id", agent).json(&completion).send().await?;
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let text = response.text().await?;
+    Ok(Reply { status, body: serde_json::from_str(&text).unwrap_or(Value::Null), text, headers })
+}
+
+async fn agent_limits_cap_each_agents_budget_and_rate(shape: Shape) -> TestResult {
+    let mock = MockUpstream::start(MockConfig::default()).await?;
+    let gateway = Gateway::start_with(shape, &[("BR_PROVIDER_ANTHROPIC_BASE_URL", mock.base_url())]).await?;
+    let (admin, _) = gateway.register("Limited Agents").await?;
+    let registered =
+        gateway.call(Method::POST, "/v1/providers", Some(&admin), Some(json!({"provider": "anthropic", "api_key": ANTHROPIC_KEY}))).await?;
+    assert_eq!(registered.status, 201, "{}", registered.text);
+
+    let empty = gateway.call(Method::GET, "/v1/agent-limits", Some(&admin), None).await?;
+    assert_eq!(
+        (empty.status, empty.body["agentLimits"].clone(), empty.body["version"].clone()),
+        (200, json!({}), json!(0)),
+        "{}",
+        empty.text
+    );
+    let put = json!({"agent:chatty": {"maxRequestsPerMinute": 2}, "agent:spender": {"maxBudgetUsd": 0.000001}});
+    let written = gateway.call(Method::PUT, "/v1/agent-limits", Some(&admin), Some(put)).await?;
+    assert_eq!(written.status, 200, "{}", written.text);
+    assert_eq!(written.body["version"], 1);
+    assert_eq!(
+        written.body["agentLimits"],
+        json!({"agent:chatty": {"maxBudgetUsd": null, "maxRequestsPerMinute": 2}, "agent:spender": {"maxBudgetUsd": 0.000001, "maxRequestsPerMinute": null}})
+    );
+    // PATCH merges (either spelling of the body) and null deletes; PUT replaces.
+    let merged = gateway
+        .call(Method::PATCH, "/v1/agent-limits", Some(&admin), Some(json!({"agentLimits": {"agent:extra": {"maxRequestsPerMinute": 9}}})))
+        .await?;
+    assert_eq!((merged.status, merged.body["version"].clone()), (200, json!(2)), "{}", merged.text);
+    assert_eq!(merged.body["agentLimits"].as_object().map(|map| map.len()), Some(3));
+    let deleted = gateway.call(Method::PATCH, "/v1/agent-limits", Some(&admin), Some(json!({"agent:extra": null}))).await?;
+    assert_eq!(
+        (deleted.body["version"].clone(), deleted.body["agentLimits"].get("agent:extra").is_none()),
+        (json!(3), true),
+        "{}",
+        deleted.text
+    );
+    let read = gateway.call(Method::GET, "/v1/agent-limits", Some(&admin), None).await?;
+    assert_eq!(read.body["agentLimits"], deleted.body["agentLimits"]);
+    for (method, bad, expected) in [
+        (Method::PATCH, json!({"chatty": {"maxRequestsPerMinute": 1}}), "invalid_agent_limit_key"),
+        (Method::PATCH, json!({"agent:chatty": {}}), "invalid_agent_limit"),
+        (Method::PATCH, json!({"agent:chatty": {"maxRequestsPerMinute": 0}}), "invalid_agent_limit"),
+        (Method::PATCH, json!({"agent:chatty": {"rpm": 1}}), "invalid_agent_limit"),
+        (Method::PUT, json!({"agent:chatty": null}), "invalid_agent_limit"),
+        (Method::PUT, json!([1, 2]), "invalid_agent_limits"),
+    ] {
+        let refused = gateway.call(method.clone(), "/v1/agent-limits", Some(&admin), Some(bad.clone())).await?;
+        assert_eq!((refused.status, code(&refused)), (400, expected), "{method} {bad}: {}", refused.text);
+    }
+    assert_eq!(gateway.call(Method::GET, "/v1/agent-limits", Some(&admin), None).await?.body["version"], 3, "refusals write nothing");
+    let developer = key_with_role(&gateway, &admin, "developer").await?;
+    let auditor = key_with_role(&gateway, &admin, "auditor").await?;
+    assert_eq!(gateway.call(Method::GET, "/v1/agent-limits", Some(&developer), None).await?.status, 403);
+    assert_eq!(gateway.call(Method::PATCH, "/v1/agent-limits", Some(&auditor), Some(json!({"agent:x": null}))).await?.status, 403);
+
+    // The rate holds for the agent whichever key sends its requests; other agents are untouched.
+    assert_eq!(completion_as(&gateway, &admin, "chatty").await?.status, 200);
+    assert_eq!(completion_as(&gateway, &developer, "chatty").await?.status, 200);
+    let limited = completion_as(&gateway, &admin, "chatty").await?;
+    assert_eq!(limited.status, 429, "{}", limited.text);
+    assert!(limited.body["error"]["message"].as_str().is_some_and(|message| message.contains("agent")), "{}", limited.text);
+    assert!(limited.header("retry-after").is_some());
+    assert_eq!(completion_as(&gateway, &admin, "quiet").await?.status, 200);
+    // The cap on spend: a budget below any request's estimate refuses before the provider is called.
+    let calls = mock.requests().len();
+    let capped = completion_as(&gateway, &admin, "spender").await?;
+    assert_eq!(capped.status, 402, "{}", capped.text);
+    assert_eq!(capped.body["error"]["scope"], "agent_daily", "{}", capped.text);
+    assert_eq!(mock.requests().len(), calls, "the refused request never reached the provider");
+
+    // The agent sees its enforced limits and this minute's requests.
+    let boot = gateway.call(Method::POST, "/v1/agent/bootstrap", Some(&admin), Some(json!({"agent_id": "chatty"}))).await?;
+    assert_eq!(boot.status, 201, "{}", boot.text);
+    assert_eq!(boot.body["budget"]["enforced_rpm"], 2);
+    let jwt = boot.body["jwt"].as_str().unwrap_or_default().to_string();
+    let limits = as_agent(&gateway, "/v1/agent/limits/me", &jwt).await?;
+    assert_eq!(
+        (limits.body["limits"]["enforced_rpm"].clone(), limits.body["limits"]["requests_this_minute"].clone()),
+        (json!(2), json!(2)),
+        "{}",
+        limits.text
+    );
+    let spender = gateway
+        .call(Method::POST, "/v1/agent/bootstrap", Some(&admin), Some(json!({"agent_id": "spender", "budget_daily_usd": 5})))
+        .await?;
+    assert_eq!(spender.body["budget"]["enforced_daily_usd"], json!(0.000001), "the tighter of budget and cap: {}", spender.text);
     Ok(())
 }

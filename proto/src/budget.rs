@@ -30,6 +30,10 @@ crate::grpc::service_contract! {
         fn get_agent_budget(AgentRef) -> AgentBudget;
         /// Creates or replaces one agent's budget.
         fn put_agent_budget(PutAgentBudgetRequest) -> AgentBudget;
+        /// A tenant's per-agent limits (version 0, none, when never written).
+        fn get_agent_limits(TenantRef) -> AgentLimits;
+        /// Replaces or merges a tenant's per-agent limits; the version moves by one per write.
+        fn write_agent_limits(WriteAgentLimitsRequest) -> AgentLimits;
         /// Every agent with a budget or spend: configuration, status and the leaderboard.
         fn list_agents(ListAgentsRequest) -> AgentsView;
         /// Forecast from up to 30 days of daily spend.

@@ -62,5 +62,9 @@ crate::grpc::service_contract! {
         fn update_agent_profile(UpdateAgentProfileRequest) -> AgentProfile;
         fn delete_agent_profile(AgentProfileRef) -> AgentProfile;
         fn set_agent_lifecycle(SetAgentLifecycleRequest) -> AgentProfile;
+        /// Creates (active) or finds an agent's profile and mints an agent JWT; 503 without a signing secret.
+        fn bootstrap_agent(BootstrapAgentRequest) -> BootstrappedAgent;
+        /// Resolves an agent JWT to its tenant and profile; suspended and terminated agents are refused.
+        fn authenticate_agent(AuthenticateAgentRequest) -> AgentPrincipal;
     }
 }

@@ -299,8 +299,18 @@ impl Gateway {
 
     /// Starts a killed process again with its arguments and settings, and waits until it is healthy.
     pub async fn restart(&mut self, label: &str) -> anyhow::Result<()> {
-        let (_, arguments, env) =
+        self.restart_with(label, &[]).await
+    }
+
+    /// Starts a killed process again with its arguments and settings, `env` added or overriding,
+    /// and waits until it is healthy.
+    pub async fn restart_with(&mut self, label: &str, changed: &[(&str, &str)]) -> anyhow::Result<()> {
+        let (_, arguments, mut env) =
             self.launches.iter().find(|(name, _, _)| name == label).cloned().with_context(|| format!("`{label}` was never started"))?;
+        for (name, value) in changed {
+            env.retain(|(existing, _)| existing != name);
+            env.push((name.to_string(), value.to_string()));
+        }
         let arguments: Vec<&str> = arguments.iter().map(String::as_str).collect();
         let health_port = arguments
             .windows(2)
@@ -459,7 +469,7 @@ impl Drop for Gateway {
 }
 
 /// A response: status, parsed JSON body (Null when not JSON) and headers.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Reply {
     pub status: u16,
     pub body: Value,

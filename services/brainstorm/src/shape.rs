@@ -22,7 +22,7 @@ use brainstorm_common::config::{ServiceName, Settings};
 use brainstorm_common::outbox::MailOutbox;
 use brainstorm_common::store::Database;
 use brainstorm_edge_router::{Edge, EdgeDependencies, EdgeOptions};
-use brainstorm_identity::{IdentityOptions, IdentityServiceImpl};
+use brainstorm_identity::{AgentTokenSigner, IdentityOptions, IdentityServiceImpl};
 use brainstorm_policy_firewall::{AnomalyConsumer, Guardian, GuardianOptions, PolicyFirewallOptions, PolicyFirewallServiceImpl};
 use brainstorm_proto::audit::{self, AuditLineageClient};
 use brainstorm_proto::budget::{self, BudgetLedgerClient, CurrentTotalsRequest};
@@ -72,7 +72,7 @@ pub async fn up(settings: Settings) -> anyhow::Result<()> {
         Some(key) => MasterKey::from_hex(key.expose())?,
         None => embedded_master_key(&settings).await?,
     };
-    let identity = IdentityClient::local(identity_service(&settings, database.clone(), bus.clone()));
+    let identity = IdentityClient::local(identity_service(&settings, database.clone(), bus.clone(), Some(&master_key)));
     let catalog = CatalogClient::local(catalog_service(&settings, database.clone(), bus.clone(), upstream.clone(), master_key.clone()));
     let shutdown = Shutdown::on_signals();
     let audit_service = audit_service(database.clone(), &master_key)?;
@@ -172,7 +172,11 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
     let upstream = UpstreamClient::new(&settings.egress_proxy)?;
 
     let identity = match (&database, hosted.contains(&ServiceName::Identity)) {
-        (Some(database), true) => Some(IdentityClient::local(identity_service(&settings, database.clone(), bus.clone()))),
+        (Some(database), true) => {
+            // Without a master key identity still serves everything but agent JWTs (503 on bootstrap).
+            let master_key = settings.master_key.as_ref().map(|key| MasterKey::from_hex(key.expose())).transpose()?;
+            Some(IdentityClient::local(identity_service(&settings, database.clone(), bus.clone(), master_key.as_ref())))
+        }
         _ if hosts_edge => Some(IdentityClient::grpc(remote(&settings, ServiceName::Identity)?)),
         _ => None,
     };
@@ -326,12 +330,18 @@ pub async fn migrate(settings: Settings) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn identity_service(settings: &Settings, database: Database, bus: Arc<dyn EventBus>) -> IdentityServiceImpl {
+fn identity_service(
+    settings: &Settings,
+    database: Database,
+    bus: Arc<dyn EventBus>,
+    master_key: Option<&MasterKey>,
+) -> IdentityServiceImpl {
     let options = IdentityOptions {
         dashboard_url: settings.dashboard_url.clone(),
         registration_mode: settings.registration_mode,
         outbox: MailOutbox::new(&settings.mail_outbox),
         require_agent_owner: settings.require_agent_owner,
+        agent_tokens: master_key.map(|key| AgentTokenSigner::new(key.agent_token_secret(), settings.agent_token_ttl)),
     };
     IdentityServiceImpl::new(database, bus, options)
 }

@@ -79,6 +79,8 @@ pub struct AgentContext {
     pub agent_id: String,
     /// None: the agent's spend is counted, not limited.
     pub budget: Option<AgentBudgetLimit>,
+    /// The agent's own requests-per-minute limit (`/v1/agent-limits`), whichever key sends them.
+    pub rate_limit_rpm: Option<u32>,
 }
 
 /// Everything the guard needs to know about a request's budgets; the edge builds it from the principal
@@ -138,7 +140,23 @@ impl BudgetContext {
             per_day: Usd::from_nanos(budget.per_day_nanos),
             exhaustion_action: ExhaustionAction::parse(&budget.exhaustion_action).unwrap_or(ExhaustionAction::Stop),
         });
-        self.agent = Some(AgentContext { agent_id: agent_id.into(), budget });
+        self.agent = Some(AgentContext { agent_id: agent_id.into(), budget, rate_limit_rpm: None });
+        self
+    }
+
+    /// Applies the agent's entry of `/v1/agent-limits` (after `with_agent`): `max_budget_nanos` caps
+    /// its daily budget (the tighter applies; without a budget it becomes one that stops), and
+    /// `max_requests_per_minute` limits its requests whichever key sends them.
+    pub fn with_agent_limit(mut self, limit: &budget::AgentLimit) -> Self {
+        if let Some(agent) = &mut self.agent {
+            if let Some(cap) = limit.max_budget_nanos.map(Usd::from_nanos) {
+                agent.budget = Some(match agent.budget {
+                    Some(budget) => AgentBudgetLimit { per_day: budget.per_day.min(cap), ..budget },
+                    None => AgentBudgetLimit { per_day: cap, exhaustion_action: ExhaustionAction::Stop },
+                });
+            }
+            agent.rate_limit_rpm = limit.max_requests_per_minute.filter(|rpm| *rpm > 0);
+        }
         self
     }
 
@@ -251,8 +269,11 @@ impl BudgetExceeded {
 /// A rate or cap that refused a request: what the 429 carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RateLimited {
-    /// None for the key's `rate_limit_rpm`; the plan's daily cap scope otherwise.
+    /// None for a requests-per-minute limit (the key's, or the agent's with `per_agent`); the plan's
+    /// daily cap scope otherwise.
     pub cap_scope: Option<ScopeKind>,
+    /// The agent's own limit (`/v1/agent-limits`) refused, not the key's.
+    pub per_agent: bool,
     /// Requests a minute, or the daily cap.
     pub limit: i64,
     pub retry_after_ms: u64,
@@ -281,6 +302,7 @@ impl BudgetDenial {
             BudgetDenial::BudgetExceeded(exceeded) | BudgetDenial::Downgrade(exceeded) => budget_exceeded_error(exceeded),
             BudgetDenial::RateLimited(limited) => {
                 let message = match limited.cap_scope {
+                    None if limited.per_agent => format!("the agent's limit of {} requests per minute is exceeded", limited.limit),
                     None => format!("rate limit of {} requests per minute exceeded for this key", limited.limit),
                     Some(ScopeKind::PlanTokensDaily) => format!("the plan's daily cap of {} tokens is reached", limited.limit),
                     Some(_) => format!("the plan's daily cap of {} requests is reached", limited.limit),
@@ -467,15 +489,30 @@ impl BudgetGuard {
     }
 
     async fn check_rate(&self, context: &BudgetContext) -> Result<Option<u32>, BudgetDenial> {
+        if let Some(agent) = &context.agent
+            && let Some(rpm) = agent.rate_limit_rpm
+        {
+            let decision = self.limiter.check(&agent_rate_key(&context.tenant_id, &agent.agent_id), rpm).await.map_err(unavailable)?;
+            if !decision.allowed {
+                let limited =
+                    RateLimited { cap_scope: None, per_agent: true, limit: i64::from(rpm), retry_after_ms: decision.retry_after_ms };
+                return Err(BudgetDenial::RateLimited(limited));
+            }
+        }
         let (Some(rpm), Some(key_id)) = (context.rate_limit_rpm, context.key_id.as_deref()) else {
             return Ok(None);
         };
         let decision = self.limiter.check(key_id, rpm).await.map_err(unavailable)?;
         if !decision.allowed {
-            let limited = RateLimited { cap_scope: None, limit: i64::from(rpm), retry_after_ms: decision.retry_after_ms };
+            let limited = RateLimited { cap_scope: None, per_agent: false, limit: i64::from(rpm), retry_after_ms: decision.retry_after_ms };
             return Err(BudgetDenial::RateLimited(limited));
         }
         Ok(Some(decision.remaining))
+    }
+
+    /// Requests the agent's rate limit counts in the current minute (0 without one).
+    pub async fn agent_requests_this_minute(&self, tenant_id: &str, agent_id: &str, rpm: u32) -> Result<u32, CounterError> {
+        self.limiter.used(&agent_rate_key(tenant_id, agent_id), rpm).await
     }
 
     async fn reserve_scopes(
@@ -504,6 +541,7 @@ impl BudgetGuard {
                 let kind = exhausted.scope.kind;
                 let denial = match kind.meter() {
                     Meter::Requests | Meter::Tokens => BudgetDenial::RateLimited(RateLimited {
+                        per_agent: false,
                         cap_scope: Some(kind),
                         limit: exhausted.limit,
                         retry_after_ms: u64::try_from(seconds_until_next_day(now)).unwrap_or(0).saturating_mul(1000),
@@ -665,4 +703,9 @@ impl Drop for Reservation {
             }
         }
     }
+}
+
+/// The rate limiter's key for an agent's own limit: tenant and agent, apart from API key ids (UUIDs).
+fn agent_rate_key(tenant_id: &str, agent_id: &str) -> String {
+    ["agent:", tenant_id, ":", agent_id].concat()
 }

@@ -33,6 +33,15 @@ pub struct RateDecision {
 pub trait RateLimiter: Send + Sync + 'static {
     /// Counts one request of `key_id` against `rpm` requests a minute, unless refused.
     async fn check(&self, key_id: &str, rpm: u32) -> Result<RateDecision, CounterError>;
+    /// How much of `rpm` the key's requests take up right now (`ceil((tat - now) / T)`), counting nothing.
+    async fn used(&self, key_id: &str, rpm: u32) -> Result<u32, CounterError>;
+}
+
+/// `ceil((tat - now) / T)`: the requests a TAT holds at `now`, at most `rpm`.
+pub(crate) fn gcra_used(stored_tat: Option<i64>, now: i64, rpm: u32) -> u32 {
+    let ahead = stored_tat.map_or(0, |tat| (tat - now).max(0));
+    let interval = emission_interval_micros(rpm);
+    u32::try_from((ahead + interval - 1) / interval).unwrap_or(u32::MAX).min(rpm)
 }
 
 /// `T = 60 s / rpm` in microseconds, at least one.
@@ -84,11 +93,19 @@ impl InProcessRateLimiter {
     }
 }
 
+fn now_micros() -> i64 {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|elapsed| elapsed.as_micros()).unwrap_or(0);
+    i64::try_from(now).unwrap_or(i64::MAX)
+}
+
 #[async_trait]
 impl RateLimiter for InProcessRateLimiter {
     async fn check(&self, key_id: &str, rpm: u32) -> Result<RateDecision, CounterError> {
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|elapsed| elapsed.as_micros()).unwrap_or(0);
-        Ok(self.check_at(key_id, rpm, i64::try_from(now).unwrap_or(i64::MAX)))
+        Ok(self.check_at(key_id, rpm, now_micros()))
+    }
+
+    async fn used(&self, key_id: &str, rpm: u32) -> Result<u32, CounterError> {
+        Ok(gcra_used(self.tats().get(key_id).copied(), now_micros(), rpm))
     }
 }
 
@@ -113,6 +130,21 @@ mod tests {
         assert!(limiter.check_at("key", 6, start + 10 * SECOND).allowed);
         // Another key is independent.
         assert!(limiter.check_at("other", 6, start).allowed);
+    }
+
+    #[test]
+    fn used_counts_what_the_tat_holds_without_counting() {
+        let limiter = InProcessRateLimiter::new();
+        let start = 1_000 * SECOND;
+        let used = |at: i64| gcra_used(limiter.tats().get("key").copied(), at, 6);
+        assert_eq!(used(start), 0);
+        for _ in 0..4 {
+            limiter.check_at("key", 6, start);
+        }
+        assert_eq!(used(start), 4);
+        assert_eq!(used(start), 4, "reading counts nothing");
+        assert_eq!(used(start + 10 * SECOND), 3, "one interval later one request has drained");
+        assert_eq!(used(start + 40 * SECOND), 0);
     }
 
     #[test]

@@ -113,6 +113,17 @@ redis.call('SET', KEYS[1], string.format('%.0f', new_tat), 'PX', string.format('
 return {1, math.floor((window - ahead) / interval), 0}
 "#;
 
+/// How much of the rate a key takes up now (`ceil((tat - now) / T)`), by the server's clock as the
+/// limiter itself reads it; writes nothing.
+const LUA_RATE_USED: &str = r#"
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local interval = tonumber(ARGV[1])
+local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
+if tat <= now then return 0 end
+return math.ceil((tat - now) / interval)
+"#;
+
 /// A Lua script called by its SHA1 (EVALSHA), falling back to EVAL when the server does not have it.
 #[derive(Clone)]
 struct LuaScript {
@@ -305,12 +316,18 @@ pub struct RedisRateLimiter {
     connection: ConnectionManager,
     prefix: String,
     script: LuaScript,
+    used_script: LuaScript,
 }
 
 impl RedisRateLimiter {
     /// A limiter under keys `<prefix>:rl:<key id>`.
     pub fn new(connection: ConnectionManager, prefix: impl Into<String>) -> Self {
-        RedisRateLimiter { connection, prefix: prefix.into(), script: LuaScript::new(LUA_RATE_LIMIT.to_string()) }
+        RedisRateLimiter {
+            connection,
+            prefix: prefix.into(),
+            script: LuaScript::new(LUA_RATE_LIMIT.to_string()),
+            used_script: LuaScript::new(LUA_RATE_USED.to_string()),
+        }
     }
 }
 
@@ -326,5 +343,13 @@ impl RateLimiter for RedisRateLimiter {
             remaining: u32::try_from(remaining.max(0)).unwrap_or(u32::MAX),
             retry_after_ms: u64::try_from(retry_after_ms.max(0)).unwrap_or(u64::MAX),
         })
+    }
+
+    async fn used(&self, key_id: &str, rpm: u32) -> Result<u32, CounterError> {
+        let keys = [format!("{}:rl:{key_id}", self.prefix)];
+        let args = [emission_interval_micros(rpm).to_string()];
+        let mut connection = self.connection.clone();
+        let used: i64 = self.used_script.call(&mut connection, &keys, &args).await?;
+        Ok(u32::try_from(used.max(0)).unwrap_or(u32::MAX).min(rpm))
     }
 }

@@ -27,6 +27,11 @@ const MAX_ALERT_LIST: u32 = 500;
 const MAX_THRESHOLDS: usize = 10;
 const MAX_THRESHOLD_PERCENT: u32 = 1000;
 const MAX_AGENT_ID_CHARS: usize = 128;
+/// Agents one tenant may give limits to (`/v1/agent-limits`), and the highest per-agent rate.
+const MAX_AGENT_LIMITS: usize = 10_000;
+const MAX_AGENT_RPM: u32 = 1_000_000;
+/// Compare-and-set rounds a limits write makes before answering 409.
+const AGENT_LIMIT_WRITE_ATTEMPTS: usize = 16;
 
 /// The service's notion of now; tests move it.
 pub type Clock = Arc<dyn Fn() -> DateTime<Utc> + Send + Sync>;
@@ -365,6 +370,46 @@ impl BudgetLedgerService for BudgetLedgerServiceImpl {
         Ok(budget)
     }
 
+    async fn get_agent_limits(&self, request: TenantRef) -> ServiceResult<AgentLimits> {
+        let tenant_id = required("tenant_id", &request.tenant_id)?;
+        self.agent_limits(tenant_id).await
+    }
+
+    async fn write_agent_limits(&self, request: WriteAgentLimitsRequest) -> ServiceResult<AgentLimits> {
+        let tenant_id = required("tenant_id", &request.tenant_id)?;
+        for (agent_id, limit) in &request.set {
+            validate_agent_id(agent_id)?;
+            validate_agent_limit(agent_id, limit)?;
+        }
+        if request.set.len() > MAX_AGENT_LIMITS {
+            return Err(ServiceError::invalid("too_many_agent_limits", format!("at most {MAX_AGENT_LIMITS} agents may have limits")));
+        }
+        // Compare-and-set on the version: a concurrent write makes this one read and apply again.
+        for _ in 0..AGENT_LIMIT_WRITE_ATTEMPTS {
+            let current = self.agent_limits(tenant_id).await?;
+            let mut limits = if request.merge { current.limits } else { BTreeMap::new() };
+            if request.merge {
+                for agent_id in &request.removed {
+                    limits.remove(agent_id);
+                }
+            }
+            limits.extend(request.set.iter().map(|(agent_id, limit)| (agent_id.clone(), *limit)));
+            if limits.len() > MAX_AGENT_LIMITS {
+                return Err(ServiceError::invalid("too_many_agent_limits", format!("at most {MAX_AGENT_LIMITS} agents may have limits")));
+            }
+            let stored: BTreeMap<&String, StoredAgentLimit> =
+                limits.iter().map(|(agent_id, limit)| (agent_id, StoredAgentLimit::from(limit))).collect();
+            let text =
+                serde_json::to_string(&stored).map_err(|error| ServiceError::internal(format!("cannot write agent limits: {error}")))?;
+            let now = format_timestamp(self.now());
+            if self.store.write_agent_limits(tenant_id, &text, current.version, &now).await.map_err(store_failure)? {
+                tracing::info!(tenant_id, version = current.version + 1, agents = limits.len(), "agent limits written");
+                return Ok(AgentLimits { tenant_id: tenant_id.to_string(), limits, version: current.version + 1, updated_at: Some(now) });
+            }
+        }
+        Err(ServiceError::conflict("concurrent_change", "the agent limits kept changing meanwhile; read them and try again"))
+    }
+
     async fn list_agents(&self, request: ListAgentsRequest) -> ServiceResult<AgentsView> {
         let tenant_id = required("tenant_id", &request.tenant_id)?;
         let now = self.now();
@@ -601,6 +646,55 @@ fn validate_limit(field: &str, value: Option<i64>) -> ServiceResult<()> {
         Some(nanos) if !(0..=MAX_LIMIT_NANOS).contains(&nanos) => Err(ServiceError::invalid(
             "invalid_budget_limit",
             format!("{field} must be between 0 and {} dollars", Usd::from_nanos(MAX_LIMIT_NANOS)),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// One agent's limits as stored in `budget_agent_limits.limits`.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct StoredAgentLimit {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    max_budget_nanos: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    max_requests_per_minute: Option<u32>,
+}
+
+impl From<&AgentLimit> for StoredAgentLimit {
+    fn from(limit: &AgentLimit) -> Self {
+        StoredAgentLimit { max_budget_nanos: limit.max_budget_nanos, max_requests_per_minute: limit.max_requests_per_minute }
+    }
+}
+
+impl BudgetLedgerServiceImpl {
+    async fn agent_limits(&self, tenant_id: &str) -> ServiceResult<AgentLimits> {
+        let Some((text, version, updated_at)) = self.store.agent_limits(tenant_id).await.map_err(store_failure)? else {
+            return Ok(AgentLimits { tenant_id: tenant_id.to_string(), limits: BTreeMap::new(), version: 0, updated_at: None });
+        };
+        let stored: BTreeMap<String, StoredAgentLimit> = serde_json::from_str(&text)
+            .map_err(|error| ServiceError::internal(format!("stored agent limits do not read back: {error}")))?;
+        let limits = stored
+            .into_iter()
+            .map(|(agent_id, limit)| {
+                (agent_id, AgentLimit { max_budget_nanos: limit.max_budget_nanos, max_requests_per_minute: limit.max_requests_per_minute })
+            })
+            .collect();
+        Ok(AgentLimits { tenant_id: tenant_id.to_string(), limits, version, updated_at: Some(updated_at) })
+    }
+}
+
+fn validate_agent_limit(agent_id: &str, limit: &AgentLimit) -> ServiceResult<()> {
+    if limit.max_budget_nanos.is_none() && limit.max_requests_per_minute.is_none() {
+        return Err(ServiceError::invalid(
+            "invalid_agent_limit",
+            format!("agent `{agent_id}`: set maxBudgetUsd, maxRequestsPerMinute or both (null deletes the entry)"),
+        ));
+    }
+    validate_limit("maxBudgetUsd", limit.max_budget_nanos)?;
+    match limit.max_requests_per_minute {
+        Some(rpm) if !(1..=MAX_AGENT_RPM).contains(&rpm) => Err(ServiceError::invalid(
+            "invalid_agent_limit",
+            format!("agent `{agent_id}`: maxRequestsPerMinute must be 1 to {MAX_AGENT_RPM}"),
         )),
         _ => Ok(()),
     }

@@ -285,6 +285,42 @@ impl BudgetStore {
         Ok(())
     }
 
+    /// A tenant's per-agent limits as stored: the map's JSON text, its version and when it was written.
+    pub async fn agent_limits(&self, tenant_id: &str) -> StoreResult<Option<(String, i64, String)>> {
+        let row = sqlx::query("SELECT limits, version, updated_at FROM budget_agent_limits WHERE tenant_id = $1")
+            .bind(tenant_id)
+            .fetch_optional(self.database.pool())
+            .await?;
+        row.map(|row| Ok((row.try_get("limits")?, row.try_get("version")?, row.try_get("updated_at")?))).transpose()
+    }
+
+    /// Writes a tenant's per-agent limits as version `expected + 1` if the stored version is still
+    /// `expected` (0: none stored); false when another write came first.
+    pub async fn write_agent_limits(&self, tenant_id: &str, limits: &str, expected: i64, now: &str) -> StoreResult<bool> {
+        let result = if expected == 0 {
+            sqlx::query(
+                "INSERT INTO budget_agent_limits (tenant_id, limits, version, updated_at) VALUES ($1, $2, 1, $3) \
+                 ON CONFLICT (tenant_id) DO NOTHING",
+            )
+            .bind(tenant_id)
+            .bind(limits)
+            .bind(now)
+            .execute(self.database.pool())
+            .await?
+        } else {
+            sqlx::query(
+                "UPDATE budget_agent_limits SET limits = $1, version = version + 1, updated_at = $2 WHERE tenant_id = $3 AND version = $4",
+            )
+            .bind(limits)
+            .bind(now)
+            .bind(tenant_id)
+            .bind(expected)
+            .execute(self.database.pool())
+            .await?
+        };
+        Ok(result.rows_affected() == 1)
+    }
+
     /// A tenant's spend in one period (`2026-11-22` or `2026-11`).
     pub async fn tenant_spend(&self, tenant_id: &str, period: Period, period_key: &str) -> StoreResult<i64> {
         // From the per-day totals: one row for a day, at most 31 for a month.

@@ -87,6 +87,7 @@ on_both_engines!(
     settlements_are_recorded_once_and_feed_the_status,
     limits_are_set_cleared_and_validated,
     agent_budgets_and_the_agents_view,
+    agent_limits_are_replaced_merged_and_versioned,
     the_forecast_reads_thirty_days_of_the_ledger,
     alerts_fire_once_per_crossing_and_reset_next_period,
     webhooks_are_retried_and_failures_recorded,
@@ -226,6 +227,61 @@ async fn limits_are_set_cleared_and_validated(database: Database) -> TestResult 
     assert_eq!(negative.err().map(|error| error.reason), Some("invalid_budget_limit".to_string()));
     let missing = harness.service.get_limits(TenantRef { tenant_id: " ".to_string() }).await;
     assert_eq!(missing.err().map(|error| error.kind), Some(ErrorKind::InvalidArgument));
+    Ok(())
+}
+
+async fn agent_limits_are_replaced_merged_and_versioned(database: Database) -> TestResult {
+    let harness = Harness::new(database);
+    let tenant = new_tenant();
+    let empty = harness.service.get_agent_limits(TenantRef { tenant_id: tenant.clone() }).await?;
+    assert_eq!((empty.version, empty.limits.len(), empty.updated_at), (0, 0, None));
+    let limit = |budget: Option<i64>, rpm: Option<u32>| AgentLimit { max_budget_nanos: budget, max_requests_per_minute: rpm };
+    let write = |merge: bool, set: Vec<(&str, AgentLimit)>, removed: Vec<&str>| WriteAgentLimitsRequest {
+        tenant_id: tenant.clone(),
+        merge,
+        set: set.into_iter().map(|(agent, limit)| (agent.to_string(), limit)).collect(),
+        removed: removed.into_iter().map(str::to_string).collect(),
+    };
+    let first = harness
+        .service
+        .write_agent_limits(write(false, vec![("planner", limit(Some(USD), Some(60))), ("writer", limit(None, Some(5)))], vec![]))
+        .await?;
+    assert_eq!((first.version, first.limits.len()), (1, 2));
+    let merged = harness.service.write_agent_limits(write(true, vec![("critic", limit(Some(2 * USD), None))], vec!["writer"])).await?;
+    assert_eq!(merged.version, 2);
+    assert_eq!(merged.limits.keys().map(String::as_str).collect::<Vec<_>>(), vec!["critic", "planner"]);
+    assert_eq!(merged.limits.get("planner"), Some(&limit(Some(USD), Some(60))));
+    let read = harness.service.get_agent_limits(TenantRef { tenant_id: tenant.clone() }).await?;
+    assert_eq!(read, merged);
+    // A replace drops what it does not name.
+    let replaced = harness.service.write_agent_limits(write(false, vec![("solo", limit(None, Some(1)))], vec![])).await?;
+    assert_eq!((replaced.version, replaced.limits.keys().cloned().collect::<Vec<_>>()), (3, vec!["solo".to_string()]));
+    for (request, reason) in [
+        (write(true, vec![("empty", limit(None, None))], vec![]), "invalid_agent_limit"),
+        (write(true, vec![("fast", limit(None, Some(0)))], vec![]), "invalid_agent_limit"),
+        (write(true, vec![("poor", limit(Some(-1), None))], vec![]), "invalid_budget_limit"),
+        (write(true, vec![("bad/agent", limit(None, Some(1)))], vec![]), "invalid_agent_id"),
+    ] {
+        let refused = harness.service.write_agent_limits(request).await;
+        assert_eq!(refused.err().map(|error| error.reason), Some(reason.to_string()));
+    }
+    assert_eq!(harness.service.get_agent_limits(TenantRef { tenant_id: tenant.clone() }).await?.version, 3, "refusals write nothing");
+    // Concurrent merges: each lands (compare-and-set retries), none is lost.
+    let merges = (0..8).map(|index| {
+        let service = harness.service.clone();
+        let request = WriteAgentLimitsRequest {
+            tenant_id: tenant.clone(),
+            merge: true,
+            set: [(format!("agent-{index}"), limit(None, Some(10)))].into_iter().collect(),
+            removed: Vec::new(),
+        };
+        async move { service.write_agent_limits(request).await }
+    });
+    for result in futures::future::join_all(merges).await {
+        result?;
+    }
+    let after = harness.service.get_agent_limits(TenantRef { tenant_id: tenant.clone() }).await?;
+    assert_eq!((after.version, after.limits.len()), (11, 9));
     Ok(())
 }
 

@@ -21,6 +21,9 @@ const MAX_WRITE_LINGER_MS: u64 = 10_000;
 const MAX_CACHE_TTL_MS: u64 = 3_600_000;
 /// How long an edge trusts a resolved key or tenant configuration by default.
 const DEFAULT_CACHE_TTL: Duration = Duration::from_secs(30);
+/// How long an agent JWT lives by default, and the accepted range.
+const DEFAULT_AGENT_TOKEN_TTL: Duration = Duration::from_secs(3600);
+const AGENT_TOKEN_TTL_SECONDS: std::ops::RangeInclusive<u64> = 60..=86_400;
 
 /// A configuration problem, naming the setting at fault.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -175,6 +178,8 @@ pub struct ConfigLayer {
     pub write_linger_ms: Option<u64>,
     /// Milliseconds an edge trusts a resolved API key or tenant configuration (see `Settings::cache_ttl`).
     pub cache_ttl_ms: Option<u64>,
+    /// Seconds an agent JWT minted by bootstrap lives (see `Settings::agent_token_ttl`).
+    pub agent_token_ttl_seconds: Option<u64>,
     /// A model catalog file replacing the bundled one (prices update without a rebuild).
     pub model_catalog: Option<PathBuf>,
     /// HTTP proxy for calls to providers (`HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY`; upper or lower case).
@@ -232,6 +237,16 @@ impl ConfigLayer {
                 .map(|value| parse_millis("write_linger_ms (BR_WRITE_LINGER_MS)", &value))
                 .transpose()?,
             cache_ttl_ms: text("BR_CACHE_TTL_MS").map(|value| parse_millis("cache_ttl_ms (BR_CACHE_TTL_MS)", &value)).transpose()?,
+            agent_token_ttl_seconds: text("BR_AGENT_TOKEN_TTL_SECONDS")
+                .map(|value| {
+                    value.parse().map_err(|_| {
+                        ConfigError::new(
+                            "agent_token_ttl_seconds (BR_AGENT_TOKEN_TTL_SECONDS)",
+                            format!("`{value}` is not a number of seconds"),
+                        )
+                    })
+                })
+                .transpose()?,
             model_catalog: text("BR_MODEL_CATALOG").map(PathBuf::from),
             https_proxy: text("HTTPS_PROXY").or_else(|| text("https_proxy")).map(Secret),
             http_proxy: text("HTTP_PROXY").or_else(|| text("http_proxy")).map(Secret),
@@ -277,6 +292,7 @@ impl ConfigLayer {
             log_format,
             write_linger_ms,
             cache_ttl_ms,
+            agent_token_ttl_seconds,
             model_catalog,
             https_proxy,
             http_proxy,
@@ -331,6 +347,8 @@ pub struct Settings {
     /// at once; a change made elsewhere without a shared bus (the operator, another edge) reaches
     /// this edge at most this late.
     pub cache_ttl: Duration,
+    /// How long an agent JWT minted by bootstrap lives (default an hour; 60 s to a day).
+    pub agent_token_ttl: Duration,
     pub model_catalog: Option<PathBuf>,
     pub service_urls: BTreeMap<ServiceName, String>,
     pub provider_base_urls: BTreeMap<String, String>,
@@ -411,6 +429,16 @@ impl Settings {
                 ));
             }
         };
+        let agent_token_ttl = match layer.agent_token_ttl_seconds {
+            None => DEFAULT_AGENT_TOKEN_TTL,
+            Some(seconds) if AGENT_TOKEN_TTL_SECONDS.contains(&seconds) => Duration::from_secs(seconds),
+            Some(seconds) => {
+                return Err(ConfigError::new(
+                    "agent_token_ttl_seconds (BR_AGENT_TOKEN_TTL_SECONDS)",
+                    format!("{seconds} is outside {}..={} seconds", AGENT_TOKEN_TTL_SECONDS.start(), AGENT_TOKEN_TTL_SECONDS.end()),
+                ));
+            }
+        };
         for (setting, proxy) in [
             ("https_proxy (HTTPS_PROXY)", &layer.https_proxy),
             ("http_proxy (HTTP_PROXY)", &layer.http_proxy),
@@ -451,6 +479,7 @@ impl Settings {
             log_format,
             write_linger,
             cache_ttl,
+            agent_token_ttl,
             model_catalog: layer.model_catalog,
             service_urls,
             provider_base_urls,
@@ -552,6 +581,20 @@ mod tests {
         assert_eq!(settings.listen.port(), 3000);
         assert_eq!(settings.data_dir, PathBuf::from("/env"));
         assert_eq!(settings.grpc_listen.port(), 1001);
+        Ok(())
+    }
+
+    #[test]
+    fn the_agent_token_ttl_defaults_and_is_bounded() -> Result<(), ConfigError> {
+        assert_eq!(Settings::resolve(ConfigLayer::default())?.agent_token_ttl, DEFAULT_AGENT_TOKEN_TTL);
+        let file = ConfigLayer::from_toml("agent_token_ttl_seconds = 600\n", Path::new("x.toml"))?;
+        assert_eq!(Settings::resolve(file)?.agent_token_ttl, Duration::from_secs(600));
+        for refused in ["59", "86401", "soon"] {
+            let layer = ConfigLayer::from_env(&env(&[("BR_AGENT_TOKEN_TTL_SECONDS", refused)]));
+            let refused_somewhere =
+                layer.and_then(Settings::resolve).is_err_and(|error| error.to_string().contains("agent_token_ttl_seconds"));
+            assert!(refused_somewhere, "{refused}");
+        }
         Ok(())
     }
 

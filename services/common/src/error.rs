@@ -71,6 +71,20 @@ impl ApiError {
         Self::new(StatusCode::UNAUTHORIZED, "authentication_error", Some(code), message, recovery)
     }
 
+    /// 401 for an agent JWT that is missing, malformed, expired or revoked: bootstrap for a fresh one.
+    pub fn agent_unauthenticated(code: &str, message: impl Into<String>) -> Self {
+        let recovery = Recovery {
+            action: "bootstrap_agent",
+            endpoint: "/v1/agent/bootstrap".to_string(),
+            method: "POST",
+            body_template: json!({"agent_id": "<agent id>"}),
+            message: "bootstrap with the tenant API key to get a fresh agent JWT, then send it as `Authorization: Bearer <jwt>`"
+                .to_string(),
+            wait_ms: None,
+        };
+        Self::new(StatusCode::UNAUTHORIZED, "authentication_error", Some(code), message, recovery)
+    }
+
     /// 403: the caller lacks a permission.
     pub fn forbidden(code: &str, message: impl Into<String>) -> Self {
         let recovery = Recovery {
@@ -312,6 +326,9 @@ impl From<ServiceError> for ApiError {
     fn from(error: ServiceError) -> Self {
         match error.kind {
             ErrorKind::InvalidArgument => ApiError::invalid_request(&error.reason, error.message),
+            ErrorKind::Unauthenticated if error.reason.contains("agent_token") => {
+                ApiError::agent_unauthenticated(&error.reason, error.message)
+            }
             ErrorKind::Unauthenticated => ApiError::unauthenticated(&error.reason, error.message),
             ErrorKind::PermissionDenied => ApiError::forbidden(&error.reason, error.message),
             ErrorKind::NotFound => ApiError::not_found(&error.reason, error.message),
@@ -335,6 +352,7 @@ mod tests {
         let errors = [
             ApiError::invalid_request("missing_field", "model is required"),
             ApiError::unauthenticated("invalid_api_key", "bad key"),
+            ApiError::agent_unauthenticated("agent_token_expired", "expired"),
             ApiError::missing_permission("config.write"),
             ApiError::not_found("user_not_found", "no such user"),
             ApiError::conflict("exists", "exists"),

@@ -14,7 +14,7 @@ use brainstorm_common::collections::HashMap;
 use brainstorm_common::config::Secret;
 use brainstorm_common::time::parse_timestamp;
 use brainstorm_proto::events::{IDENTITY_EVENTS_TOPIC, IdentityEvent, identity_event};
-use brainstorm_proto::identity::{ApiKey, AuthenticateRequest, IdentityClient, Principal};
+use brainstorm_proto::identity::{AgentProfile, ApiKey, AuthenticateAgentRequest, AuthenticateRequest, IdentityClient, Principal, Tenant};
 use chrono::{DateTime, Utc};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -195,6 +195,80 @@ impl FromRequestParts<EdgeState> for Caller {
     }
 }
 
+/// An agent authenticated by the JWT its bootstrap minted (the agent self endpoints). Resolved by
+/// identity on every request, not cached: these endpoints are off the hot path, and a suspension or
+/// termination applies to the very next call.
+#[derive(Debug, Clone)]
+pub struct AgentCaller {
+    pub tenant: Tenant,
+    pub profile: AgentProfile,
+    /// When the presented token expires (RFC 3339).
+    pub token_expires_at: String,
+    owner_missing: bool,
+}
+
+impl AgentCaller {
+    /// Fails with 403 `owner_required` when the gateway requires owners and this agent has none
+    /// (every agent endpoint but status and the profile itself).
+    pub fn require_owner(&self) -> Result<(), ApiError> {
+        if !self.owner_missing {
+            return Ok(());
+        }
+        let mut error = ApiError::forbidden(
+            "owner_required",
+            format!("this gateway requires every agent to have an owner and agent `{}` has none", self.profile.agent_id),
+        );
+        error.recovery.action = "set_owner";
+        error.recovery.endpoint = format!("/v1/agent/profiles/{}", self.profile.agent_id);
+        error.recovery.method = "PATCH";
+        error.recovery.body_template = serde_json::json!({"ownerId": "<user id>"});
+        error.recovery.message = "ask an admin or operator to set the agent's ownerId, then call again".to_string();
+        Err(error)
+    }
+}
+
+impl FromRequestParts<EdgeState> for AgentCaller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &EdgeState) -> Result<Self, Self::Rejection> {
+        let token = match presented_key(&parts.headers) {
+            Ok(token) if looks_like_jwt(token) => token,
+            Ok(_) => {
+                return Err(ApiError::agent_unauthenticated(
+                    "agent_token_required",
+                    "this endpoint takes an agent JWT, not an API key: bootstrap the agent with POST /v1/agent/bootstrap and send its jwt",
+                ));
+            }
+            Err(_) => {
+                return Err(ApiError::agent_unauthenticated(
+                    "agent_token_required",
+                    "no agent JWT: send the jwt from POST /v1/agent/bootstrap as `Authorization: Bearer <jwt>`",
+                ));
+            }
+        };
+        let principal = state.identity.authenticate_agent(AuthenticateAgentRequest { token: token.to_string() }).await?;
+        let (Some(tenant), Some(profile)) = (principal.tenant, principal.profile) else {
+            tracing::error!("identity returned an agent principal without tenant or profile");
+            return Err(ApiError::internal());
+        };
+        let facts = RequestFacts { path: parts.uri.path(), method: parts.method.as_str(), agent_id: None, tool_names: &[], model: None };
+        if let Some(error) = state.guardian.kill_switch(&tenant.id, &facts).await.api_error() {
+            return Err(error);
+        }
+        Ok(AgentCaller { tenant, profile, token_expires_at: principal.token_expires_at, owner_missing: principal.owner_missing })
+    }
+}
+
+/// Whether the bearer credential of a request is a JWT rather than an API key (three base64url
+/// parts with a JSON header), so an endpoint taking one kind can name the other precisely.
+pub fn presents_jwt(headers: &HeaderMap) -> bool {
+    presented_key(headers).is_ok_and(looks_like_jwt)
+}
+
+fn looks_like_jwt(credential: &str) -> bool {
+    credential.starts_with("eyJ") && credential.bytes().filter(|byte| *byte == b'.').count() == 2
+}
+
 /// A caller that was not admitted: the refusal, and who it was when the key resolved.
 pub struct Refused {
     pub error: ApiError,
@@ -302,5 +376,13 @@ mod tests {
         assert_eq!(code(HeaderMap::new()).as_deref(), Some("missing_api_key"));
         assert_eq!(code(headers("authorization", "Basic abc")).as_deref(), Some("malformed_authorization"));
         assert_eq!(code(headers("authorization", "Bearer")).as_deref(), Some("malformed_authorization"));
+    }
+
+    #[test]
+    fn agent_tokens_are_told_from_api_keys() {
+        assert!(presents_jwt(&headers("authorization", "Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ4In0.c2ln")));
+        assert!(!presents_jwt(&headers("authorization", "Bearer br_live_abcdefghijklmnopqrstuvwxyz0123456789")));
+        assert!(!presents_jwt(&headers("authorization", "Bearer eyJhbGciOiJIUzI1NiJ9")));
+        assert!(!presents_jwt(&HeaderMap::new()));
     }
 }

@@ -153,7 +153,7 @@ impl Edge {
 }
 
 fn router(state: EdgeState, trace_requests: bool) -> Router {
-    use routes::{admin, agents, budget, completions, governance, guardian, identity, providers};
+    use routes::{admin, agent_limits, agent_self, agents, budget, completions, governance, guardian, identity, providers};
     let routes = Router::new()
         .route("/health", get(routes::health))
         .route("/v1/register", post(identity::register))
@@ -226,6 +226,13 @@ fn router(state: EdgeState, trace_requests: bool) -> Router {
         .route("/v1/replays/decisions", get(governance::decisions))
         .route("/v1/replays/simulate", post(governance::simulate))
         .route("/v1/replays/compare", get(governance::compare))
+        .route("/v1/agent/bootstrap", post(agent_self::bootstrap))
+        .route("/v1/agent/status", get(agent_self::status))
+        .route("/v1/agent/limits/me", get(agent_self::my_limits))
+        .route("/v1/agent/anomaly/me", get(agent_self::my_anomalies))
+        .route("/v1/agent/profiles/me", get(agent_self::my_profile))
+        .route("/v1/self", get(agent_self::whoami))
+        .route("/v1/agent-limits", get(agent_limits::get).put(agent_limits::put).patch(agent_limits::patch))
         .route("/v1/agent/profiles", get(agents::list).post(agents::create))
         .route("/v1/agent/profiles/{agent_id}", get(agents::get).patch(agents::update).delete(agents::delete))
         .route("/v1/agent/profiles/lifecycle/{agent_id}", patch(agents::lifecycle))

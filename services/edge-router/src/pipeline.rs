@@ -160,6 +160,9 @@ async fn budget_context(
     if let Some(agent_id) = agent_id {
         let budget = state.budget_settings.agent(tenant_id, agent_id).await?;
         context = context.with_agent(agent_id.to_string(), budget.as_ref());
+        if let Some(limit) = state.budget_settings.agent_limit(tenant_id, agent_id).await? {
+            context = context.with_agent_limit(&limit);
+        }
     }
     context.conversation_id = request_headers
         .get(&const { HeaderName::from_static("x-conversation-id") })

@@ -1,6 +1,8 @@
 //! The edge's handlers, by area.
 
 pub mod admin;
+pub mod agent_limits;
+pub mod agent_self;
 pub mod agents;
 pub mod budget;
 pub mod completions;

@@ -3,10 +3,12 @@
 //! `IdentityServiceImpl` implements the `IdentityService` contract of `brainstorm-proto` over a
 //! `Database`; callers reach it through an `IdentityClient`, in process or over gRPC.
 
+pub mod agent_token;
 mod agents;
 pub mod rbac;
 mod secrets;
 mod service;
 mod store;
 
+pub use agent_token::AgentTokenSigner;
 pub use service::{IdentityOptions, IdentityServiceImpl};

@@ -14,6 +14,7 @@ use brainstorm_proto::{ServiceError, ServiceResult};
 use chrono::{Duration, Utc};
 use prost::Message;
 
+use crate::agent_token::{AgentTokenSigner, TokenError};
 use crate::agents::{self, AgentStore};
 use crate::rbac::{self, ROLES};
 use crate::secrets::{self, CLAIM_TOKEN_PREFIX, LIVE_KEY_PREFIX};
@@ -41,6 +42,9 @@ pub struct IdentityOptions {
     pub outbox: MailOutbox,
     /// The owner-required switch (`BR_REQUIRE_AGENT_OWNER`): every agent profile needs an owner.
     pub require_agent_owner: bool,
+    /// Mints and verifies agent JWTs; None (no master key) answers bootstrap and agent
+    /// authentication with 503 `agent_tokens_unavailable`.
+    pub agent_tokens: Option<AgentTokenSigner>,
 }
 
 /// The identity service.
@@ -69,6 +73,39 @@ impl IdentityServiceImpl {
             .await
             .map_err(store_failure)?
             .ok_or_else(|| ServiceError::not_found("agent_not_found", format!("no agent profile `{agent_id}`")))
+    }
+
+    fn agent_tokens(&self) -> ServiceResult<&AgentTokenSigner> {
+        self.options.agent_tokens.as_ref().ok_or_else(|| {
+            ServiceError::unavailable("agent_tokens_unavailable", "agent tokens need a signing secret: start identity with BR_MASTER_KEY")
+        })
+    }
+
+    /// An existing profile bootstrapped again: refused when suspended, terminated, expired or owned by
+    /// another owner than the one requested; a `provisioned` profile becomes `active` (its agent is up).
+    async fn bootstrapped_again(&self, mut profile: AgentProfile, request: &BootstrapAgentRequest) -> ServiceResult<AgentProfile> {
+        usable_agent(&profile)?;
+        let requested_owner = request.owner_id.as_deref().map(str::trim).filter(|owner| !owner.is_empty());
+        if let (Some(requested), Some(owner)) = (requested_owner, profile.owner_id.as_deref())
+            && requested != owner
+        {
+            return Err(ServiceError::conflict(
+                "agent_exists",
+                format!(
+                    "agent `{}` already exists with another owner: bootstrap it as its owner or pick another agent_id",
+                    profile.agent_id
+                ),
+            ));
+        }
+        if profile.lifecycle_state == "provisioned" {
+            profile.lifecycle_state = "active".to_string();
+            profile.updated_at = now_timestamp();
+            if !self.agents.update(&profile, "provisioned").await.map_err(store_failure)? {
+                return Err(ServiceError::conflict("concurrent_change", "the agent profile changed meanwhile; bootstrap again"));
+            }
+            tracing::info!(tenant_id = %profile.tenant_id, agent_id = %profile.agent_id, "agent bootstrapped: provisioned -> active");
+        }
+        Ok(profile)
     }
 
     fn claim_url(&self, token: &str) -> String {
@@ -227,16 +264,7 @@ impl IdentityService for IdentityServiceImpl {
             return Err(ServiceError::unauthenticated("expired_api_key", "the API key has expired"));
         }
         let tenant = self.tenant_or_not_found(&key.tenant_id).await?;
-        match tenant.status.as_str() {
-            "rejected" => return Err(ServiceError::permission_denied("tenant_rejected", "this tenant's registration was rejected")),
-            "pending" => {
-                return Err(ServiceError::permission_denied(
-                    "tenant_pending_approval",
-                    "this tenant awaits approval by a platform administrator",
-                ));
-            }
-            _ => {}
-        }
+        usable_tenant(&tenant)?;
         let permissions = rbac::resolve_permissions(&key.scopes)
             .map_err(|error| ServiceError::internal(format!("stored key has invalid scopes: {error}")))?;
         Ok(Principal { tenant: Some(tenant), key: Some(key), permissions: permissions.into_iter().collect() })
@@ -698,6 +726,97 @@ impl IdentityService for IdentityServiceImpl {
         tracing::info!(tenant_id = %request.tenant_id, agent_id = %request.agent_id, from = %from, to = state, "agent lifecycle moved");
         Ok(profile)
     }
+
+    async fn bootstrap_agent(&self, request: BootstrapAgentRequest) -> ServiceResult<BootstrappedAgent> {
+        let signer = self.agent_tokens()?;
+        let tenant = self.tenant_or_not_found(&request.tenant_id).await?;
+        usable_tenant(&tenant)?;
+        let agent_id = agents::validated_agent_id(request.agent_id.trim())?.to_string();
+        let existing = self.agents.get(&request.tenant_id, &agent_id).await.map_err(store_failure)?;
+        let (profile, created) = match existing {
+            Some(existing) => (self.bootstrapped_again(existing, &request).await?, false),
+            None => {
+                let owner_id = request.owner_id.clone().filter(|owner| !owner.trim().is_empty()).or_else(|| request.key_owner_id.clone());
+                let create = CreateAgentProfileRequest {
+                    tenant_id: request.tenant_id.clone(),
+                    agent_id: agent_id.clone(),
+                    display_name: request.display_name.clone(),
+                    owner_id,
+                    cost_center: request.cost_center.clone(),
+                    budget_daily_nanos: request.budget_daily_nanos,
+                    budget_monthly_nanos: request.budget_monthly_nanos,
+                    role: None,
+                    metadata_json: request.metadata_json.clone(),
+                };
+                let mut profile = agents::new_profile(&create, self.options.require_agent_owner)?;
+                // The agent bootstrapping is up: its profile starts active.
+                profile.lifecycle_state = "active".to_string();
+                if self.agents.insert(&profile).await.map_err(store_failure)? {
+                    tracing::info!(tenant_id = %profile.tenant_id, agent_id = %profile.agent_id, "agent bootstrapped: profile created");
+                    (profile, true)
+                } else {
+                    // Another bootstrap of the same agent won the insert: this one finds its profile.
+                    let existing = self.agent_or_not_found(&request.tenant_id, &agent_id).await?;
+                    (self.bootstrapped_again(existing, &request).await?, false)
+                }
+            }
+        };
+        let (token, expires_at) = signer.mint(&profile.tenant_id, &profile.agent_id, &profile.id, &profile.role, Utc::now());
+        Ok(BootstrappedAgent { profile: Some(profile), token, token_expires_at: format_timestamp(expires_at), created })
+    }
+
+    async fn authenticate_agent(&self, request: AuthenticateAgentRequest) -> ServiceResult<AgentPrincipal> {
+        let signer = self.agent_tokens()?;
+        let claims = signer.verify(request.token.trim(), Utc::now()).map_err(|error| match error {
+            TokenError::Expired => {
+                ServiceError::unauthenticated("agent_token_expired", "the agent token has expired: bootstrap again for a fresh one")
+            }
+            TokenError::Malformed | TokenError::BadSignature => {
+                ServiceError::unauthenticated("invalid_agent_token", "the agent token is not one this gateway issued")
+            }
+        })?;
+        let revoked = || ServiceError::unauthenticated("agent_token_revoked", "the agent this token was minted for no longer exists");
+        let tenant = self.store.tenant(&claims.tid).await.map_err(store_failure)?.ok_or_else(revoked)?;
+        usable_tenant(&tenant)?;
+        let profile = self.agents.get(&claims.tid, &claims.sub).await.map_err(store_failure)?;
+        // A profile deleted and created again under the same agent id has another id: old tokens die with the old one.
+        let profile = profile.filter(|profile| profile.id == claims.pid).ok_or_else(revoked)?;
+        usable_agent(&profile)?;
+        let token_expires_at = chrono::DateTime::from_timestamp(claims.exp, 0).map(format_timestamp).unwrap_or_default();
+        let owner_missing = self.options.require_agent_owner && profile.owner_id.is_none();
+        Ok(AgentPrincipal { tenant: Some(tenant), profile: Some(profile), token_expires_at, token_id: claims.jti, owner_missing })
+    }
+}
+
+/// Refuses a tenant whose registration was rejected or awaits approval.
+fn usable_tenant(tenant: &Tenant) -> ServiceResult<()> {
+    match tenant.status.as_str() {
+        "rejected" => Err(ServiceError::permission_denied("tenant_rejected", "this tenant's registration was rejected")),
+        "pending" => {
+            Err(ServiceError::permission_denied("tenant_pending_approval", "this tenant awaits approval by a platform administrator"))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Refuses an agent that may not act: suspended, terminated, or past its `expires_at`.
+fn usable_agent(profile: &AgentProfile) -> ServiceResult<()> {
+    let agent_id = &profile.agent_id;
+    match profile.lifecycle_state.as_str() {
+        "suspended" => {
+            return Err(ServiceError::permission_denied(
+                "agent_suspended",
+                format!("agent `{agent_id}` is suspended: an operator must move it back to active"),
+            ));
+        }
+        "terminated" => return Err(ServiceError::permission_denied("agent_terminated", format!("agent `{agent_id}` is terminated"))),
+        _ => {}
+    }
+    let expired = profile.expires_at.as_deref().and_then(parse_timestamp).is_some_and(|expires_at| expires_at <= Utc::now());
+    if expired {
+        return Err(ServiceError::permission_denied("agent_expired", format!("agent `{agent_id}` has passed its expiry")));
+    }
+    Ok(())
 }
 
 fn too_many_attempts() -> ServiceError {

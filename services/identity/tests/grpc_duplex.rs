@@ -20,6 +20,7 @@ async fn remote_identity() -> Result<IdentityClient, Box<dyn std::error::Error>>
         registration_mode: RegistrationMode::Open,
         outbox,
         require_agent_owner: false,
+        agent_tokens: None,
     };
     let local = IdentityClient::local(IdentityServiceImpl::new(database, Arc::new(InProcessBus::new()), options));
 

@@ -7,7 +7,7 @@ use brainstorm_common::bus::{EventBus, InProcessBus, Subscription};
 use brainstorm_common::config::RegistrationMode;
 use brainstorm_common::outbox::MailOutbox;
 use brainstorm_common::store::{Database, testing};
-use brainstorm_identity::{IdentityOptions, IdentityServiceImpl};
+use brainstorm_identity::{AgentTokenSigner, IdentityOptions, IdentityServiceImpl};
 use brainstorm_proto::events::{IDENTITY_EVENTS_TOPIC, IdentityEvent, identity_event};
 use brainstorm_proto::identity::*;
 use brainstorm_proto::{ErrorKind, ServiceError};
@@ -31,6 +31,7 @@ fn harness(database: Database, registration_mode: RegistrationMode) -> Harness {
         registration_mode,
         outbox: MailOutbox::new(&outbox),
         require_agent_owner: false,
+        agent_tokens: Some(AgentTokenSigner::new([3; 32], std::time::Duration::from_secs(3600))),
     };
     let shared_bus: Arc<dyn EventBus> = Arc::new(bus.clone());
     Harness { identity: IdentityServiceImpl::new(database.clone(), shared_bus, options), bus, outbox, database }
@@ -54,6 +55,7 @@ on_both_engines!(
     registration_creates_a_sandbox_tenant_with_an_admin_key_and_claim,
     registration_with_a_chosen_id_happens_once,
     agent_profiles_are_stored_changed_and_moved,
+    agents_bootstrap_once_and_authenticate_while_usable,
     keys_are_stored_hashed_and_authenticate_until_revoked,
     expired_keys_and_malformed_keys_are_refused,
     keys_cannot_grant_more_than_their_creator,
@@ -155,6 +157,78 @@ async fn agent_profiles_are_stored_changed_and_moved(database: Database) -> Test
     assert_eq!(listed.profiles.iter().map(|profile| profile.lifecycle_state.as_str()).collect::<Vec<_>>(), vec!["active"]);
     harness.identity.delete_agent_profile(reference.clone()).await?;
     assert_eq!(harness.identity.get_agent_profile(reference).await.err().map(|error| error.kind), Some(ErrorKind::NotFound));
+    Ok(())
+}
+
+async fn agents_bootstrap_once_and_authenticate_while_usable(database: Database) -> TestResult {
+    let harness = harness(database, RegistrationMode::Open);
+    let tenant = tenant_id(&register(&harness.identity, "Agents").await?);
+    let bootstrap = BootstrapAgentRequest {
+        tenant_id: tenant.clone(),
+        agent_id: "planner".to_string(),
+        budget_daily_nanos: Some(2_000_000_000),
+        key_owner_id: Some("user_key_owner".to_string()),
+        ..BootstrapAgentRequest::default()
+    };
+    let first = harness.identity.bootstrap_agent(bootstrap.clone()).await?;
+    let profile = first.profile.clone().ok_or("no profile")?;
+    assert!(first.created);
+    assert_eq!(
+        (profile.lifecycle_state.as_str(), profile.owner_id.as_deref(), profile.budget_daily_nanos),
+        ("active", Some("user_key_owner"), Some(2_000_000_000))
+    );
+    let principal = harness.identity.authenticate_agent(AuthenticateAgentRequest { token: first.token.clone() }).await?;
+    assert_eq!(principal.profile.as_ref(), Some(&profile));
+    assert_eq!(principal.tenant.map(|tenant| tenant.id), Some(tenant.clone()));
+    assert_eq!(principal.token_expires_at, first.token_expires_at);
+
+    // Again: the same profile, not created, a fresh token; another owner is a conflict.
+    let again = harness
+        .identity
+        .bootstrap_agent(BootstrapAgentRequest { key_owner_id: Some("someone_else".to_string()), ..bootstrap.clone() })
+        .await?;
+    assert_eq!((again.created, again.profile.as_ref()), (false, Some(&profile)));
+    assert_ne!(again.token, first.token);
+    let stolen = BootstrapAgentRequest { owner_id: Some("intruder".to_string()), ..bootstrap.clone() };
+    let refused = harness.identity.bootstrap_agent(stolen).await.err().ok_or("another owner bootstrapped")?;
+    assert_eq!((refused.kind, refused.reason.as_str()), (ErrorKind::Conflict, "agent_exists"));
+    let invalid = BootstrapAgentRequest { agent_id: "Not Valid".to_string(), ..bootstrap.clone() };
+    assert_eq!(harness.identity.bootstrap_agent(invalid).await.err().map(|error| error.kind), Some(ErrorKind::InvalidArgument));
+
+    // A profile an operator created waits in `provisioned` until its agent bootstraps.
+    let waiting =
+        CreateAgentProfileRequest { tenant_id: tenant.clone(), agent_id: "waiting".to_string(), ..CreateAgentProfileRequest::default() };
+    harness.identity.create_agent_profile(waiting).await?;
+    let woken = harness.identity.bootstrap_agent(BootstrapAgentRequest { agent_id: "waiting".to_string(), ..bootstrap.clone() }).await?;
+    assert_eq!((woken.created, woken.profile.map(|profile| profile.lifecycle_state)), (false, Some("active".to_string())));
+
+    // Suspended: neither its tokens nor a new bootstrap work; back to active, the old token works again.
+    let mv =
+        |state: &str| SetAgentLifecycleRequest { tenant_id: tenant.clone(), agent_id: "planner".to_string(), state: state.to_string() };
+    harness.identity.set_agent_lifecycle(mv("suspended")).await?;
+    let reason = |error: Option<ServiceError>| error.map(|error| (error.kind, error.reason));
+    let suspended = Some((ErrorKind::PermissionDenied, "agent_suspended".to_string()));
+    assert_eq!(reason(harness.identity.authenticate_agent(AuthenticateAgentRequest { token: first.token.clone() }).await.err()), suspended);
+    assert_eq!(reason(harness.identity.bootstrap_agent(bootstrap.clone()).await.err()), suspended);
+    harness.identity.set_agent_lifecycle(mv("active")).await?;
+    harness.identity.authenticate_agent(AuthenticateAgentRequest { token: first.token.clone() }).await?;
+
+    // Deleted and created again under the same id: the old tokens belong to the old profile.
+    harness.identity.delete_agent_profile(AgentProfileRef { tenant_id: tenant.clone(), agent_id: "planner".to_string() }).await?;
+    let revoked = Some((ErrorKind::Unauthenticated, "agent_token_revoked".to_string()));
+    assert_eq!(reason(harness.identity.authenticate_agent(AuthenticateAgentRequest { token: first.token.clone() }).await.err()), revoked);
+    let reborn = harness.identity.bootstrap_agent(bootstrap).await?;
+    assert!(reborn.created);
+    assert_eq!(reason(harness.identity.authenticate_agent(AuthenticateAgentRequest { token: first.token.clone() }).await.err()), revoked);
+    harness.identity.authenticate_agent(AuthenticateAgentRequest { token: reborn.token }).await?;
+
+    // Tokens of another gateway's secret, edited tokens and API keys are not agent tokens.
+    let foreign = AgentTokenSigner::new([4; 32], std::time::Duration::from_secs(3600));
+    let (foreign_token, _) = foreign.mint(&tenant, "planner", "whatever", "agent", chrono::Utc::now());
+    let invalid = Some((ErrorKind::Unauthenticated, "invalid_agent_token".to_string()));
+    for token in [foreign_token, format!("{}x", first.token), "br_live_notatoken".to_string()] {
+        assert_eq!(reason(harness.identity.authenticate_agent(AuthenticateAgentRequest { token }).await.err()), invalid);
+    }
     Ok(())
 }
 

@@ -31,6 +31,7 @@ async fn gateway(registration_mode: RegistrationMode) -> Result<Gateway, Box<dyn
         registration_mode,
         outbox: MailOutbox::new(&outbox),
         require_agent_owner: false,
+        agent_tokens: None,
     };
     let identity = IdentityClient::local(IdentityServiceImpl::new(database.clone(), bus.clone(), options));
     let policy = PolicyFirewallClient::local(PolicyFirewallServiceImpl::new(database, bus, PolicyFirewallOptions::default()));

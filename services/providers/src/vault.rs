@@ -44,6 +44,15 @@ impl MasterKey {
         hasher.finalize().into()
     }
 
+    /// A secret for signing agent JWTs, derived from (and not revealing) the master key.
+    pub fn agent_token_secret(&self) -> [u8; 32] {
+        use sha2::Digest;
+        let mut hasher = sha2::Sha256::new();
+        hasher.update(b"brainstorm/agent-jwt/v1\0");
+        hasher.update(self.0.as_slice());
+        hasher.finalize().into()
+    }
+
     /// A fresh random key, as hex (for embedded mode's generated key file).
     pub fn generate_hex() -> String {
         let mut bytes = [0u8; 32];

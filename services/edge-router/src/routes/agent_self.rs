@@ -1,0 +1,258 @@
+//! An agent's own endpoints: bootstrap with a tenant API key (a profile and an agent JWT), then the
+//! JWT-authenticated views of itself (`/v1/agent/status`, `/limits/me`, `/anomaly/me`,
+//! `/profiles/me`, `/v1/self`). Snake_case, as the spec spells these.
+
+use axum::Json;
+use axum::extract::{FromRequestParts, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode};
+use brainstorm_budget_ledger::{BudgetContext, ScopeKind};
+use brainstorm_common::ApiError;
+use brainstorm_common::money::Usd;
+use brainstorm_proto::budget::{AgentBudget, AgentLimit, PutAgentBudgetRequest};
+use brainstorm_proto::identity::{AgentProfile, BootstrapAgentRequest};
+use brainstorm_proto::policy::ListAnomaliesRequest;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::EdgeState;
+use crate::auth::{self, AgentCaller, Caller};
+use crate::extract::JsonBody;
+use crate::views;
+
+type Answer = Result<Json<Value>, ApiError>;
+
+/// The permission bootstrap needs: a key that may drive completions may bring up its agent.
+const BOOTSTRAP: &str = "router.write";
+/// Recent anomaly events shown for one agent.
+const RECENT_ANOMALIES: usize = 50;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BootstrapBody {
+    agent_id: Option<String>,
+    owner_id: Option<String>,
+    display_name: Option<String>,
+    cost_center: Option<String>,
+    budget_daily_usd: Option<serde_json::Number>,
+    budget_monthly_usd: Option<serde_json::Number>,
+    metadata: Option<Value>,
+}
+
+fn nanos(field: &str, amount: Option<&serde_json::Number>) -> Result<Option<i64>, ApiError> {
+    amount
+        .map(|amount| Usd::from_json_number(amount).map(Usd::nanos))
+        .transpose()
+        .map_err(|error| ApiError::invalid_request("invalid_budget", format!("{field}: {error}")))
+}
+
+fn optional_usd(nanos: Option<i64>) -> Value {
+    nanos.map_or(Value::Null, |nanos| Usd::from_nanos(nanos).to_json())
+}
+
+/// `POST /v1/agent/bootstrap` (a tenant API key with `router.write`; an agent JWT is refused): 201
+/// with a new profile (active; owner `owner_id`, else `key:<the bootstrapping key's id>`) or 200
+/// with the existing one, and a fresh agent JWT either way. A profile created with
+/// `budget_daily_usd` gets that budget enforced (the ledger's agent budget, action `stop`) unless
+/// the agent already has one.
+pub async fn bootstrap(
+    State(state): State<EdgeState>,
+    headers: HeaderMap,
+    caller: Result<Caller, ApiError>,
+    JsonBody(body): JsonBody<BootstrapBody>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    if auth::presents_jwt(&headers) {
+        return Err(ApiError::forbidden("api_key_required", "bootstrap takes a tenant API key, not an agent JWT"));
+    }
+    let caller = caller?;
+    caller.require(BOOTSTRAP)?;
+    let tenant_id = caller.tenant_id()?.to_string();
+    let agent_id = body
+        .agent_id
+        .map(|id| id.trim().to_string())
+        .filter(|id| !id.is_empty())
+        .ok_or_else(|| ApiError::invalid_request("agent_id_required", "agent_id is required"))?;
+    let request = BootstrapAgentRequest {
+        tenant_id: tenant_id.clone(),
+        agent_id: agent_id.clone(),
+        owner_id: body.owner_id,
+        display_name: body.display_name,
+        cost_center: body.cost_center,
+        budget_daily_nanos: nanos("budget_daily_usd", body.budget_daily_usd.as_ref())?,
+        budget_monthly_nanos: nanos("budget_monthly_usd", body.budget_monthly_usd.as_ref())?,
+        metadata_json: body.metadata.map(|metadata| metadata.to_string()),
+        // Keys belong to the tenant, not to a user: the key that brings the agent up answers for it.
+        key_owner_id: Some(format!("key:{}", caller.identity.key_id)),
+    };
+    let bootstrapped = state.identity.bootstrap_agent(request).await?;
+    let profile = bootstrapped.profile.ok_or_else(ApiError::internal)?;
+    let mut budget = state.budget_settings.agent(&tenant_id, &agent_id).await?;
+    if bootstrapped.created
+        && budget.is_none()
+        && let Some(per_day_nanos) = profile.budget_daily_nanos
+    {
+        let put = PutAgentBudgetRequest {
+            tenant_id: tenant_id.clone(),
+            agent_id: agent_id.clone(),
+            per_day_nanos,
+            exhaustion_action: "stop".to_string(),
+        };
+        budget = Some(state.budget.put_agent_budget(put).await?);
+        state.budget_settings.evict(&tenant_id);
+    }
+    let limit = state.budget_settings.agent_limit(&tenant_id, &agent_id).await?;
+    let enforced = Enforced::of(&caller.identity.plan, &tenant_id, &agent_id, budget.as_ref(), limit.as_ref());
+    let status = if bootstrapped.created { StatusCode::CREATED } else { StatusCode::OK };
+    let agent = &profile.agent_id;
+    Ok((
+        status,
+        Json(json!({
+            "profile": views::agent_profile(&profile),
+            "jwt": bootstrapped.token,
+            "jwt_expires_at": bootstrapped.token_expires_at,
+            "budget": {
+                "profile_daily_usd": optional_usd(profile.budget_daily_nanos),
+                "profile_monthly_usd": optional_usd(profile.budget_monthly_nanos),
+                "enforced_daily_usd": optional_usd(enforced.daily_nanos()),
+                "enforced_rpm": enforced.rpm(),
+            },
+            "next_steps": {
+                "authenticate": "send the jwt as `Authorization: Bearer <jwt>` to GET /v1/agent/status, /v1/agent/profiles/me, /v1/agent/limits/me and /v1/agent/anomaly/me",
+                "completions": format!("call /v1/chat/completions or /v1/messages with the tenant API key and the header `X-BR-Agent-Id: {agent}`, so this agent's budget, kill switches and evidence apply"),
+                "refresh": "bootstrap again before jwt_expires_at: the same profile, a fresh jwt",
+                "status": "GET /v1/agent/status",
+            },
+        })),
+    ))
+}
+
+/// What the guard enforces on an agent's completions: its budget capped by its `/v1/agent-limits`
+/// entry, and that entry's rate.
+struct Enforced {
+    context: BudgetContext,
+}
+
+impl Enforced {
+    fn of(plan: &str, tenant_id: &str, agent_id: &str, budget: Option<&AgentBudget>, limit: Option<&AgentLimit>) -> Self {
+        let mut context = BudgetContext::new(tenant_id, plan).with_agent(agent_id, budget);
+        if let Some(limit) = limit {
+            context = context.with_agent_limit(limit);
+        }
+        Enforced { context }
+    }
+
+    fn agent(&self) -> Option<&brainstorm_budget_ledger::AgentContext> {
+        self.context.agent.as_ref()
+    }
+
+    fn daily_nanos(&self) -> Option<i64> {
+        self.agent().and_then(|agent| agent.budget).map(|budget| budget.per_day.nanos())
+    }
+
+    fn rpm(&self) -> Option<u32> {
+        self.agent().and_then(|agent| agent.rate_limit_rpm)
+    }
+}
+
+/// The agent's limits as enforced now: its profile's budgets, the enforced daily budget and rate, and
+/// what today's spend and this minute's requests leave of them.
+async fn limits(state: &EdgeState, agent: &AgentCaller) -> Result<Value, ApiError> {
+    let (tenant_id, profile) = (&agent.tenant.id, &agent.profile);
+    let budget = state.budget_settings.agent(tenant_id, &profile.agent_id).await?;
+    let limit = state.budget_settings.agent_limit(tenant_id, &profile.agent_id).await?;
+    let enforced = Enforced::of(&agent.tenant.plan, tenant_id, &profile.agent_id, budget.as_ref(), limit.as_ref());
+    let counters_unavailable = |error: brainstorm_budget_ledger::CounterError| {
+        tracing::warn!(%error, "cannot read the agent's budget counters");
+        ApiError::unavailable("budget_unavailable", "the budget counters cannot be read right now")
+    };
+    let view = state.guard.remaining(&enforced.context).await.map_err(counters_unavailable)?;
+    let level = view.levels.iter().find(|level| level.scope.kind == ScopeKind::AgentDaily);
+    let requests_this_minute = match enforced.rpm() {
+        Some(rpm) => Some(state.guard.agent_requests_this_minute(tenant_id, &profile.agent_id, rpm).await.map_err(counters_unavailable)?),
+        None => None,
+    };
+    Ok(json!({
+        "profile_daily_usd": optional_usd(profile.budget_daily_nanos),
+        "profile_monthly_usd": optional_usd(profile.budget_monthly_nanos),
+        "enforced_daily_usd": optional_usd(enforced.daily_nanos()),
+        "enforced_daily_spent_usd": optional_usd(Some(level.map_or(0, |level| level.spent))),
+        "enforced_daily_remaining_usd": optional_usd(level.and_then(|level| level.remaining())),
+        "exhaustion_action": enforced.agent().and_then(|agent| agent.budget).map(|budget| budget.exhaustion_action.as_str()),
+        "enforced_rpm": enforced.rpm(),
+        "requests_this_minute": requests_this_minute,
+    }))
+}
+
+/// The tenant's recent anomaly alerts about this agent, newest first.
+async fn anomalies(state: &EdgeState, agent: &AgentCaller) -> Result<Vec<Value>, ApiError> {
+    let list = state.policy.list_anomalies(ListAnomaliesRequest { tenant_id: agent.tenant.id.clone(), limit: 1000 }).await?;
+    list.alerts
+        .iter()
+        .filter(|alert| alert.entity_type == "agent" && alert.entity_id == agent.profile.agent_id)
+        .take(RECENT_ANOMALIES)
+        .map(|alert| serde_json::to_value(alert).map_err(|_| ApiError::internal()))
+        .collect()
+}
+
+fn governance(profile: &AgentProfile) -> Value {
+    json!({"lifecycle_state": profile.lifecycle_state, "manifest_id": profile.manifest_id, "role": profile.role})
+}
+
+/// `GET /v1/agent/status` (agent JWT; allowed without an owner): profile, limits, recent anomalies,
+/// governance.
+pub async fn status(State(state): State<EdgeState>, agent: AgentCaller) -> Answer {
+    let limits = limits(&state, &agent).await?;
+    let recent_events = anomalies(&state, &agent).await?;
+    Ok(Json(json!({
+        "profile": views::agent_profile(&agent.profile),
+        "limits": limits,
+        "anomaly": {"recent_events": recent_events},
+        "governance": governance(&agent.profile),
+    })))
+}
+
+/// `GET /v1/agent/limits/me` (agent JWT).
+pub async fn my_limits(State(state): State<EdgeState>, agent: AgentCaller) -> Answer {
+    agent.require_owner()?;
+    Ok(Json(json!({"limits": limits(&state, &agent).await?})))
+}
+
+/// `GET /v1/agent/anomaly/me` (agent JWT).
+pub async fn my_anomalies(State(state): State<EdgeState>, agent: AgentCaller) -> Answer {
+    agent.require_owner()?;
+    Ok(Json(json!({"events": anomalies(&state, &agent).await?})))
+}
+
+/// `GET /v1/agent/profiles/me` (agent JWT; allowed without an owner).
+pub async fn my_profile(agent: AgentCaller) -> Answer {
+    Ok(Json(json!({"profile": views::agent_profile(&agent.profile)})))
+}
+
+/// `GET /v1/self`: who the presented credential is, an agent (its JWT) or an API key.
+pub async fn whoami(State(state): State<EdgeState>, mut parts: Parts) -> Answer {
+    if auth::presents_jwt(&parts.headers) {
+        let agent = AgentCaller::from_request_parts(&mut parts, &state).await?;
+        agent.require_owner()?;
+        let profile = &agent.profile;
+        return Ok(Json(json!({
+            "type": "agent",
+            "tenant_id": agent.tenant.id,
+            "agent_id": profile.agent_id,
+            "role": profile.role,
+            "lifecycle_state": profile.lifecycle_state,
+            "owner_id": profile.owner_id,
+            "parent_agent_id": profile.parent_agent_id,
+            "jwt_expires_at": agent.token_expires_at,
+        })));
+    }
+    let caller = Caller::from_request_parts(&mut parts, &state).await?;
+    let identity = &caller.identity;
+    Ok(Json(json!({
+        "type": if identity.tenant_id.is_some() { "api_key" } else { "platform_admin" },
+        "tenant_id": identity.tenant_id,
+        "key_id": identity.key_id,
+        "role": identity.role,
+        "scopes": identity.scopes,
+        "permissions": identity.permissions,
+    })))
+}
