@@ -304,6 +304,25 @@ async fn two_redis_limiters_share_one_limit() -> TestResult {
 }
 
 #[tokio::test]
+async fn both_limiters_tell_what_a_key_uses_without_counting() -> TestResult {
+    let prefix = random_prefix();
+    let limiters: [Arc<dyn RateLimiter>; 2] =
+        [Arc::new(InProcessRateLimiter::new()), Arc::new(RedisRateLimiter::new(connect_redis(&redis_url()).await?, prefix))];
+    for limiter in limiters {
+        assert_eq!(limiter.used("agent:t:planner", 30).await?, 0);
+        for _ in 0..4 {
+            limiter.check("agent:t:planner", 30).await?;
+        }
+        // 2 s per request at 30 rpm: the four just counted (three if an interval drained meanwhile).
+        let used = limiter.used("agent:t:planner", 30).await?;
+        assert!((3..=4).contains(&used), "{used}");
+        assert_eq!(limiter.used("agent:t:planner", 30).await?, used, "reading counts nothing");
+        assert_eq!(limiter.used("agent:t:other", 30).await?, 0);
+    }
+    Ok(())
+}
+
+#[tokio::test]
 async fn scripts_survive_a_flushed_script_cache() -> TestResult {
     let connection = connect_redis(&redis_url()).await?;
     let counters = RedisCounters::new(connection.clone(), random_prefix());

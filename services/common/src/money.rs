@@ -62,13 +62,22 @@ impl Usd {
         Ok(Usd { nanos: if negative { -nanos } else { nanos } })
     }
 
-    /// Reads a JSON number exactly, through its decimal text (no float arithmetic).
+    /// Reads a JSON number exactly, through its decimal text (no float arithmetic). Exponent
+    /// notation (`1e-06`, as Python's and JavaScript's encoders write small amounts) is read by
+    /// moving the decimal point in the text.
     pub fn from_json_number(number: &serde_json::Number) -> Result<Self, UsdParseError> {
         let text = number.to_string();
-        if text.contains(['e', 'E']) {
-            return Err(UsdParseError::NotDecimal(text));
+        match text.split_once(['e', 'E']) {
+            None => Self::parse_decimal(&text),
+            Some((mantissa, exponent)) => {
+                let relabel = |error: UsdParseError| match error {
+                    UsdParseError::NotDecimal(_) => UsdParseError::NotDecimal(text.clone()),
+                    UsdParseError::TooPrecise(_) => UsdParseError::TooPrecise(text.clone()),
+                    UsdParseError::OutOfRange(_) => UsdParseError::OutOfRange(text.clone()),
+                };
+                Self::parse_decimal(&without_exponent(mantissa, exponent).map_err(relabel)?).map_err(relabel)
+            }
         }
-        Self::parse_decimal(&text)
     }
 
     /// As a JSON number (for display only; arithmetic stays on nanos).
@@ -90,6 +99,40 @@ impl Usd {
     pub fn fixed(self, decimals: u32) -> FixedUsd {
         FixedUsd { amount: self, decimals: decimals.min(9) }
     }
+}
+
+/// `mantissa` times ten to `exponent` as plain decimal text (`2.5`, `-7` -> `0.00000025`), trailing
+/// fractional zeros dropped. Errors carry the mantissa; the caller names the whole number.
+fn without_exponent(mantissa: &str, exponent: &str) -> Result<String, UsdParseError> {
+    let not_decimal = || UsdParseError::NotDecimal(mantissa.to_string());
+    let exponent: i64 = exponent.parse().map_err(|_| not_decimal())?;
+    let (sign, unsigned) = match mantissa.strip_prefix('-') {
+        Some(rest) => ("-", rest),
+        None => ("", mantissa),
+    };
+    let (whole, fraction) = unsigned.split_once('.').unwrap_or((unsigned, ""));
+    if whole.is_empty() || !whole.bytes().chain(fraction.bytes()).all(|byte| byte.is_ascii_digit()) {
+        return Err(not_decimal());
+    }
+    let digits = [whole, fraction].concat();
+    if digits.bytes().all(|byte| byte == b'0') {
+        return Ok("0".to_string());
+    }
+    // Past 10^±40 no amount of nano-dollars is representable: refuse before building the text.
+    if exponent > 40 {
+        return Err(UsdParseError::OutOfRange(mantissa.to_string()));
+    }
+    if exponent < -40 {
+        return Err(UsdParseError::TooPrecise(mantissa.to_string()));
+    }
+    let point = i64::try_from(whole.len()).map_err(|_| not_decimal())? + exponent;
+    let (whole, fraction) = match usize::try_from(point) {
+        Err(_) | Ok(0) => ("0".to_string(), ["0".repeat(usize::try_from(-point).unwrap_or(0)), digits].concat()),
+        Ok(point) if point >= digits.len() => ([digits.as_str(), &"0".repeat(point - digits.len())].concat(), String::new()),
+        Ok(point) => (digits[..point].to_string(), digits[point..].to_string()),
+    };
+    let fraction = fraction.trim_end_matches('0');
+    Ok(if fraction.is_empty() { [sign, &whole].concat() } else { [sign, &whole, ".", fraction].concat() })
 }
 
 /// An amount shown with a fixed number of decimals (`Usd::fixed`).
@@ -176,6 +219,20 @@ mod tests {
             assert!(Usd::parse_decimal(bad).is_err(), "{bad} should not parse");
         }
         assert!(matches!(Usd::parse_decimal("99999999999999"), Err(UsdParseError::OutOfRange(_))));
+    }
+
+    #[test]
+    fn json_numbers_in_exponent_notation_are_read_exactly() {
+        let read = |text: &str| Usd::from_json_number(&text.parse::<serde_json::Number>().unwrap());
+        assert_eq!(read("1e-06"), Ok(Usd::from_nanos(1_000)));
+        assert_eq!(read("2.5e-8"), Ok(Usd::from_nanos(25)));
+        assert_eq!(read("-1.5E3"), Ok(Usd::from_nanos(-1_500_000_000_000)));
+        assert_eq!(read("1e2"), Ok(Usd::from_nanos(100_000_000_000)));
+        assert_eq!(read("0.001"), Ok(Usd::from_nanos(1_000_000)));
+        assert!(matches!(read("1e-10"), Err(UsdParseError::TooPrecise(_))));
+        assert!(matches!(read("1e-300"), Err(UsdParseError::TooPrecise(_))));
+        assert!(matches!(read("1e300"), Err(UsdParseError::OutOfRange(_))));
+        assert_eq!(read("0e-400"), Ok(Usd::ZERO));
     }
 
     #[test]

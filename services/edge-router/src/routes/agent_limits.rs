@@ -44,15 +44,14 @@ fn body_map(body: Value) -> Result<Map<String, Value>, ApiError> {
     let Value::Object(mut body) = body else {
         return Err(ApiError::invalid_request("invalid_agent_limits", "the body must be an object mapping `agent:<id>` to limits"));
     };
-    if body.len() == 1
-        && let Some(Value::Object(map)) = body.remove("agentLimits")
-    {
-        return Ok(map);
+    match body.remove("agentLimits") {
+        None => Ok(body),
+        Some(Value::Object(map)) if body.is_empty() => Ok(map),
+        Some(_) => Err(ApiError::invalid_request(
+            "invalid_agent_limits",
+            "agentLimits must be the body's only member, an object mapping `agent:<id>` to limits",
+        )),
     }
-    if body.contains_key("agentLimits") {
-        return Err(ApiError::invalid_request("invalid_agent_limits", "agentLimits must be an object mapping `agent:<id>` to limits"));
-    }
-    Ok(body)
 }
 
 fn agent_id(key: &str) -> Result<String, ApiError> {
