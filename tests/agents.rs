@@ -18,6 +18,7 @@ brainstorm_e2e::in_both_shapes!(
     agents_bootstrap_and_read_themselves_with_their_jwt,
     an_ownerless_agent_is_held_to_the_switch_turned_on_later,
     agent_limits_cap_each_agents_budget_and_rate,
+    parents_delegate_budget_to_sub_agents_and_get_the_unspent_back,
 );
 
 const ANTHROPIC_KEY: &str = "sk-ant-agents-test-0123456789abcdefghijkl";
@@ -439,5 +440,134 @@ async fn agent_limits_cap_each_agents_budget_and_rate(shape: Shape) -> TestResul
         .call(Method::POST, "/v1/agent/bootstrap", Some(&admin), Some(json!({"agent_id": "spender", "budget_daily_usd": 5})))
         .await?;
     assert_eq!(spender.body["budget"]["enforced_daily_usd"], json!(0.000001), "the tighter of budget and cap: {}", spender.text);
+    Ok(())
+}
+
+async fn parents_delegate_budget_to_sub_agents_and_get_the_unspent_back(shape: Shape) -> TestResult {
+    let mock = MockUpstream::start(MockConfig::default()).await?;
+    let gateway = Gateway::start_with(shape, &[("BR_PROVIDER_ANTHROPIC_BASE_URL", mock.base_url())]).await?;
+    let (admin, _) = gateway.register("Delegation").await?;
+    let registered =
+        gateway.call(Method::POST, "/v1/providers", Some(&admin), Some(json!({"provider": "anthropic", "api_key": ANTHROPIC_KEY}))).await?;
+    assert_eq!(registered.status, 201, "{}", registered.text);
+    let lead = gateway
+        .call(
+            Method::POST,
+            "/v1/agent/bootstrap",
+            Some(&admin),
+            Some(json!({"agent_id": "lead", "budget_daily_usd": 1, "metadata": {"can_delegate": true}})),
+        )
+        .await?;
+    assert_eq!(lead.status, 201, "{}", lead.text);
+    let lead_jwt = lead.body["jwt"].as_str().unwrap_or_default().to_string();
+    let delegate = |jwt: String, body: Value| {
+        let gateway = &gateway;
+        async move { gateway.call(Method::POST, "/v1/agent/delegate", Some(&jwt), Some(body)).await }
+    };
+
+    let with_key = gateway
+        .call(Method::POST, "/v1/agent/delegate", Some(&admin), Some(json!({"agent_id": "scout", "budget_allocation_usd": 0.25})))
+        .await?;
+    assert_eq!((with_key.status, code(&with_key)), (401, "agent_token_required"), "delegation takes the parent's JWT: {}", with_key.text);
+    let body = json!({"agent_id": "scout", "budget_allocation_usd": 0.25, "requested_name": "Scout", "ttl_seconds": 3600, "metadata": {"task": "search"}});
+    let scout = delegate(lead_jwt.clone(), body.clone()).await?;
+    assert_eq!(scout.status, 201, "{}", scout.text);
+    let profile = &scout.body["profile"];
+    assert_eq!(
+        (
+            profile["parentAgentId"].as_str(),
+            profile["displayName"].as_str(),
+            profile["lifecycleState"].as_str(),
+            profile["budgetDailyUsd"].as_f64()
+        ),
+        (Some("lead"), Some("Scout"), Some("active"), Some(0.25))
+    );
+    assert!(profile["expiresAt"].is_string(), "{}", scout.text);
+    assert_eq!(
+        (scout.body["budget"]["enforced_daily_usd"].as_f64(), scout.body["parent"]["budget_daily_usd"].as_f64()),
+        (Some(0.25), Some(0.75))
+    );
+    let scout_jwt = scout.body["jwt"].as_str().unwrap_or_default().to_string();
+    assert_eq!(as_agent(&gateway, "/v1/agent/profiles/me", &scout_jwt).await?.body["profile"]["agentId"], "scout");
+    let again = delegate(lead_jwt.clone(), body).await?;
+    assert_eq!((again.status, again.body["parent"]["budget_daily_usd"].as_f64()), (200, Some(0.75)), "{}", again.text);
+    // What is enforced follows what moved: the parent's ledger budget and the child's.
+    let agents = gateway.call(Method::GET, "/v1/budget/agents", Some(&admin), None).await?;
+    let per_day = |agent: &str| {
+        agents.body["agents"]
+            .as_array()
+            .and_then(|all| all.iter().find(|entry| entry["agentId"] == agent))
+            .map(|entry| entry["config"]["perDayUsd"].clone())
+    };
+    assert_eq!((per_day("lead"), per_day("scout")), (Some(json!(0.75)), Some(json!(0.25))), "{}", agents.text);
+
+    for (bad, status, expected) in [
+        (json!({"agent_id": "boss", "budget_allocation_usd": 0.1, "requested_role": "admin"}), 403, "role_exceeds_parent"),
+        (json!({"agent_id": "greedy", "budget_allocation_usd": 0.745}), 402, "insufficient_budget"),
+        (json!({"agent_id": "nothing"}), 400, "allocation_required"),
+        (json!({"budget_allocation_usd": 0.1}), 400, "agent_id_required"),
+        (json!({"agent_id": "lead", "budget_allocation_usd": 0.1}), 409, "agent_exists"),
+    ] {
+        let refused = delegate(lead_jwt.clone(), bad.clone()).await?;
+        assert_eq!((refused.status, code(&refused)), (status, expected), "{bad}: {}", refused.text);
+    }
+    let by_child = delegate(scout_jwt.clone(), json!({"agent_id": "grandchild", "budget_allocation_usd": 0.01})).await?;
+    assert_eq!((by_child.status, code(&by_child)), (403, "delegation_not_allowed"), "{}", by_child.text);
+
+    // The child spends under its own id; ended by its parent, the unspent part goes back.
+    assert_eq!(completion_as(&gateway, &admin, "scout").await?.status, 200);
+    let mut spent = 0.0;
+    for _ in 0..100 {
+        let status = as_agent(&gateway, "/v1/agent/status", &scout_jwt).await?;
+        spent = status.body["limits"]["enforced_daily_spent_usd"].as_f64().unwrap_or_default();
+        if spent > 0.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(spent > 0.0);
+    let listed = as_agent(&gateway, "/v1/agent/sub-agents", &lead_jwt).await?;
+    assert_eq!(
+        (listed.body["total"].as_u64(), listed.body["sub_agents"][0]["agent_id"].as_str()),
+        (Some(1), Some("scout")),
+        "{}",
+        listed.text
+    );
+    let not_parent = gateway.call(Method::DELETE, "/v1/agent/sub-agents/scout", Some(&scout_jwt), None).await?;
+    assert_eq!((not_parent.status, code(&not_parent)), (403, "not_parent"), "{}", not_parent.text);
+    let ended = gateway.call(Method::DELETE, "/v1/agent/sub-agents/scout", Some(&lead_jwt), None).await?;
+    assert_eq!(ended.status, 200, "{}", ended.text);
+    let refunded = ended.body["budget_refunded_usd"].as_f64().unwrap_or_default();
+    assert!((refunded + spent - 0.25).abs() < 1e-9, "refund {refunded} + spent {spent}: {}", ended.text);
+    assert_eq!((ended.body["terminated_agent_id"].as_str(), ended.body["already_terminated"].as_bool()), (Some("scout"), Some(false)));
+    let terminated = as_agent(&gateway, "/v1/agent/status", &scout_jwt).await?;
+    assert_eq!((terminated.status, code(&terminated)), (403, "agent_terminated"));
+    let twice = gateway.call(Method::DELETE, "/v1/agent/sub-agents/scout", Some(&lead_jwt), None).await?;
+    assert_eq!(
+        (twice.body["already_terminated"].as_bool(), twice.body["budget_refunded_usd"].as_f64()),
+        (Some(true), Some(0.0)),
+        "{}",
+        twice.text
+    );
+    let lead_profile = as_agent(&gateway, "/v1/agent/profiles/me", &lead_jwt).await?;
+    let lead_budget = lead_profile.body["profile"]["budgetDailyUsd"].as_f64().unwrap_or_default();
+    assert!((lead_budget - (0.75 + refunded)).abs() < 1e-9, "{}", lead_profile.text);
+    let stopped = completion_as(&gateway, &admin, "scout").await?;
+    assert_eq!(stopped.status, 402, "a terminated child spends nothing more under its id: {}", stopped.text);
+
+    // A child with a lifetime: its token stops at expiry, and the parent's next call ends it with a full refund.
+    let flash = delegate(lead_jwt.clone(), json!({"agent_id": "flash", "budget_allocation_usd": 0.1, "ttl_seconds": 1})).await?;
+    assert_eq!(flash.status, 201, "{}", flash.text);
+    let flash_jwt = flash.body["jwt"].as_str().unwrap_or_default().to_string();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let expired = as_agent(&gateway, "/v1/agent/status", &flash_jwt).await?;
+    assert_eq!((expired.status, code(&expired)), (403, "agent_expired"), "{}", expired.text);
+    let listed = as_agent(&gateway, "/v1/agent/sub-agents", &lead_jwt).await?;
+    assert_eq!(listed.body["total"], 0, "{}", listed.text);
+    let flash_profile = gateway.call(Method::GET, "/v1/agent/profiles/flash", Some(&admin), None).await?;
+    assert_eq!(flash_profile.body["profile"]["lifecycleState"], "terminated", "{}", flash_profile.text);
+    let lead_after =
+        as_agent(&gateway, "/v1/agent/profiles/me", &lead_jwt).await?.body["profile"]["budgetDailyUsd"].as_f64().unwrap_or_default();
+    assert!((lead_after - lead_budget).abs() < 1e-9, "the whole 0.1 came back: {lead_after} against {lead_budget}");
     Ok(())
 }

@@ -66,5 +66,9 @@ crate::grpc::service_contract! {
         fn bootstrap_agent(BootstrapAgentRequest) -> BootstrappedAgent;
         /// Resolves an agent JWT to its tenant and profile; suspended and terminated agents are refused.
         fn authenticate_agent(AuthenticateAgentRequest) -> AgentPrincipal;
+        /// Creates a sub-agent of an active parent allowed to delegate, moving budget to it; idempotent per child.
+        fn delegate_agent(DelegateAgentRequest) -> DelegatedAgent;
+        /// Terminates a parent's sub-agent and refunds its unspent budget; repeating changes nothing.
+        fn end_sub_agent(EndSubAgentRequest) -> EndedSubAgent;
     }
 }

@@ -85,6 +85,14 @@ impl ApiError {
         Self::new(StatusCode::UNAUTHORIZED, "authentication_error", Some(code), message, recovery)
     }
 
+    /// 402 `insufficient_budget`: a budget to give from (a parent agent's, when delegating) is too small.
+    pub fn insufficient_budget(message: impl Into<String>) -> Self {
+        let recovery = Recovery::same_endpoint("reduce_allocation", "allocate less, or have an operator raise the parent's daily budget");
+        let mut error = Self::new(StatusCode::PAYMENT_REQUIRED, "budget_exceeded", Some("insufficient_budget"), message, recovery);
+        error.recovery.body_template = json!({"budget_allocation_usd": "<a smaller amount>"});
+        error
+    }
+
     /// 403: the caller lacks a permission.
     pub fn forbidden(code: &str, message: impl Into<String>) -> Self {
         let recovery = Recovery {
@@ -333,6 +341,7 @@ impl From<ServiceError> for ApiError {
             ErrorKind::PermissionDenied => ApiError::forbidden(&error.reason, error.message),
             ErrorKind::NotFound => ApiError::not_found(&error.reason, error.message),
             ErrorKind::Conflict => ApiError::conflict(&error.reason, error.message),
+            ErrorKind::ResourceExhausted if error.reason == "insufficient_budget" => ApiError::insufficient_budget(error.message),
             ErrorKind::ResourceExhausted => ApiError::rate_limited(error.message, 1000),
             ErrorKind::Unavailable => ApiError::unavailable(&error.reason, error.message),
             ErrorKind::Internal => {
@@ -353,6 +362,7 @@ mod tests {
             ApiError::invalid_request("missing_field", "model is required"),
             ApiError::unauthenticated("invalid_api_key", "bad key"),
             ApiError::agent_unauthenticated("agent_token_expired", "expired"),
+            ApiError::insufficient_budget("too little"),
             ApiError::missing_permission("config.write"),
             ApiError::not_found("user_not_found", "no such user"),
             ApiError::conflict("exists", "exists"),

@@ -182,34 +182,8 @@ impl AgentStore {
 
     /// Inserts a profile; false when the tenant already has an agent of that id.
     pub async fn insert(&self, profile: &AgentProfile) -> Result<bool, sqlx::Error> {
-        let result = sqlx::query(
-            "INSERT INTO agent_profiles (id, tenant_id, agent_id, display_name, owner_id, cost_center, budget_daily_nanos, \
-             budget_monthly_nanos, role, lifecycle_state, manifest_id, parent_agent_id, expires_at, metadata, created_at, updated_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
-        )
-        .bind(&profile.id)
-        .bind(&profile.tenant_id)
-        .bind(&profile.agent_id)
-        .bind(&profile.display_name)
-        .bind(&profile.owner_id)
-        .bind(&profile.cost_center)
-        .bind(profile.budget_daily_nanos)
-        .bind(profile.budget_monthly_nanos)
-        .bind(&profile.role)
-        .bind(&profile.lifecycle_state)
-        .bind(&profile.manifest_id)
-        .bind(&profile.parent_agent_id)
-        .bind(&profile.expires_at)
-        .bind(&profile.metadata_json)
-        .bind(&profile.created_at)
-        .bind(&profile.updated_at)
-        .execute(self.database.pool())
-        .await;
-        match result {
-            Ok(_) => Ok(true),
-            Err(error) if brainstorm_common::store::is_unique_violation(&error) => Ok(false),
-            Err(error) => Err(error),
-        }
+        let mut connection = self.database.pool().acquire().await?;
+        insert_profile(&mut connection, profile).await
     }
 
     /// One agent of a tenant.
@@ -256,6 +230,58 @@ impl AgentStore {
         Ok(result.rows_affected() == 1)
     }
 
+    /// Moves part of a parent's daily budget to a new child profile, in one transaction: the parent's
+    /// budget becomes `parent_budget_after` only if it still holds what `parent` says, and the child is
+    /// inserted only if its id is free.
+    pub async fn delegate(&self, parent: &AgentProfile, parent_budget_after: i64, child: &AgentProfile) -> Result<Delegation, sqlx::Error> {
+        let mut transaction = self.database.pool().begin().await?;
+        let moved = sqlx::query(
+            "UPDATE agent_profiles SET budget_daily_nanos = $1, updated_at = $2 \
+             WHERE id = $3 AND lifecycle_state = 'active' AND budget_daily_nanos = $4",
+        )
+        .bind(parent_budget_after)
+        .bind(&child.created_at)
+        .bind(&parent.id)
+        .bind(parent.budget_daily_nanos)
+        .execute(&mut *transaction)
+        .await?;
+        if moved.rows_affected() != 1 {
+            return Ok(Delegation::ParentChanged);
+        }
+        if !insert_profile(&mut transaction, child).await? {
+            return Ok(Delegation::ChildExists);
+        }
+        transaction.commit().await?;
+        Ok(Delegation::Done)
+    }
+
+    /// Terminates a parent's child still in `child.lifecycle_state` and gives `refund` back to the
+    /// parent's daily budget, in one transaction; false when the child moved meanwhile.
+    pub async fn end_child(&self, parent: &AgentProfile, child: &AgentProfile, refund: i64, now: &str) -> Result<bool, sqlx::Error> {
+        let mut transaction = self.database.pool().begin().await?;
+        let ended = sqlx::query(
+            "UPDATE agent_profiles SET lifecycle_state = 'terminated', updated_at = $1 \
+             WHERE id = $2 AND parent_agent_id = $3 AND lifecycle_state = $4",
+        )
+        .bind(now)
+        .bind(&child.id)
+        .bind(&parent.agent_id)
+        .bind(&child.lifecycle_state)
+        .execute(&mut *transaction)
+        .await?;
+        if ended.rows_affected() != 1 {
+            return Ok(false);
+        }
+        sqlx::query("UPDATE agent_profiles SET budget_daily_nanos = COALESCE(budget_daily_nanos, 0) + $1, updated_at = $2 WHERE id = $3")
+            .bind(refund)
+            .bind(now)
+            .bind(&parent.id)
+            .execute(&mut *transaction)
+            .await?;
+        transaction.commit().await?;
+        Ok(true)
+    }
+
     /// Deletes one agent; false when there was none.
     pub async fn delete(&self, tenant_id: &str, agent_id: &str) -> Result<bool, sqlx::Error> {
         let result = sqlx::query("DELETE FROM agent_profiles WHERE tenant_id = $1 AND agent_id = $2")
@@ -264,6 +290,48 @@ impl AgentStore {
             .execute(self.database.pool())
             .await?;
         Ok(result.rows_affected() == 1)
+    }
+}
+
+/// How a delegation's transaction ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delegation {
+    Done,
+    /// The parent's budget or state changed since it was read: read again.
+    ParentChanged,
+    /// The child's agent id is taken.
+    ChildExists,
+}
+
+/// Inserts a profile on `connection`; false when the tenant already has an agent of that id.
+async fn insert_profile(connection: &mut sqlx::AnyConnection, profile: &AgentProfile) -> Result<bool, sqlx::Error> {
+    let result = sqlx::query(
+        "INSERT INTO agent_profiles (id, tenant_id, agent_id, display_name, owner_id, cost_center, budget_daily_nanos, \
+         budget_monthly_nanos, role, lifecycle_state, manifest_id, parent_agent_id, expires_at, metadata, created_at, updated_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
+    )
+    .bind(&profile.id)
+    .bind(&profile.tenant_id)
+    .bind(&profile.agent_id)
+    .bind(&profile.display_name)
+    .bind(&profile.owner_id)
+    .bind(&profile.cost_center)
+    .bind(profile.budget_daily_nanos)
+    .bind(profile.budget_monthly_nanos)
+    .bind(&profile.role)
+    .bind(&profile.lifecycle_state)
+    .bind(&profile.manifest_id)
+    .bind(&profile.parent_agent_id)
+    .bind(&profile.expires_at)
+    .bind(&profile.metadata_json)
+    .bind(&profile.created_at)
+    .bind(&profile.updated_at)
+    .execute(&mut *connection)
+    .await;
+    match result {
+        Ok(_) => Ok(true),
+        Err(error) if brainstorm_common::store::is_unique_violation(&error) => Ok(false),
+        Err(error) => Err(error),
     }
 }
 

@@ -5,17 +5,18 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use brainstorm_common::bus::EventBus;
 use brainstorm_common::config::RegistrationMode;
+use brainstorm_common::money::Usd;
 use brainstorm_common::outbox::{Mail, MailOutbox};
 use brainstorm_common::store::{Database, is_unique_violation};
 use brainstorm_common::time::{format_timestamp, now_timestamp, parse_timestamp};
 use brainstorm_proto::events::{self, IdentityEvent, identity_event};
 use brainstorm_proto::identity::*;
-use brainstorm_proto::{ServiceError, ServiceResult};
+use brainstorm_proto::{ErrorKind, ServiceError, ServiceResult};
 use chrono::{Duration, Utc};
 use prost::Message;
 
 use crate::agent_token::{AgentTokenSigner, TokenError};
-use crate::agents::{self, AgentStore};
+use crate::agents::{self, AgentStore, Delegation};
 use crate::rbac::{self, ROLES};
 use crate::secrets::{self, CLAIM_TOKEN_PREFIX, LIVE_KEY_PREFIX};
 use crate::store::{
@@ -765,6 +766,129 @@ impl IdentityService for IdentityServiceImpl {
         Ok(BootstrappedAgent { profile: Some(profile), token, token_expires_at: format_timestamp(expires_at), created })
     }
 
+    async fn delegate_agent(&self, request: DelegateAgentRequest) -> ServiceResult<DelegatedAgent> {
+        let signer = self.agent_tokens()?;
+        let child_id = agents::validated_agent_id(request.agent_id.trim())?.to_string();
+        if request.allocation_nanos <= 0 {
+            return Err(ServiceError::invalid("invalid_allocation", "budget_allocation_usd must be above zero"));
+        }
+        let role = request.role.clone().filter(|role| !role.trim().is_empty()).unwrap_or_else(|| "agent".to_string());
+        if !agents::AGENT_ROLES.contains(&role.as_str()) {
+            return Err(ServiceError::invalid("invalid_role", format!("requested_role must be one of {}", agents::AGENT_ROLES.join(", "))));
+        }
+        if let Some(ttl) = request.ttl_seconds
+            && !(1..=MAX_CHILD_TTL_SECONDS).contains(&ttl)
+        {
+            return Err(ServiceError::invalid("invalid_ttl", format!("ttl_seconds must be 1 to {MAX_CHILD_TTL_SECONDS}")));
+        }
+        for _ in 0..DELEGATION_ATTEMPTS {
+            let parent = self.agent_or_not_found(&request.tenant_id, &request.parent_agent_id).await?;
+            if parent.id != request.parent_profile_id {
+                return Err(ServiceError::unauthenticated("agent_token_revoked", "the agent this token was minted for no longer exists"));
+            }
+            may_delegate(&parent)?;
+            if role_rank(&role) > role_rank(&parent.role) {
+                return Err(ServiceError::permission_denied(
+                    "role_exceeds_parent",
+                    format!("a sub-agent's role may not exceed its parent's ({})", parent.role),
+                ));
+            }
+            if let Some(existing) = self.agents.get(&request.tenant_id, &child_id).await.map_err(store_failure)? {
+                let ours =
+                    existing.parent_agent_id.as_deref() == Some(parent.agent_id.as_str()) && existing.lifecycle_state != "terminated";
+                if !ours {
+                    return Err(ServiceError::conflict(
+                        "agent_exists",
+                        format!("an agent `{child_id}` already exists: pick another agent_id"),
+                    ));
+                }
+                usable_agent(&existing)?;
+                let (token, expires_at) = signer.mint(&existing.tenant_id, &existing.agent_id, &existing.id, &existing.role, Utc::now());
+                return Ok(DelegatedAgent {
+                    profile: Some(existing),
+                    parent: Some(parent),
+                    token,
+                    token_expires_at: format_timestamp(expires_at),
+                    created: false,
+                });
+            }
+            let available = parent.budget_daily_nanos.unwrap_or(0);
+            let after = available.checked_sub(request.allocation_nanos).unwrap_or(i64::MIN);
+            if parent.budget_daily_nanos.is_none() || after < MIN_PARENT_BUDGET_NANOS {
+                return Err(ServiceError::new(
+                    ErrorKind::ResourceExhausted,
+                    "insufficient_budget",
+                    format!(
+                        "agent `{}` has USD {} of daily budget and must keep at least USD {} after delegating",
+                        parent.agent_id,
+                        Usd::from_nanos(available),
+                        Usd::from_nanos(MIN_PARENT_BUDGET_NANOS)
+                    ),
+                ));
+            }
+            let now = Utc::now();
+            let create = CreateAgentProfileRequest {
+                tenant_id: request.tenant_id.clone(),
+                agent_id: child_id.clone(),
+                display_name: request.display_name.clone(),
+                // The child answers to its parent's owner and cost center.
+                owner_id: parent.owner_id.clone(),
+                cost_center: parent.cost_center.clone(),
+                budget_daily_nanos: Some(request.allocation_nanos),
+                budget_monthly_nanos: None,
+                role: Some(role.clone()),
+                metadata_json: request.metadata_json.clone(),
+            };
+            let mut child = agents::new_profile(&create, false)?;
+            child.lifecycle_state = "active".to_string();
+            child.parent_agent_id = Some(parent.agent_id.clone());
+            child.expires_at = request.ttl_seconds.map(|ttl| format_timestamp(now + Duration::seconds(i64::from(ttl))));
+            match self.agents.delegate(&parent, after, &child).await.map_err(store_failure)? {
+                Delegation::Done => {
+                    tracing::info!(tenant_id = %child.tenant_id, parent = %parent.agent_id, child = %child.agent_id, "sub-agent delegated");
+                    let parent = AgentProfile { budget_daily_nanos: Some(after), updated_at: child.created_at.clone(), ..parent };
+                    let (token, expires_at) = signer.mint(&child.tenant_id, &child.agent_id, &child.id, &child.role, now);
+                    return Ok(DelegatedAgent {
+                        profile: Some(child),
+                        parent: Some(parent),
+                        token,
+                        token_expires_at: format_timestamp(expires_at),
+                        created: true,
+                    });
+                }
+                // Another delegation moved the parent's budget, or took the child's id: judge again.
+                Delegation::ParentChanged | Delegation::ChildExists => continue,
+            }
+        }
+        Err(ServiceError::conflict("concurrent_change", "the parent agent kept changing meanwhile; delegate again"))
+    }
+
+    async fn end_sub_agent(&self, request: EndSubAgentRequest) -> ServiceResult<EndedSubAgent> {
+        for _ in 0..DELEGATION_ATTEMPTS {
+            let parent = self.agent_or_not_found(&request.tenant_id, &request.parent_agent_id).await?;
+            let child = self.agent_or_not_found(&request.tenant_id, &request.child_agent_id).await?;
+            if child.parent_agent_id.as_deref() != Some(parent.agent_id.as_str()) {
+                return Err(ServiceError::permission_denied(
+                    "not_parent",
+                    format!("agent `{}` is not a sub-agent of `{}`", child.agent_id, parent.agent_id),
+                ));
+            }
+            if child.lifecycle_state == "terminated" {
+                return Ok(EndedSubAgent { profile: Some(child), parent: Some(parent), already_terminated: true, refunded_nanos: 0 });
+            }
+            let refund = request.refund_nanos.clamp(0, child.budget_daily_nanos.unwrap_or(0));
+            let now = now_timestamp();
+            if self.agents.end_child(&parent, &child, refund, &now).await.map_err(store_failure)? {
+                tracing::info!(tenant_id = %child.tenant_id, parent = %parent.agent_id, child = %child.agent_id, refund, "sub-agent ended");
+                let parent_budget = Some(parent.budget_daily_nanos.unwrap_or(0) + refund);
+                let parent = AgentProfile { budget_daily_nanos: parent_budget, updated_at: now.clone(), ..parent };
+                let child = AgentProfile { lifecycle_state: "terminated".to_string(), updated_at: now, ..child };
+                return Ok(EndedSubAgent { profile: Some(child), parent: Some(parent), already_terminated: false, refunded_nanos: refund });
+            }
+        }
+        Err(ServiceError::conflict("concurrent_change", "the sub-agent kept changing meanwhile; try again"))
+    }
+
     async fn authenticate_agent(&self, request: AuthenticateAgentRequest) -> ServiceResult<AgentPrincipal> {
         let signer = self.agent_tokens()?;
         let claims = signer.verify(request.token.trim(), Utc::now()).map_err(|error| match error {
@@ -786,6 +910,37 @@ impl IdentityService for IdentityServiceImpl {
         let owner_missing = self.options.require_agent_owner && profile.owner_id.is_none();
         Ok(AgentPrincipal { tenant: Some(tenant), profile: Some(profile), token_expires_at, token_id: claims.jti, owner_missing })
     }
+}
+
+/// What a parent keeps of its daily budget after delegating: USD 0.01.
+const MIN_PARENT_BUDGET_NANOS: i64 = 10_000_000;
+/// The longest a delegated child may live: 30 days.
+const MAX_CHILD_TTL_SECONDS: u32 = 30 * 24 * 3600;
+/// Rounds a delegation makes when concurrent ones change the parent meanwhile.
+const DELEGATION_ATTEMPTS: usize = 16;
+
+/// A role's rank: a child's role may not exceed its parent's.
+fn role_rank(role: &str) -> usize {
+    agents::AGENT_ROLES.iter().position(|known| *known == role).unwrap_or(0)
+}
+
+/// Refuses a parent that may not delegate: not active, or without `metadata.can_delegate === true`.
+fn may_delegate(parent: &AgentProfile) -> ServiceResult<()> {
+    usable_agent(parent)?;
+    if parent.lifecycle_state != "active" {
+        return Err(ServiceError::permission_denied(
+            "parent_not_active",
+            format!("agent `{}` is {}: only an active agent may delegate", parent.agent_id, parent.lifecycle_state),
+        ));
+    }
+    let metadata: serde_json::Value = serde_json::from_str(&parent.metadata_json).unwrap_or_default();
+    if metadata.get("can_delegate") != Some(&serde_json::Value::Bool(true)) {
+        return Err(ServiceError::permission_denied(
+            "delegation_not_allowed",
+            format!("agent `{}` may not delegate: its metadata must hold `can_delegate: true`", parent.agent_id),
+        ));
+    }
+    Ok(())
 }
 
 /// Refuses a tenant whose registration was rejected or awaits approval.

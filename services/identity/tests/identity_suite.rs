@@ -56,6 +56,7 @@ on_both_engines!(
     registration_with_a_chosen_id_happens_once,
     agent_profiles_are_stored_changed_and_moved,
     agents_bootstrap_once_and_authenticate_while_usable,
+    sub_agents_take_budget_from_their_parent_and_give_back_the_unspent,
     keys_are_stored_hashed_and_authenticate_until_revoked,
     expired_keys_and_malformed_keys_are_refused,
     keys_cannot_grant_more_than_their_creator,
@@ -229,6 +230,107 @@ async fn agents_bootstrap_once_and_authenticate_while_usable(database: Database)
     for token in [foreign_token, format!("{}x", first.token), "br_live_notatoken".to_string()] {
         assert_eq!(reason(harness.identity.authenticate_agent(AuthenticateAgentRequest { token }).await.err()), invalid);
     }
+    Ok(())
+}
+
+async fn sub_agents_take_budget_from_their_parent_and_give_back_the_unspent(database: Database) -> TestResult {
+    const USD: i64 = 1_000_000_000;
+    let harness = harness(database, RegistrationMode::Open);
+    let tenant = tenant_id(&register(&harness.identity, "Delegators").await?);
+    let bootstrap = |agent: &str, budget: Option<i64>, metadata: &str| BootstrapAgentRequest {
+        tenant_id: tenant.clone(),
+        agent_id: agent.to_string(),
+        budget_daily_nanos: budget,
+        metadata_json: Some(metadata.to_string()),
+        owner_id: Some("user_1".to_string()),
+        ..BootstrapAgentRequest::default()
+    };
+    let lead =
+        harness.identity.bootstrap_agent(bootstrap("lead", Some(USD), "{\"can_delegate\": true}")).await?.profile.ok_or("no lead")?;
+    let plain = harness.identity.bootstrap_agent(bootstrap("plain", Some(USD), "{}")).await?.profile.ok_or("no plain")?;
+    let delegate = |parent: &AgentProfile, child: &str, allocation: i64| DelegateAgentRequest {
+        tenant_id: tenant.clone(),
+        parent_agent_id: parent.agent_id.clone(),
+        parent_profile_id: parent.id.clone(),
+        agent_id: child.to_string(),
+        allocation_nanos: allocation,
+        ..DelegateAgentRequest::default()
+    };
+    let first = harness.identity.delegate_agent(delegate(&lead, "helper", 4 * USD / 10)).await?;
+    let helper = first.profile.clone().ok_or("no child")?;
+    assert!(first.created);
+    assert_eq!(
+        (helper.parent_agent_id.as_deref(), helper.budget_daily_nanos, helper.role.as_str(), helper.owner_id.as_deref()),
+        (Some("lead"), Some(4 * USD / 10), "agent", Some("user_1"))
+    );
+    assert_eq!(first.parent.and_then(|parent| parent.budget_daily_nanos), Some(6 * USD / 10));
+    harness.identity.authenticate_agent(AuthenticateAgentRequest { token: first.token.clone() }).await?;
+    let again = harness.identity.delegate_agent(delegate(&lead, "helper", 4 * USD / 10)).await?;
+    assert_eq!((again.created, again.profile.map(|profile| profile.id)), (false, Some(helper.id.clone())));
+    let lead_now = |identity: &IdentityServiceImpl| {
+        let reference = AgentProfileRef { tenant_id: tenant.clone(), agent_id: "lead".to_string() };
+        let identity = identity.clone();
+        async move { identity.get_agent_profile(reference).await.map(|profile| profile.budget_daily_nanos) }
+    };
+    assert_eq!(lead_now(&harness.identity).await?, Some(6 * USD / 10), "nothing moved the second time");
+
+    let reason = |result: Result<DelegatedAgent, ServiceError>| result.err().map(|error| (error.kind, error.reason));
+    let keeps_too_little = delegate(&lead, "greedy", 6 * USD / 10 - 5_000_000);
+    assert_eq!(
+        reason(harness.identity.delegate_agent(keeps_too_little).await),
+        Some((ErrorKind::ResourceExhausted, "insufficient_budget".to_string()))
+    );
+    let too_high = DelegateAgentRequest { role: Some("operator".to_string()), ..delegate(&lead, "boss", USD / 10) };
+    assert_eq!(
+        reason(harness.identity.delegate_agent(too_high).await),
+        Some((ErrorKind::PermissionDenied, "role_exceeds_parent".to_string()))
+    );
+    assert_eq!(
+        reason(harness.identity.delegate_agent(delegate(&plain, "sidekick", USD / 10)).await),
+        Some((ErrorKind::PermissionDenied, "delegation_not_allowed".to_string()))
+    );
+    assert_eq!(
+        reason(harness.identity.delegate_agent(delegate(&lead, "plain", USD / 10)).await),
+        Some((ErrorKind::Conflict, "agent_exists".to_string()))
+    );
+    let forever = DelegateAgentRequest { ttl_seconds: Some(31 * 24 * 3600), ..delegate(&lead, "eternal", USD / 10) };
+    assert_eq!(reason(harness.identity.delegate_agent(forever).await), Some((ErrorKind::InvalidArgument, "invalid_ttl".to_string())));
+    assert_eq!(
+        reason(harness.identity.delegate_agent(delegate(&lead, "free", 0)).await),
+        Some((ErrorKind::InvalidArgument, "invalid_allocation".to_string()))
+    );
+
+    // Concurrent delegations never give away more than the parent has: 0.6 - 0.01 kept leaves room for five of 0.1.
+    let attempts = (0..8).map(|index| {
+        let identity = harness.identity.clone();
+        let request = delegate(&lead, &format!("worker-{index}"), USD / 10);
+        async move { identity.delegate_agent(request).await }
+    });
+    let outcomes = futures::future::join_all(attempts).await;
+    let created = outcomes.iter().filter(|outcome| outcome.is_ok()).count();
+    assert_eq!(created, 5, "{outcomes:?}");
+    assert!(outcomes.iter().filter_map(|outcome| outcome.as_ref().err()).all(|error| error.reason == "insufficient_budget"));
+    assert_eq!(lead_now(&harness.identity).await?, Some(USD / 10));
+
+    // Ending a child refunds what the edge says it left (at most its budget); again changes nothing.
+    let end = |child: &str, refund: i64| EndSubAgentRequest {
+        tenant_id: tenant.clone(),
+        parent_agent_id: "lead".to_string(),
+        child_agent_id: child.to_string(),
+        refund_nanos: refund,
+    };
+    let ended = harness.identity.end_sub_agent(end("helper", USD / 4)).await?;
+    assert_eq!((ended.already_terminated, ended.refunded_nanos), (false, USD / 4));
+    assert_eq!(ended.profile.map(|profile| profile.lifecycle_state), Some("terminated".to_string()));
+    assert_eq!(lead_now(&harness.identity).await?, Some(USD / 10 + USD / 4));
+    let twice = harness.identity.end_sub_agent(end("helper", USD / 4)).await?;
+    assert_eq!((twice.already_terminated, twice.refunded_nanos), (true, 0));
+    let clamped = harness.identity.end_sub_agent(end("worker-0", 100 * USD)).await?;
+    assert_eq!(clamped.refunded_nanos, USD / 10, "never more than the child was given");
+    let terminated = harness.identity.authenticate_agent(AuthenticateAgentRequest { token: first.token }).await.err();
+    assert_eq!(terminated.map(|error| error.reason), Some("agent_terminated".to_string()));
+    let stranger = EndSubAgentRequest { parent_agent_id: "plain".to_string(), ..end("worker-1", 0) };
+    assert_eq!(harness.identity.end_sub_agent(stranger).await.err().map(|error| error.reason), Some("not_parent".to_string()));
     Ok(())
 }
 

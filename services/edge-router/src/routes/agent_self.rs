@@ -3,14 +3,17 @@
 //! `/profiles/me`, `/v1/self`). Snake_case, as the spec spells these.
 
 use axum::Json;
-use axum::extract::{FromRequestParts, State};
+use axum::extract::{FromRequestParts, Path, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
 use brainstorm_budget_ledger::{BudgetContext, ScopeKind};
 use brainstorm_common::ApiError;
 use brainstorm_common::money::Usd;
+use brainstorm_common::time::parse_timestamp;
 use brainstorm_proto::budget::{AgentBudget, AgentLimit, PutAgentBudgetRequest};
-use brainstorm_proto::identity::{AgentProfile, BootstrapAgentRequest};
+use brainstorm_proto::identity::{
+    AgentProfile, AgentProfileRef, BootstrapAgentRequest, DelegateAgentRequest, EndSubAgentRequest, EndedSubAgent, TenantRef,
+};
 use brainstorm_proto::policy::ListAnomaliesRequest;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -91,25 +94,38 @@ pub async fn bootstrap(
         && budget.is_none()
         && let Some(per_day_nanos) = profile.budget_daily_nanos
     {
-        let put = PutAgentBudgetRequest {
-            tenant_id: tenant_id.clone(),
-            agent_id: agent_id.clone(),
-            per_day_nanos,
-            exhaustion_action: "stop".to_string(),
-        };
-        budget = Some(state.budget.put_agent_budget(put).await?);
-        state.budget_settings.evict(&tenant_id);
+        budget = Some(put_budget(&state, &tenant_id, &agent_id, per_day_nanos, "stop").await?);
     }
-    let limit = state.budget_settings.agent_limit(&tenant_id, &agent_id).await?;
-    let enforced = Enforced::of(&caller.identity.plan, &tenant_id, &agent_id, budget.as_ref(), limit.as_ref());
-    let status = if bootstrapped.created { StatusCode::CREATED } else { StatusCode::OK };
-    let agent = &profile.agent_id;
-    Ok((
-        status,
-        Json(json!({
-            "profile": views::agent_profile(&profile),
-            "jwt": bootstrapped.token,
-            "jwt_expires_at": bootstrapped.token_expires_at,
+    let minted =
+        Minted { profile, token: bootstrapped.token, token_expires_at: bootstrapped.token_expires_at, created: bootstrapped.created };
+    minted.answer(&state, &caller.identity.plan, budget.as_ref(), json!({})).await
+}
+
+/// A profile with a fresh JWT (bootstrap and delegation answer alike).
+struct Minted {
+    profile: AgentProfile,
+    token: String,
+    token_expires_at: String,
+    created: bool,
+}
+
+impl Minted {
+    /// 201 (created) or 200: `{profile, jwt, jwt_expires_at, budget, next_steps}` and `extra`'s members.
+    async fn answer(
+        self,
+        state: &EdgeState,
+        plan: &str,
+        budget: Option<&AgentBudget>,
+        extra: Value,
+    ) -> Result<(StatusCode, Json<Value>), ApiError> {
+        let profile = &self.profile;
+        let limit = state.budget_settings.agent_limit(&profile.tenant_id, &profile.agent_id).await?;
+        let enforced = Enforced::of(plan, &profile.tenant_id, &profile.agent_id, budget, limit.as_ref());
+        let agent = &profile.agent_id;
+        let mut body = json!({
+            "profile": views::agent_profile(profile),
+            "jwt": self.token,
+            "jwt_expires_at": self.token_expires_at,
             "budget": {
                 "profile_daily_usd": optional_usd(profile.budget_daily_nanos),
                 "profile_monthly_usd": optional_usd(profile.budget_monthly_nanos),
@@ -122,8 +138,180 @@ pub async fn bootstrap(
                 "refresh": "bootstrap again before jwt_expires_at: the same profile, a fresh jwt",
                 "status": "GET /v1/agent/status",
             },
-        })),
-    ))
+        });
+        if let (Some(body), Value::Object(extra)) = (body.as_object_mut(), extra) {
+            body.extend(extra);
+        }
+        Ok((if self.created { StatusCode::CREATED } else { StatusCode::OK }, Json(body)))
+    }
+}
+
+/// Sets an agent's ledger budget (what the guard refuses on) and forgets this edge's cached copy.
+async fn put_budget(state: &EdgeState, tenant_id: &str, agent_id: &str, per_day_nanos: i64, action: &str) -> Result<AgentBudget, ApiError> {
+    let put = PutAgentBudgetRequest {
+        tenant_id: tenant_id.to_string(),
+        agent_id: agent_id.to_string(),
+        per_day_nanos,
+        exhaustion_action: action.to_string(),
+    };
+    let budget = state.budget.put_agent_budget(put).await?;
+    state.budget_settings.evict(tenant_id);
+    Ok(budget)
+}
+
+/// After its profile's daily budget moved (delegation, refund): a parent with a ledger budget gets
+/// the profile's amount there too, so what is enforced follows what was moved.
+async fn follow_parent_budget(state: &EdgeState, parent: &AgentProfile) -> Result<(), ApiError> {
+    let enforced = state.budget_settings.agent(&parent.tenant_id, &parent.agent_id).await?;
+    if let (Some(enforced), Some(per_day_nanos)) = (enforced, parent.budget_daily_nanos) {
+        put_budget(state, &parent.tenant_id, &parent.agent_id, per_day_nanos, &enforced.exhaustion_action).await?;
+    }
+    Ok(())
+}
+
+/// An agent's spend today, by the counters its budget is enforced on.
+async fn spent_today(state: &EdgeState, plan: &str, tenant_id: &str, agent_id: &str) -> Result<i64, ApiError> {
+    let context = BudgetContext::new(tenant_id, plan).with_agent(agent_id, None);
+    let view = state.guard.remaining(&context).await.map_err(counters_unavailable)?;
+    Ok(view.levels.iter().find(|level| level.scope.kind == ScopeKind::AgentDaily).map_or(0, |level| level.spent))
+}
+
+fn counters_unavailable(error: brainstorm_budget_ledger::CounterError) -> ApiError {
+    tracing::warn!(%error, "cannot read the budget counters");
+    ApiError::unavailable("budget_unavailable", "the budget counters cannot be read right now")
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DelegateBody {
+    agent_id: Option<String>,
+    budget_allocation_usd: Option<serde_json::Number>,
+    requested_role: Option<String>,
+    requested_name: Option<String>,
+    ttl_seconds: Option<u32>,
+    metadata: Option<Value>,
+}
+
+/// `POST /v1/agent/delegate` (agent JWT; an active parent whose metadata holds `can_delegate:
+/// true`): creates a sub-agent with `budget_allocation_usd` moved from the parent's daily budget (the
+/// parent keeps at least USD 0.01, else 402), a role at most the parent's, an optional lifetime;
+/// answered like bootstrap, with the parent's remaining budget. Again for the same child: 200,
+/// nothing moved, a fresh JWT.
+pub async fn delegate(
+    State(state): State<EdgeState>,
+    agent: AgentCaller,
+    JsonBody(body): JsonBody<DelegateBody>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    agent.require_owner()?;
+    let child_id = body
+        .agent_id
+        .map(|id| id.trim().to_string())
+        .filter(|id| !id.is_empty())
+        .ok_or_else(|| ApiError::invalid_request("agent_id_required", "agent_id is required"))?;
+    let allocation = nanos("budget_allocation_usd", body.budget_allocation_usd.as_ref())?
+        .ok_or_else(|| ApiError::invalid_request("allocation_required", "budget_allocation_usd is required"))?;
+    end_expired_children(&state, &agent).await?;
+    let request = DelegateAgentRequest {
+        tenant_id: agent.tenant.id.clone(),
+        parent_agent_id: agent.profile.agent_id.clone(),
+        parent_profile_id: agent.profile.id.clone(),
+        agent_id: child_id.clone(),
+        allocation_nanos: allocation,
+        role: body.requested_role,
+        display_name: body.requested_name,
+        ttl_seconds: body.ttl_seconds,
+        metadata_json: body.metadata.map(|metadata| metadata.to_string()),
+    };
+    let delegated = state.identity.delegate_agent(request).await?;
+    let (Some(child), Some(parent)) = (delegated.profile, delegated.parent) else { return Err(ApiError::internal()) };
+    let budget = if delegated.created {
+        // The allocation is the child's enforced budget; the parent's follows what it gave.
+        follow_parent_budget(&state, &parent).await?;
+        Some(put_budget(&state, &child.tenant_id, &child.agent_id, allocation, "stop").await?)
+    } else {
+        state.budget_settings.agent(&child.tenant_id, &child.agent_id).await?
+    };
+    let parent_view = json!({"parent": {"agent_id": parent.agent_id, "budget_daily_usd": optional_usd(parent.budget_daily_nanos)}});
+    let minted =
+        Minted { profile: child, token: delegated.token, token_expires_at: delegated.token_expires_at, created: delegated.created };
+    minted.answer(&state, &agent.tenant.plan, budget.as_ref(), parent_view).await
+}
+
+/// Terminates one of the caller's sub-agents, refunding what it left unspent today.
+async fn end_child(state: &EdgeState, parent: &AgentCaller, child: &AgentProfile) -> Result<EndedSubAgent, ApiError> {
+    let spent = spent_today(state, &parent.tenant.plan, &child.tenant_id, &child.agent_id).await?;
+    let refund = child.budget_daily_nanos.unwrap_or(0).saturating_sub(spent).max(0);
+    let request = EndSubAgentRequest {
+        tenant_id: child.tenant_id.clone(),
+        parent_agent_id: parent.profile.agent_id.clone(),
+        child_agent_id: child.agent_id.clone(),
+        refund_nanos: refund,
+    };
+    let ended = state.identity.end_sub_agent(request).await?;
+    if !ended.already_terminated {
+        // Nothing more is spent under the child's id; the parent's enforced budget takes the refund.
+        put_budget(state, &child.tenant_id, &child.agent_id, 0, "stop").await?;
+        if let Some(parent) = &ended.parent {
+            follow_parent_budget(state, parent).await?;
+        }
+    }
+    Ok(ended)
+}
+
+/// The caller's sub-agents past their `expires_at` are ended (terminated, unspent budget refunded)
+/// before it delegates or lists: expiry stops a child's own token at once, and its termination is
+/// recorded at its parent's next call.
+async fn end_expired_children(state: &EdgeState, parent: &AgentCaller) -> Result<Vec<AgentProfile>, ApiError> {
+    let profiles = state.identity.list_agent_profiles(TenantRef { tenant_id: parent.tenant.id.clone() }).await?.profiles;
+    let now = chrono::Utc::now();
+    let mut live = Vec::new();
+    for child in profiles.into_iter().filter(|profile| profile.parent_agent_id.as_deref() == Some(parent.profile.agent_id.as_str())) {
+        if child.lifecycle_state == "terminated" {
+            continue;
+        }
+        let expired = child.expires_at.as_deref().and_then(parse_timestamp).is_some_and(|expires_at| expires_at <= now);
+        if expired {
+            end_child(state, parent, &child).await?;
+        } else {
+            live.push(child);
+        }
+    }
+    Ok(live)
+}
+
+/// `GET /v1/agent/sub-agents` (agent JWT): the caller's sub-agents that are not terminated.
+pub async fn sub_agents(State(state): State<EdgeState>, agent: AgentCaller) -> Answer {
+    agent.require_owner()?;
+    let children = end_expired_children(&state, &agent).await?;
+    let listed: Vec<Value> = children
+        .iter()
+        .map(|child| {
+            json!({
+                "agent_id": child.agent_id,
+                "display_name": child.display_name,
+                "role": child.role,
+                "budget_daily_usd": optional_usd(child.budget_daily_nanos),
+                "lifecycle_state": child.lifecycle_state,
+                "expires_at": child.expires_at,
+                "created_at": child.created_at,
+            })
+        })
+        .collect();
+    Ok(Json(json!({"total": listed.len(), "sub_agents": listed})))
+}
+
+/// `DELETE /v1/agent/sub-agents/{child_agent_id}` (agent JWT, the child's parent): terminates it and
+/// refunds its unspent daily budget to the parent; again: `already_terminated: true`, refund 0.
+pub async fn end_sub_agent(State(state): State<EdgeState>, agent: AgentCaller, Path(child_agent_id): Path<String>) -> Answer {
+    agent.require_owner()?;
+    let child = state.identity.get_agent_profile(AgentProfileRef { tenant_id: agent.tenant.id.clone(), agent_id: child_agent_id }).await?;
+    let ended = end_child(&state, &agent, &child).await?;
+    Ok(Json(json!({
+        "ok": true,
+        "terminated_agent_id": child.agent_id,
+        "already_terminated": ended.already_terminated,
+        "budget_refunded_usd": Usd::from_nanos(ended.refunded_nanos).to_json(),
+    })))
 }
 
 /// What the guard enforces on an agent's completions: its budget capped by its `/v1/agent-limits`
@@ -161,10 +349,6 @@ async fn limits(state: &EdgeState, agent: &AgentCaller) -> Result<Value, ApiErro
     let budget = state.budget_settings.agent(tenant_id, &profile.agent_id).await?;
     let limit = state.budget_settings.agent_limit(tenant_id, &profile.agent_id).await?;
     let enforced = Enforced::of(&agent.tenant.plan, tenant_id, &profile.agent_id, budget.as_ref(), limit.as_ref());
-    let counters_unavailable = |error: brainstorm_budget_ledger::CounterError| {
-        tracing::warn!(%error, "cannot read the agent's budget counters");
-        ApiError::unavailable("budget_unavailable", "the budget counters cannot be read right now")
-    };
     let view = state.guard.remaining(&enforced.context).await.map_err(counters_unavailable)?;
     let level = view.levels.iter().find(|level| level.scope.kind == ScopeKind::AgentDaily);
     let requests_this_minute = match enforced.rpm() {
