@@ -293,8 +293,21 @@ async fn agents_bootstrap_and_read_themselves_with_their_jwt(shape: Shape) -> Te
     assert_eq!((suspended.status, code(&suspended)), (403, "agent_suspended"), "{}", suspended.text);
     let rebooted = gateway.call(Method::POST, "/v1/agent/bootstrap", Some(&admin), Some(body.clone())).await?;
     assert_eq!((rebooted.status, code(&rebooted)), (403, "agent_suspended"), "{}", rebooted.text);
+    // Its completions too, whichever key sends them, before anything reaches the provider.
+    let calls = mock.requests().len();
+    let refused = completion_as(&gateway, &admin, "researcher").await?;
+    assert_eq!((refused.status, code(&refused)), (403, "agent_suspended"), "{}", refused.text);
+    assert_eq!(mock.requests().len(), calls);
     assert_eq!(mv("active").await?.status, 200);
     assert_eq!(as_agent(&gateway, "/v1/agent/status", &jwt).await?.status, 200);
+    assert_eq!(completion_as(&gateway, &admin, "researcher").await?.status, 200);
+    assert_eq!(mv("quarantined").await?.status, 200);
+    let quarantined = completion_as(&gateway, &admin, "researcher").await?;
+    assert_eq!((quarantined.status, code(&quarantined)), (403, "agent_quarantined"), "{}", quarantined.text);
+    assert_eq!(as_agent(&gateway, "/v1/agent/status", &jwt).await?.status, 200, "a quarantined agent still reads its status");
+    assert_eq!(mv("active").await?.status, 200);
+    // Agents without a profile are attributed, never refused for it.
+    assert_eq!(completion_as(&gateway, &admin, "unregistered-helper").await?.status, 200);
     assert_eq!(mv("suspended").await?.status, 200);
     assert_eq!(mv("terminated").await?.status, 200);
     let terminated = as_agent(&gateway, "/v1/agent/status", &jwt).await?;
@@ -553,7 +566,7 @@ async fn parents_delegate_budget_to_sub_agents_and_get_the_unspent_back(shape: S
     let lead_budget = lead_profile.body["profile"]["budgetDailyUsd"].as_f64().unwrap_or_default();
     assert!((lead_budget - (0.75 + refunded)).abs() < 1e-9, "{}", lead_profile.text);
     let stopped = completion_as(&gateway, &admin, "scout").await?;
-    assert_eq!(stopped.status, 402, "a terminated child spends nothing more under its id: {}", stopped.text);
+    assert_eq!((stopped.status, code(&stopped)), (403, "agent_terminated"), "a terminated child spends nothing more: {}", stopped.text);
 
     // A child with a lifetime: its token stops at expiry, and the parent's next call ends it with a full refund.
     let flash = delegate(lead_jwt.clone(), json!({"agent_id": "flash", "budget_allocation_usd": 0.1, "ttl_seconds": 1})).await?;

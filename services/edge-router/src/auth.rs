@@ -13,8 +13,11 @@ use brainstorm_common::bus::EventBus;
 use brainstorm_common::collections::HashMap;
 use brainstorm_common::config::Secret;
 use brainstorm_common::time::parse_timestamp;
+use brainstorm_proto::ErrorKind;
 use brainstorm_proto::events::{IDENTITY_EVENTS_TOPIC, IdentityEvent, identity_event};
-use brainstorm_proto::identity::{AgentProfile, ApiKey, AuthenticateAgentRequest, AuthenticateRequest, IdentityClient, Principal, Tenant};
+use brainstorm_proto::identity::{
+    AgentProfile, AgentProfileRef, ApiKey, AuthenticateAgentRequest, AuthenticateRequest, IdentityClient, Principal, Tenant,
+};
 use chrono::{DateTime, Utc};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -82,12 +85,48 @@ struct CacheEntry {
     fetched_at: Instant,
 }
 
+/// What an agent's profile says about whether it may act; None in the cache: it has no profile.
+#[derive(Debug, Clone)]
+struct AgentStanding {
+    lifecycle_state: String,
+    expires_at: Option<DateTime<Utc>>,
+}
+
+impl AgentStanding {
+    /// 403 for an agent that may not act now (quarantined, suspended, terminated, past its expiry).
+    fn refusal(&self, agent_id: &str) -> Option<ApiError> {
+        let (code, state) = match self.lifecycle_state.as_str() {
+            "quarantined" => ("agent_quarantined", "quarantined"),
+            "suspended" => ("agent_suspended", "suspended"),
+            "terminated" => ("agent_terminated", "terminated"),
+            _ if self.expires_at.is_some_and(|expires_at| expires_at <= Utc::now()) => ("agent_expired", "past its expiry"),
+            _ => return None,
+        };
+        let mut error = ApiError::forbidden(code, format!("agent `{agent_id}` is {state}: its requests are refused"));
+        error.recovery.action = "check_agent";
+        error.recovery.endpoint = format!("/v1/agent/profiles/{agent_id}");
+        error.recovery.method = "GET";
+        error.recovery.body_template = serde_json::Value::Null;
+        error.recovery.message =
+            "an admin or operator moves the agent back to active (PATCH /v1/agent/profiles/lifecycle/{agentId})".to_string();
+        Some(error)
+    }
+}
+
+/// Agent standings by tenant, then agent id (looked up without building a key).
+type AgentStandings = HashMap<String, HashMap<String, (Option<AgentStanding>, Instant)>>;
+
+/// Agents one tenant's cache holds before stale entries are dropped (attribution can come from
+/// end-user ids, so the set of ids is open).
+const MAX_CACHED_AGENTS_PER_TENANT: usize = 10_000;
+
 /// Resolves presented keys to callers, with an in-memory cache in front of identity.
 pub struct Authenticator {
     identity: IdentityClient,
     platform_admin_digest: Option<[u8; 32]>,
     ttl: Duration,
     cache: RwLock<HashMap<[u8; 32], CacheEntry>>,
+    agents: RwLock<AgentStandings>,
 }
 
 impl Authenticator {
@@ -98,6 +137,56 @@ impl Authenticator {
             platform_admin_digest: platform_admin_key.map(|key| digest(key.expose())),
             ttl,
             cache: RwLock::new(HashMap::default()),
+            agents: RwLock::new(HashMap::default()),
+        }
+    }
+
+    /// Refuses a request attributed to an agent whose profile says it may not act: quarantined,
+    /// suspended, terminated or expired (403). Agents without a profile, provisioned and active ones
+    /// pass. The standing is cached like keys (evicted by the agent's change events, else by TTL).
+    pub async fn admit_agent(&self, tenant_id: &str, agent_id: &str) -> Result<(), ApiError> {
+        let cached = self.agents.read().ok().and_then(|agents| {
+            let (standing, fetched_at) = agents.get(tenant_id)?.get(agent_id)?;
+            (fetched_at.elapsed() < self.ttl).then(|| standing.clone())
+        });
+        let standing = match cached {
+            Some(standing) => standing,
+            None => {
+                let reference = AgentProfileRef { tenant_id: tenant_id.to_string(), agent_id: agent_id.to_string() };
+                let standing = match self.identity.get_agent_profile(reference).await {
+                    Ok(profile) => Some(AgentStanding {
+                        lifecycle_state: profile.lifecycle_state,
+                        expires_at: profile.expires_at.as_deref().and_then(parse_timestamp),
+                    }),
+                    Err(error) if error.kind == ErrorKind::NotFound => None,
+                    Err(error) => return Err(error.into()),
+                };
+                if let Ok(mut agents) = self.agents.write() {
+                    let tenant = agents.entry(tenant_id.to_string()).or_default();
+                    if tenant.len() >= MAX_CACHED_AGENTS_PER_TENANT {
+                        let ttl = self.ttl;
+                        tenant.retain(|_, (_, fetched_at)| fetched_at.elapsed() < ttl);
+                        if tenant.len() >= MAX_CACHED_AGENTS_PER_TENANT {
+                            tenant.clear();
+                        }
+                    }
+                    tenant.insert(agent_id.to_string(), (standing.clone(), Instant::now()));
+                }
+                standing
+            }
+        };
+        match standing.and_then(|standing| standing.refusal(agent_id)) {
+            Some(refusal) => Err(refusal),
+            None => Ok(()),
+        }
+    }
+
+    /// Forgets an agent whose profile changed.
+    pub fn evict_agent(&self, tenant_id: &str, agent_id: &str) {
+        if let Ok(mut agents) = self.agents.write()
+            && let Some(tenant) = agents.get_mut(tenant_id)
+        {
+            tenant.remove(agent_id);
         }
     }
 
@@ -136,10 +225,13 @@ impl Authenticator {
         }
     }
 
-    /// Forgets every key of a tenant whose status, plan or name changed.
+    /// Forgets every key and agent of a tenant whose status, plan or name changed.
     pub fn evict_tenant(&self, tenant_id: &str) {
         if let Ok(mut cache) = self.cache.write() {
             cache.retain(|_, entry| entry.identity.tenant_id.as_deref() != Some(tenant_id));
+        }
+        if let Ok(mut agents) = self.agents.write() {
+            agents.remove(tenant_id);
         }
     }
 
@@ -164,6 +256,7 @@ impl Authenticator {
                 Ok(event) => match &event.kind {
                     Some(identity_event::Kind::ApiKeyRevoked(revoked)) => self.evict_key(&revoked.key_id),
                     Some(identity_event::Kind::TenantChanged(_)) => self.evict_tenant(&event.tenant_id),
+                    Some(identity_event::Kind::AgentChanged(changed)) => self.evict_agent(&event.tenant_id, &changed.agent_id),
                     None => {}
                 },
                 Err(error) => tracing::warn!(%error, "skipping undecodable identity event"),

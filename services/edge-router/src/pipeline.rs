@@ -543,6 +543,9 @@ async fn complete_inner(
     if let Some(error) = state.guardian.kill_switch(tenant_id, &facts_for_switch).await.api_error() {
         return Err(error);
     }
+    if let Some(agent_id) = agent_id {
+        state.authenticator.admit_agent(tenant_id, agent_id).await?;
+    }
     let requested_mode = match member("x_firewall_mode") {
         None | Some(Value::Null) => None,
         Some(Value::String(mode)) => Some(FirewallMode::parse(mode).ok_or_else(|| {

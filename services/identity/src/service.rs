@@ -105,6 +105,7 @@ impl IdentityServiceImpl {
                 return Err(ServiceError::conflict("concurrent_change", "the agent profile changed meanwhile; bootstrap again"));
             }
             tracing::info!(tenant_id = %profile.tenant_id, agent_id = %profile.agent_id, "agent bootstrapped: provisioned -> active");
+            self.publish_agent_changed(&profile, false).await;
         }
         Ok(profile)
     }
@@ -127,6 +128,13 @@ impl IdentityServiceImpl {
         let changed = events::TenantChanged { status: tenant.status.clone() };
         self.publish(tenant_id, identity_event::Kind::TenantChanged(changed)).await;
         Ok(tenant)
+    }
+
+    /// Tells every edge that an agent's profile changed (they cache whether it may act).
+    async fn publish_agent_changed(&self, profile: &AgentProfile, deleted: bool) {
+        let state = if deleted { String::new() } else { profile.lifecycle_state.clone() };
+        let changed = events::AgentChanged { agent_id: profile.agent_id.clone(), lifecycle_state: state };
+        self.publish(&profile.tenant_id, identity_event::Kind::AgentChanged(changed)).await;
     }
 
     /// Why a confirmation that could not count an attempt is refused, given the tenant's pending
@@ -678,6 +686,7 @@ impl IdentityService for IdentityServiceImpl {
             return Err(ServiceError::conflict("agent_exists", format!("an agent profile `{}` already exists", profile.agent_id)));
         }
         tracing::info!(tenant_id = %profile.tenant_id, agent_id = %profile.agent_id, "agent profile created");
+        self.publish_agent_changed(&profile, false).await;
         Ok(profile)
     }
 
@@ -696,6 +705,7 @@ impl IdentityService for IdentityServiceImpl {
         if !self.agents.update(&updated, &state).await.map_err(store_failure)? {
             return Err(ServiceError::conflict("concurrent_change", "the agent profile changed meanwhile; read it and try again"));
         }
+        self.publish_agent_changed(&updated, false).await;
         Ok(updated)
     }
 
@@ -705,6 +715,7 @@ impl IdentityService for IdentityServiceImpl {
             return Err(ServiceError::not_found("agent_not_found", format!("no agent profile `{}`", request.agent_id)));
         }
         tracing::info!(tenant_id = %request.tenant_id, agent_id = %request.agent_id, "agent profile deleted");
+        self.publish_agent_changed(&profile, true).await;
         Ok(profile)
     }
 
@@ -725,6 +736,7 @@ impl IdentityService for IdentityServiceImpl {
             return Err(ServiceError::conflict("invalid_transition", format!("the agent left {from} meanwhile; read it and try again")));
         }
         tracing::info!(tenant_id = %request.tenant_id, agent_id = %request.agent_id, from = %from, to = state, "agent lifecycle moved");
+        self.publish_agent_changed(&profile, false).await;
         Ok(profile)
     }
 
@@ -754,6 +766,7 @@ impl IdentityService for IdentityServiceImpl {
                 profile.lifecycle_state = "active".to_string();
                 if self.agents.insert(&profile).await.map_err(store_failure)? {
                     tracing::info!(tenant_id = %profile.tenant_id, agent_id = %profile.agent_id, "agent bootstrapped: profile created");
+                    self.publish_agent_changed(&profile, false).await;
                     (profile, true)
                 } else {
                     // Another bootstrap of the same agent won the insert: this one finds its profile.
@@ -846,6 +859,7 @@ impl IdentityService for IdentityServiceImpl {
             match self.agents.delegate(&parent, after, &child).await.map_err(store_failure)? {
                 Delegation::Done => {
                     tracing::info!(tenant_id = %child.tenant_id, parent = %parent.agent_id, child = %child.agent_id, "sub-agent delegated");
+                    self.publish_agent_changed(&child, false).await;
                     let parent = AgentProfile { budget_daily_nanos: Some(after), updated_at: child.created_at.clone(), ..parent };
                     let (token, expires_at) = signer.mint(&child.tenant_id, &child.agent_id, &child.id, &child.role, now);
                     return Ok(DelegatedAgent {
@@ -883,6 +897,7 @@ impl IdentityService for IdentityServiceImpl {
                 let parent_budget = Some(parent.budget_daily_nanos.unwrap_or(0) + refund);
                 let parent = AgentProfile { budget_daily_nanos: parent_budget, updated_at: now.clone(), ..parent };
                 let child = AgentProfile { lifecycle_state: "terminated".to_string(), updated_at: now, ..child };
+                self.publish_agent_changed(&child, false).await;
                 return Ok(EndedSubAgent { profile: Some(child), parent: Some(parent), already_terminated: false, refunded_nanos: refund });
             }
         }

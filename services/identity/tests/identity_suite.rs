@@ -311,6 +311,8 @@ async fn sub_agents_take_budget_from_their_parent_and_give_back_the_unspent(data
     assert_eq!(created, 5, "{outcomes:?}");
     assert!(outcomes.iter().filter_map(|outcome| outcome.as_ref().err()).all(|error| error.reason == "insufficient_budget"));
     assert_eq!(lead_now(&harness.identity).await?, Some(USD / 10));
+    let workers: Vec<String> =
+        outcomes.iter().filter_map(|outcome| outcome.as_ref().ok()?.profile.as_ref().map(|profile| profile.agent_id.clone())).collect();
 
     // Ending a child refunds what the edge says it left (at most its budget); again changes nothing.
     let end = |child: &str, refund: i64| EndSubAgentRequest {
@@ -325,11 +327,11 @@ async fn sub_agents_take_budget_from_their_parent_and_give_back_the_unspent(data
     assert_eq!(lead_now(&harness.identity).await?, Some(USD / 10 + USD / 4));
     let twice = harness.identity.end_sub_agent(end("helper", USD / 4)).await?;
     assert_eq!((twice.already_terminated, twice.refunded_nanos), (true, 0));
-    let clamped = harness.identity.end_sub_agent(end("worker-0", 100 * USD)).await?;
+    let clamped = harness.identity.end_sub_agent(end(&workers[0], 100 * USD)).await?;
     assert_eq!(clamped.refunded_nanos, USD / 10, "never more than the child was given");
     let terminated = harness.identity.authenticate_agent(AuthenticateAgentRequest { token: first.token }).await.err();
     assert_eq!(terminated.map(|error| error.reason), Some("agent_terminated".to_string()));
-    let stranger = EndSubAgentRequest { parent_agent_id: "plain".to_string(), ..end("worker-1", 0) };
+    let stranger = EndSubAgentRequest { parent_agent_id: "plain".to_string(), ..end(&workers[1], 0) };
     assert_eq!(harness.identity.end_sub_agent(stranger).await.err().map(|error| error.reason), Some("not_parent".to_string()));
     Ok(())
 }

@@ -65,6 +65,9 @@ async fn embed(
     if let Some(error) = state.guardian.kill_switch(tenant_id, &switch).await.api_error() {
         return Err(error);
     }
+    if let Some(agent_id) = agent_id {
+        state.authenticator.admit_agent(tenant_id, agent_id).await?;
+    }
     // Input guardrails on the texts, as on a prompt: they leave for a provider too.
     let guardian_off = guardian_switched_off(caller, request_headers);
     facts.guardian_status = if guardian_off { "off" } else { "on" };

@@ -89,6 +89,8 @@ pub async fn bootstrap(
     };
     let bootstrapped = state.identity.bootstrap_agent(request).await?;
     let profile = bootstrapped.profile.ok_or_else(ApiError::internal)?;
+    // Created, or moved from provisioned: this edge's view of whether it may act is stale.
+    state.authenticator.evict_agent(&tenant_id, &agent_id);
     let mut budget = state.budget_settings.agent(&tenant_id, &agent_id).await?;
     if bootstrapped.created
         && budget.is_none()
@@ -224,6 +226,7 @@ pub async fn delegate(
     };
     let delegated = state.identity.delegate_agent(request).await?;
     let (Some(child), Some(parent)) = (delegated.profile, delegated.parent) else { return Err(ApiError::internal()) };
+    state.authenticator.evict_agent(&child.tenant_id, &child.agent_id);
     let budget = if delegated.created {
         // The allocation is the child's enforced budget; the parent's follows what it gave.
         follow_parent_budget(&state, &parent).await?;
@@ -248,6 +251,7 @@ async fn end_child(state: &EdgeState, parent: &AgentCaller, child: &AgentProfile
         refund_nanos: refund,
     };
     let ended = state.identity.end_sub_agent(request).await?;
+    state.authenticator.evict_agent(&child.tenant_id, &child.agent_id);
     if !ended.already_terminated {
         // Nothing more is spent under the child's id; the parent's enforced budget takes the refund.
         put_budget(state, &child.tenant_id, &child.agent_id, 0, "stop").await?;

@@ -114,6 +114,7 @@ pub async fn create(
         metadata_json: body.metadata.map(|metadata| metadata.to_string()),
     };
     let profile = state.identity.create_agent_profile(request).await?;
+    state.authenticator.evict_agent(&profile.tenant_id, &profile.agent_id);
     Ok((StatusCode::CREATED, Json(json!({"profile": views::agent_profile(&profile)}))))
 }
 
@@ -167,6 +168,7 @@ pub async fn update(
         cleared,
     };
     let profile = state.identity.update_agent_profile(request).await?;
+    state.authenticator.evict_agent(&profile.tenant_id, &profile.agent_id);
     Ok(Json(json!({"profile": views::agent_profile(&profile)})))
 }
 
@@ -176,6 +178,7 @@ pub async fn delete(State(state): State<EdgeState>, caller: Caller, Path(agent_i
         return Err(ApiError::forbidden("admin_required", "deleting an agent profile needs a tenant admin key"));
     }
     let deleted = state.identity.delete_agent_profile(AgentProfileRef { tenant_id: caller.tenant_id()?.to_string(), agent_id }).await?;
+    state.authenticator.evict_agent(&deleted.tenant_id, &deleted.agent_id);
     Ok(Json(json!({"ok": true, "agentId": deleted.agent_id})))
 }
 
@@ -194,5 +197,6 @@ pub async fn lifecycle(
         .ok_or_else(|| ApiError::invalid_request("state_required", "state is required"))?;
     let request = SetAgentLifecycleRequest { tenant_id: caller.tenant_id()?.to_string(), agent_id, state: target };
     let profile = state.identity.set_agent_lifecycle(request).await?;
+    state.authenticator.evict_agent(&profile.tenant_id, &profile.agent_id);
     Ok(Json(json!({"profile": views::agent_profile(&profile)})))
 }
