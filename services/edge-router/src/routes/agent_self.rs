@@ -21,6 +21,8 @@ use serde_json::{Value, json};
 use crate::EdgeState;
 use crate::auth::{self, AgentCaller, Caller};
 use crate::extract::JsonBody;
+use crate::routes::agents::nanos;
+use crate::routes::budget::optional_usd;
 use crate::views;
 
 type Answer = Result<Json<Value>, ApiError>;
@@ -40,17 +42,6 @@ pub struct BootstrapBody {
     budget_daily_usd: Option<serde_json::Number>,
     budget_monthly_usd: Option<serde_json::Number>,
     metadata: Option<Value>,
-}
-
-fn nanos(field: &str, amount: Option<&serde_json::Number>) -> Result<Option<i64>, ApiError> {
-    amount
-        .map(|amount| Usd::from_json_number(amount).map(Usd::nanos))
-        .transpose()
-        .map_err(|error| ApiError::invalid_request("invalid_budget", format!("{field}: {error}")))
-}
-
-fn optional_usd(nanos: Option<i64>) -> Value {
-    nanos.map_or(Value::Null, |nanos| Usd::from_nanos(nanos).to_json())
 }
 
 /// `POST /v1/agent/bootstrap` (a tenant API key with `router.write`; an agent JWT is refused): 201

@@ -76,7 +76,8 @@ pub struct LifecycleBody {
     state: Option<String>,
 }
 
-fn nanos(field: &str, amount: Option<&serde_json::Number>) -> Result<Option<i64>, ApiError> {
+/// A dollar amount of a body as nano-dollars (400 `invalid_budget` naming `field`).
+pub(crate) fn nanos(field: &str, amount: Option<&serde_json::Number>) -> Result<Option<i64>, ApiError> {
     amount
         .map(|amount| Usd::from_json_number(amount).map(Usd::nanos))
         .transpose()

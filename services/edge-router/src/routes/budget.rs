@@ -18,7 +18,8 @@ fn usd(nanos: i64) -> Value {
     Usd::from_nanos(nanos).to_json()
 }
 
-fn optional_usd(nanos: Option<i64>) -> Value {
+/// Nano-dollars as a JSON number of dollars, or null.
+pub(crate) fn optional_usd(nanos: Option<i64>) -> Value {
     nanos.map_or(Value::Null, usd)
 }
 
