@@ -86,7 +86,7 @@ struct CacheEntry {
 }
 
 /// What an agent's profile says about whether it may act; None in the cache: it has no profile.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct AgentStanding {
     lifecycle_state: String,
     expires_at: Option<DateTime<Utc>>,
@@ -145,40 +145,36 @@ impl Authenticator {
     /// suspended, terminated or expired (403). Agents without a profile, provisioned and active ones
     /// pass. The standing is cached like keys (evicted by the agent's change events, else by TTL).
     pub async fn admit_agent(&self, tenant_id: &str, agent_id: &str) -> Result<(), ApiError> {
+        // Judged under the read lock: the common case (a cached agent that may act) copies nothing.
         let cached = self.agents.read().ok().and_then(|agents| {
             let (standing, fetched_at) = agents.get(tenant_id)?.get(agent_id)?;
-            (fetched_at.elapsed() < self.ttl).then(|| standing.clone())
+            (fetched_at.elapsed() < self.ttl).then(|| standing.as_ref().and_then(|standing| standing.refusal(agent_id)))
         });
-        let standing = match cached {
-            Some(standing) => standing,
-            None => {
-                let reference = AgentProfileRef { tenant_id: tenant_id.to_string(), agent_id: agent_id.to_string() };
-                let standing = match self.identity.get_agent_profile(reference).await {
-                    Ok(profile) => Some(AgentStanding {
-                        lifecycle_state: profile.lifecycle_state,
-                        expires_at: profile.expires_at.as_deref().and_then(parse_timestamp),
-                    }),
-                    Err(error) if error.kind == ErrorKind::NotFound => None,
-                    Err(error) => return Err(error.into()),
-                };
-                if let Ok(mut agents) = self.agents.write() {
-                    let tenant = agents.entry(tenant_id.to_string()).or_default();
-                    if tenant.len() >= MAX_CACHED_AGENTS_PER_TENANT {
-                        let ttl = self.ttl;
-                        tenant.retain(|_, (_, fetched_at)| fetched_at.elapsed() < ttl);
-                        if tenant.len() >= MAX_CACHED_AGENTS_PER_TENANT {
-                            tenant.clear();
-                        }
-                    }
-                    tenant.insert(agent_id.to_string(), (standing.clone(), Instant::now()));
-                }
-                standing
-            }
-        };
-        match standing.and_then(|standing| standing.refusal(agent_id)) {
-            Some(refusal) => Err(refusal),
-            None => Ok(()),
+        if let Some(refusal) = cached {
+            return refusal.map_or(Ok(()), Err);
         }
+        let reference = AgentProfileRef { tenant_id: tenant_id.to_string(), agent_id: agent_id.to_string() };
+        let standing = match self.identity.get_agent_profile(reference).await {
+            Ok(profile) => Some(AgentStanding {
+                lifecycle_state: profile.lifecycle_state,
+                expires_at: profile.expires_at.as_deref().and_then(parse_timestamp),
+            }),
+            Err(error) if error.kind == ErrorKind::NotFound => None,
+            Err(error) => return Err(error.into()),
+        };
+        let refusal = standing.as_ref().and_then(|standing| standing.refusal(agent_id));
+        if let Ok(mut agents) = self.agents.write() {
+            let tenant = agents.entry(tenant_id.to_string()).or_default();
+            if tenant.len() >= MAX_CACHED_AGENTS_PER_TENANT {
+                let ttl = self.ttl;
+                tenant.retain(|_, (_, fetched_at)| fetched_at.elapsed() < ttl);
+                if tenant.len() >= MAX_CACHED_AGENTS_PER_TENANT {
+                    tenant.clear();
+                }
+            }
+            tenant.insert(agent_id.to_string(), (standing, Instant::now()));
+        }
+        refusal.map_or(Ok(()), Err)
     }
 
     /// Forgets an agent whose profile changed.
