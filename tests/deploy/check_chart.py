@@ -366,6 +366,8 @@ def check_default_render(rendered: Render, app_version: str) -> None:
     identity = container(rendered.one("Deployment", fullname("identity")))
     ref = secret_ref(identity, "BR_DATABASE_URL")
     expect(ref == {"name": fullname("secrets"), "key": "database-url"}, f"identity BR_DATABASE_URL comes from {ref}")
+    ref = secret_ref(identity, "BR_MASTER_KEY")
+    expect(ref is not None and ref.get("key") == "master-key", f"identity BR_MASTER_KEY (agent JWTs) comes from {ref}")
     catalog = container(rendered.one("Deployment", fullname("catalog-health-sentinel")))
     ref = secret_ref(catalog, "BR_MASTER_KEY")
     expect(ref is not None and ref.get("key") == "master-key", f"catalog-health-sentinel BR_MASTER_KEY comes from {ref}")
