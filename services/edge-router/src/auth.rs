@@ -468,6 +468,25 @@ mod tests {
     }
 
     #[test]
+    fn agents_that_may_not_act_are_refused_by_state_and_expiry() {
+        let standing = |state: &str, expires_at: Option<DateTime<Utc>>| AgentStanding { lifecycle_state: state.to_string(), expires_at };
+        let code = |standing: AgentStanding| standing.refusal("planner").and_then(|error| error.code.clone());
+        for (state, expected) in
+            [("quarantined", "agent_quarantined"), ("suspended", "agent_suspended"), ("terminated", "agent_terminated")]
+        {
+            assert_eq!(code(standing(state, None)).as_deref(), Some(expected));
+        }
+        assert_eq!(code(standing("active", None)), None);
+        assert_eq!(code(standing("provisioned", None)), None);
+        let past = Utc::now() - chrono::Duration::seconds(1);
+        let future = Utc::now() + chrono::Duration::hours(1);
+        assert_eq!(code(standing("active", Some(past))).as_deref(), Some("agent_expired"));
+        assert_eq!(code(standing("active", Some(future))), None);
+        let refusal = standing("suspended", None).refusal("planner").map(|error| error.recovery.endpoint.clone());
+        assert_eq!(refusal.as_deref(), Some("/v1/agent/profiles/planner"));
+    }
+
+    #[test]
     fn agent_tokens_are_told_from_api_keys() {
         assert!(presents_jwt(&headers("authorization", "Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ4In0.c2ln")));
         assert!(!presents_jwt(&headers("authorization", "Bearer br_live_abcdefghijklmnopqrstuvwxyz0123456789")));
