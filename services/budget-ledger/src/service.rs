@@ -381,9 +381,6 @@ impl BudgetLedgerService for BudgetLedgerServiceImpl {
             validate_agent_id(agent_id)?;
             validate_agent_limit(agent_id, limit)?;
         }
-        if request.set.len() > MAX_AGENT_LIMITS {
-            return Err(ServiceError::invalid("too_many_agent_limits", format!("at most {MAX_AGENT_LIMITS} agents may have limits")));
-        }
         // Compare-and-set on the version: a concurrent write makes this one read and apply again.
         for _ in 0..AGENT_LIMIT_WRITE_ATTEMPTS {
             let current = self.agent_limits(tenant_id).await?;
@@ -666,6 +663,12 @@ impl From<&AgentLimit> for StoredAgentLimit {
     }
 }
 
+impl From<StoredAgentLimit> for AgentLimit {
+    fn from(limit: StoredAgentLimit) -> Self {
+        AgentLimit { max_budget_nanos: limit.max_budget_nanos, max_requests_per_minute: limit.max_requests_per_minute }
+    }
+}
+
 impl BudgetLedgerServiceImpl {
     async fn agent_limits(&self, tenant_id: &str) -> ServiceResult<AgentLimits> {
         let Some((text, version, updated_at)) = self.store.agent_limits(tenant_id).await.map_err(store_failure)? else {
@@ -673,12 +676,7 @@ impl BudgetLedgerServiceImpl {
         };
         let stored: BTreeMap<String, StoredAgentLimit> = serde_json::from_str(&text)
             .map_err(|error| ServiceError::internal(format!("stored agent limits do not read back: {error}")))?;
-        let limits = stored
-            .into_iter()
-            .map(|(agent_id, limit)| {
-                (agent_id, AgentLimit { max_budget_nanos: limit.max_budget_nanos, max_requests_per_minute: limit.max_requests_per_minute })
-            })
-            .collect();
+        let limits = stored.into_iter().map(|(agent_id, limit)| (agent_id, AgentLimit::from(limit))).collect();
         Ok(AgentLimits { tenant_id: tenant_id.to_string(), limits, version, updated_at: Some(updated_at) })
     }
 }

@@ -8,11 +8,11 @@ use std::time::{Duration, Instant};
 use axum::extract::FromRequestParts;
 use axum::http::HeaderMap;
 use axum::http::request::Parts;
-use brainstorm_common::ApiError;
 use brainstorm_common::bus::EventBus;
 use brainstorm_common::collections::HashMap;
 use brainstorm_common::config::Secret;
 use brainstorm_common::time::parse_timestamp;
+use brainstorm_common::{ApiError, Recovery};
 use brainstorm_proto::ErrorKind;
 use brainstorm_proto::events::{IDENTITY_EVENTS_TOPIC, IdentityEvent, identity_event};
 use brainstorm_proto::identity::{
@@ -103,12 +103,14 @@ impl AgentStanding {
             _ => return None,
         };
         let mut error = ApiError::forbidden(code, format!("agent `{agent_id}` is {state}: its requests are refused"));
-        error.recovery.action = "check_agent";
-        error.recovery.endpoint = format!("/v1/agent/profiles/{agent_id}");
-        error.recovery.method = "GET";
-        error.recovery.body_template = serde_json::Value::Null;
-        error.recovery.message =
-            "an admin or operator moves the agent back to active (PATCH /v1/agent/profiles/lifecycle/{agentId})".to_string();
+        error.recovery = Recovery {
+            action: "check_agent",
+            endpoint: format!("/v1/agent/profiles/{agent_id}"),
+            method: "GET",
+            body_template: serde_json::Value::Null,
+            message: "an admin or operator moves the agent back to active (PATCH /v1/agent/profiles/lifecycle/{agentId})".to_string(),
+            wait_ms: None,
+        };
         Some(error)
     }
 }
@@ -307,11 +309,14 @@ impl AgentCaller {
             "owner_required",
             format!("this gateway requires every agent to have an owner and agent `{}` has none", self.profile.agent_id),
         );
-        error.recovery.action = "set_owner";
-        error.recovery.endpoint = format!("/v1/agent/profiles/{}", self.profile.agent_id);
-        error.recovery.method = "PATCH";
-        error.recovery.body_template = serde_json::json!({"ownerId": "<user id>"});
-        error.recovery.message = "ask an admin or operator to set the agent's ownerId, then call again".to_string();
+        error.recovery = Recovery {
+            action: "set_owner",
+            endpoint: format!("/v1/agent/profiles/{}", self.profile.agent_id),
+            method: "PATCH",
+            body_template: serde_json::json!({"ownerId": "<user id>"}),
+            message: "ask an admin or operator to set the agent's ownerId, then call again".to_string(),
+            wait_ms: None,
+        };
         Err(error)
     }
 }

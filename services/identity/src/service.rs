@@ -775,8 +775,8 @@ impl IdentityService for IdentityServiceImpl {
                 }
             }
         };
-        let (token, expires_at) = signer.mint(&profile.tenant_id, &profile.agent_id, &profile.id, &profile.role, Utc::now());
-        Ok(BootstrappedAgent { profile: Some(profile), token, token_expires_at: format_timestamp(expires_at), created })
+        let (token, token_expires_at) = token_for(signer, &profile, Utc::now());
+        Ok(BootstrappedAgent { profile: Some(profile), token, token_expires_at, created })
     }
 
     async fn delegate_agent(&self, request: DelegateAgentRequest) -> ServiceResult<DelegatedAgent> {
@@ -816,14 +816,8 @@ impl IdentityService for IdentityServiceImpl {
                     ));
                 }
                 usable_agent(&existing)?;
-                let (token, expires_at) = signer.mint(&existing.tenant_id, &existing.agent_id, &existing.id, &existing.role, Utc::now());
-                return Ok(DelegatedAgent {
-                    profile: Some(existing),
-                    parent: Some(parent),
-                    token,
-                    token_expires_at: format_timestamp(expires_at),
-                    created: false,
-                });
+                let (token, token_expires_at) = token_for(signer, &existing, Utc::now());
+                return Ok(DelegatedAgent { profile: Some(existing), parent: Some(parent), token, token_expires_at, created: false });
             }
             let available = parent.budget_daily_nanos.unwrap_or(0);
             let after = available.checked_sub(request.allocation_nanos).unwrap_or(i64::MIN);
@@ -861,14 +855,8 @@ impl IdentityService for IdentityServiceImpl {
                     tracing::info!(tenant_id = %child.tenant_id, parent = %parent.agent_id, child = %child.agent_id, "sub-agent delegated");
                     self.publish_agent_changed(&child, false).await;
                     let parent = AgentProfile { budget_daily_nanos: Some(after), updated_at: child.created_at.clone(), ..parent };
-                    let (token, expires_at) = signer.mint(&child.tenant_id, &child.agent_id, &child.id, &child.role, now);
-                    return Ok(DelegatedAgent {
-                        profile: Some(child),
-                        parent: Some(parent),
-                        token,
-                        token_expires_at: format_timestamp(expires_at),
-                        created: true,
-                    });
+                    let (token, token_expires_at) = token_for(signer, &child, now);
+                    return Ok(DelegatedAgent { profile: Some(child), parent: Some(parent), token, token_expires_at, created: true });
                 }
                 // Another delegation moved the parent's budget, or took the child's id: judge again.
                 Delegation::ParentChanged | Delegation::ChildExists => continue,
@@ -956,6 +944,12 @@ fn may_delegate(parent: &AgentProfile) -> ServiceResult<()> {
         ));
     }
     Ok(())
+}
+
+/// A fresh agent JWT for `profile`, and when it expires (RFC 3339).
+fn token_for(signer: &AgentTokenSigner, profile: &AgentProfile, now: chrono::DateTime<Utc>) -> (String, String) {
+    let (token, expires_at) = signer.mint(&profile.tenant_id, &profile.agent_id, &profile.id, &profile.role, now);
+    (token, format_timestamp(expires_at))
 }
 
 /// Refuses a tenant whose registration was rejected or awaits approval.

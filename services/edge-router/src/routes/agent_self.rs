@@ -6,7 +6,7 @@ use axum::Json;
 use axum::extract::{FromRequestParts, Path, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
-use brainstorm_budget_ledger::{BudgetContext, ScopeKind};
+use brainstorm_budget_ledger::{BudgetContext, ScopeKind, ScopeLevel};
 use brainstorm_common::ApiError;
 use brainstorm_common::money::Usd;
 use brainstorm_common::time::parse_timestamp;
@@ -162,11 +162,16 @@ async fn follow_parent_budget(state: &EdgeState, parent: &AgentProfile) -> Resul
     Ok(())
 }
 
+/// The agent's level today in the counters its budget is enforced on (`context` names the agent).
+async fn agent_daily_level(state: &EdgeState, context: &BudgetContext) -> Result<Option<ScopeLevel>, ApiError> {
+    let view = state.guard.remaining(context).await.map_err(counters_unavailable)?;
+    Ok(view.levels.into_iter().find(|level| level.scope.kind == ScopeKind::AgentDaily))
+}
+
 /// An agent's spend today, by the counters its budget is enforced on.
 async fn spent_today(state: &EdgeState, plan: &str, tenant_id: &str, agent_id: &str) -> Result<i64, ApiError> {
     let context = BudgetContext::new(tenant_id, plan).with_agent(agent_id, None);
-    let view = state.guard.remaining(&context).await.map_err(counters_unavailable)?;
-    Ok(view.levels.iter().find(|level| level.scope.kind == ScopeKind::AgentDaily).map_or(0, |level| level.spent))
+    Ok(agent_daily_level(state, &context).await?.map_or(0, |level| level.spent))
 }
 
 fn counters_unavailable(error: brainstorm_budget_ledger::CounterError) -> ApiError {
@@ -344,8 +349,7 @@ async fn limits(state: &EdgeState, agent: &AgentCaller) -> Result<Value, ApiErro
     let budget = state.budget_settings.agent(tenant_id, &profile.agent_id).await?;
     let limit = state.budget_settings.agent_limit(tenant_id, &profile.agent_id).await?;
     let enforced = Enforced::of(&agent.tenant.plan, tenant_id, &profile.agent_id, budget.as_ref(), limit.as_ref());
-    let view = state.guard.remaining(&enforced.context).await.map_err(counters_unavailable)?;
-    let level = view.levels.iter().find(|level| level.scope.kind == ScopeKind::AgentDaily);
+    let level = agent_daily_level(state, &enforced.context).await?;
     let requests_this_minute = match enforced.rpm() {
         Some(rpm) => Some(state.guard.agent_requests_this_minute(tenant_id, &profile.agent_id, rpm).await.map_err(counters_unavailable)?),
         None => None,
@@ -354,8 +358,8 @@ async fn limits(state: &EdgeState, agent: &AgentCaller) -> Result<Value, ApiErro
         "profile_daily_usd": optional_usd(profile.budget_daily_nanos),
         "profile_monthly_usd": optional_usd(profile.budget_monthly_nanos),
         "enforced_daily_usd": optional_usd(enforced.daily_nanos()),
-        "enforced_daily_spent_usd": optional_usd(Some(level.map_or(0, |level| level.spent))),
-        "enforced_daily_remaining_usd": optional_usd(level.and_then(|level| level.remaining())),
+        "enforced_daily_spent_usd": optional_usd(Some(level.as_ref().map_or(0, |level| level.spent))),
+        "enforced_daily_remaining_usd": optional_usd(level.as_ref().and_then(ScopeLevel::remaining)),
         "exhaustion_action": enforced.agent().and_then(|agent| agent.budget).map(|budget| budget.exhaustion_action.as_str()),
         "enforced_rpm": enforced.rpm(),
         "requests_this_minute": requests_this_minute,
