@@ -9,6 +9,7 @@ const PROTOS: &[&str] = &[
     "brainstorm/budget/v1/budget.proto",
     "brainstorm/audit/v1/audit.proto",
     "brainstorm/policy/v1/policy.proto",
+    "brainstorm/mcp/v1/mcp.proto",
 ];
 
 const CAMEL_CASE: &str = "#[serde(rename_all = \"camelCase\")]";

@@ -10,6 +10,7 @@ mod error;
 pub mod events;
 mod grpc;
 pub mod identity;
+pub mod mcp;
 pub mod policy;
 pub mod trace;
 

@@ -81,7 +81,8 @@ def gateway(request):
         processes.append(subprocess.Popen(command, env={**env, **extra_env}, stdout=subprocess.DEVNULL, stderr=log, cwd=work_dir))
 
     mock_port = free_port()
-    env = dict(os.environ, RUST_LOG="warn")
+    # MCP servers in these tests listen on 127.0.0.1, which a production gateway refuses by default.
+    env = dict(os.environ, RUST_LOG="warn", BR_MCP_ALLOW_PRIVATE_URLS="true")
     spawn("mock", [binary("BR_MOCK_UPSTREAM"), "--listen", f"127.0.0.1:{mock_port}", "--valid-key", OPENAI_KEY, "--valid-key", ANTHROPIC_KEY], {})
     mock_url = f"http://127.0.0.1:{mock_port}"
     env.update(
@@ -97,7 +98,7 @@ def gateway(request):
             database_url = fresh_database()
             subprocess.run([binary(), "migrate", "--database-url", database_url], check=True, env=env, capture_output=True)
             edge_env = {}
-            for label, service in [("identity", "identity"), ("catalog", "catalog-health-sentinel"), ("budget", "budget-ledger"), ("audit", "audit-lineage"), ("policy", "policy-firewall")]:
+            for label, service in [("identity", "identity"), ("catalog", "catalog-health-sentinel"), ("budget", "budget-ledger"), ("audit", "audit-lineage"), ("policy", "policy-firewall"), ("mcp", "mcp-gateway")]:
                 grpc_port, health_port = free_port(), free_port()
                 spawn(label, [binary(), "serve", service, "--grpc-listen", f"127.0.0.1:{grpc_port}", "--listen", f"127.0.0.1:{health_port}"],
                       {"BR_DATABASE_URL": database_url, "BR_MASTER_KEY": MASTER_KEY})

@@ -23,11 +23,13 @@ use brainstorm_common::outbox::MailOutbox;
 use brainstorm_common::store::Database;
 use brainstorm_edge_router::{Edge, EdgeDependencies, EdgeOptions};
 use brainstorm_identity::{AgentTokenSigner, IdentityOptions, IdentityServiceImpl};
+use brainstorm_mcp_gateway::{McpGatewayOptions, McpGatewayServiceImpl};
 use brainstorm_policy_firewall::{AnomalyConsumer, Guardian, GuardianOptions, PolicyFirewallOptions, PolicyFirewallServiceImpl};
 use brainstorm_proto::audit::{self, AuditLineageClient};
 use brainstorm_proto::budget::{self, BudgetLedgerClient, CurrentTotalsRequest};
 use brainstorm_proto::catalog::CatalogClient;
 use brainstorm_proto::identity::IdentityClient;
+use brainstorm_proto::mcp::McpGatewayClient;
 use brainstorm_proto::policy::PolicyFirewallClient;
 use brainstorm_providers::catalog::ModelCatalog;
 use brainstorm_providers::upstream::UpstreamClient;
@@ -40,14 +42,18 @@ use crate::shutdown::Shutdown;
 use crate::writer_thread::WriterThread;
 
 /// Services this build can host.
-const HOSTABLE: [ServiceName; 6] = [
+const HOSTABLE: [ServiceName; 7] = [
     ServiceName::EdgeRouter,
     ServiceName::Identity,
     ServiceName::CatalogHealthSentinel,
     ServiceName::BudgetLedger,
     ServiceName::AuditLineage,
     ServiceName::PolicyFirewall,
+    ServiceName::McpGateway,
 ];
+
+/// How long one operation on a registered MCP server (a whole session) may take.
+const MCP_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// At a graceful stop, how long the audit publisher may take to hand its buffer to the bus, and the
 /// chain and ledger writers to write what waits there.
@@ -74,6 +80,7 @@ pub async fn up(settings: Settings) -> anyhow::Result<()> {
     };
     let identity = IdentityClient::local(identity_service(&settings, database.clone(), bus.clone(), Some(&master_key)));
     let catalog = CatalogClient::local(catalog_service(&settings, database.clone(), bus.clone(), upstream.clone(), master_key.clone()));
+    let mcp = McpGatewayClient::local(mcp_service(&settings, database.clone(), master_key.clone()));
     let shutdown = Shutdown::on_signals();
     let audit_service = audit_service(database.clone(), &master_key)?;
     // The chain and the ledger stop after the edge (see `finish_writes`), not at the signal, and run
@@ -104,7 +111,8 @@ pub async fn up(settings: Settings) -> anyhow::Result<()> {
             .add_service(catalog.as_grpc_service())
             .add_service(audit.as_grpc_service())
             .add_service(policy.as_grpc_service())
-            .add_service(budget.as_grpc_service());
+            .add_service(budget.as_grpc_service())
+            .add_service(mcp.as_grpc_service());
         tracing::info!(address = %settings.grpc_listen, "serving the embedded services over gRPC");
         Some(tokio::spawn(serve_grpc(incoming, routes.routes(), shutdown.clone())))
     } else {
@@ -121,6 +129,7 @@ pub async fn up(settings: Settings) -> anyhow::Result<()> {
         audit_publisher: audit_publisher.clone(),
         guardian: guardian.clone(),
         policy,
+        mcp: Some(mcp),
     };
     serve_edge(&settings, dependencies, bus, shutdown).await?;
     if let Some(grpc) = grpc {
@@ -155,6 +164,7 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
         ServiceName::BudgetLedger,
         ServiceName::AuditLineage,
         ServiceName::PolicyFirewall,
+        ServiceName::McpGateway,
     ]
     .iter()
     .any(|service| hosted.contains(service));
@@ -250,6 +260,20 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
         _ if hosts_edge => Some(PolicyFirewallClient::grpc(remote(&settings, ServiceName::PolicyFirewall)?)),
         _ => None,
     };
+    let mcp = match (&database, hosted.contains(&ServiceName::McpGateway)) {
+        (Some(database), true) => {
+            let master_key = settings
+                .master_key
+                .as_ref()
+                .context("mcp-gateway needs BR_MASTER_KEY (64 hex characters) to seal MCP server credentials")?;
+            Some(McpGatewayClient::local(mcp_service(&settings, database.clone(), MasterKey::from_hex(master_key.expose())?)))
+        }
+        // The edge routes completions without it: `/v1/mcp/*` answers 503 until BR_MCP_GATEWAY_URL is set.
+        _ if hosts_edge && settings.service_urls.contains_key(&ServiceName::McpGateway) => {
+            Some(McpGatewayClient::grpc(remote(&settings, ServiceName::McpGateway)?))
+        }
+        _ => None,
+    };
     let mut tasks = tokio::task::JoinSet::new();
     let mut routes = tonic::service::RoutesBuilder::default();
     if let (true, Some(identity)) = (hosted.contains(&ServiceName::Identity), &identity) {
@@ -266,6 +290,9 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
     }
     if let (true, Some(budget)) = (hosted.contains(&ServiceName::BudgetLedger), &budget) {
         routes.add_service(budget.as_grpc_service());
+    }
+    if let (true, Some(mcp)) = (hosted.contains(&ServiceName::McpGateway), &mcp) {
+        routes.add_service(mcp.as_grpc_service());
     }
     if hosted.iter().any(|service| *service != ServiceName::EdgeRouter) {
         tracing::info!(address = %settings.grpc_listen, services = ?hosted, "serving gRPC");
@@ -287,6 +314,7 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
                 audit_publisher: audit_publisher.clone(),
                 guardian: guardian.clone(),
                 policy,
+                mcp,
             };
             let broadcast = select_broadcast_bus(settings.kafka_brokers.as_deref(), &bus)?;
             let (settings, stop) = (settings.clone(), shutdown.clone());
@@ -355,6 +383,12 @@ fn catalog_service(
 ) -> CatalogServiceImpl {
     let options = CatalogOptions { master_key, base_urls: settings.provider_base_urls.clone() };
     CatalogServiceImpl::new(database, bus, upstream, options)
+}
+
+/// The mcp-gateway service, sealing server credentials with the master key.
+fn mcp_service(settings: &Settings, database: Database, master_key: MasterKey) -> McpGatewayServiceImpl {
+    let options = McpGatewayOptions { master_key, call_timeout: MCP_CALL_TIMEOUT, allow_private_urls: settings.mcp_allow_private_urls };
+    McpGatewayServiceImpl::new(database, options)
 }
 
 /// The edge's budget counters: shared by every replica through Redis when `BR_REDIS_URL` is set,

@@ -32,6 +32,7 @@ use brainstorm_proto::audit::AuditLineageClient;
 use brainstorm_proto::budget::BudgetLedgerClient;
 use brainstorm_proto::catalog::CatalogClient;
 use brainstorm_proto::identity::IdentityClient;
+use brainstorm_proto::mcp::McpGatewayClient;
 use brainstorm_proto::policy::PolicyFirewallClient;
 use brainstorm_providers::catalog::ModelCatalog;
 use brainstorm_providers::upstream::UpstreamClient;
@@ -70,6 +71,8 @@ pub struct EdgeDependencies {
     pub policy: PolicyFirewallClient,
     /// Kill switches, guardrails and the tool firewall held in memory for the hot path.
     pub guardian: Arc<Guardian>,
+    /// The MCP gateway; None answers `/v1/mcp/*` with 503 (the edge needs no MCP to route completions).
+    pub mcp: Option<McpGatewayClient>,
 }
 
 /// Everything a handler can reach: one shared allocation, so the per-request clones axum makes of
@@ -103,6 +106,8 @@ pub struct EdgeShared {
     audit_publisher: AuditPublisher,
     policy: PolicyFirewallClient,
     guardian: Arc<Guardian>,
+    /// None when the edge runs without the mcp-gateway service (`/v1/mcp/*` then answers 503).
+    mcp: Option<McpGatewayClient>,
 }
 
 /// The edge: its router, and the caches the bus keeps fresh.
@@ -134,6 +139,7 @@ impl Edge {
             audit_publisher: dependencies.audit_publisher,
             policy: dependencies.policy,
             guardian: dependencies.guardian.clone(),
+            mcp: dependencies.mcp,
         };
         let state = EdgeState { shared: Arc::new(shared) };
         Edge { router: router(state, options.trace_requests), authenticator, routing, guardian: dependencies.guardian }
@@ -153,7 +159,9 @@ impl Edge {
 }
 
 fn router(state: EdgeState, trace_requests: bool) -> Router {
-    use routes::{admin, agent_limits, agent_self, agents, budget, completions, governance, guardian, identity, providers};
+    use routes::{
+        admin, agent_limits, agent_self, agents, budget, completions, governance, guardian, identity, mcp, mcp_connect, providers,
+    };
     let routes = Router::new()
         .route("/health", get(routes::health))
         .route("/v1/register", post(identity::register))
@@ -239,6 +247,18 @@ fn router(state: EdgeState, trace_requests: bool) -> Router {
         .route("/v1/agent/profiles", get(agents::list).post(agents::create))
         .route("/v1/agent/profiles/{agent_id}", get(agents::get).patch(agents::update).delete(agents::delete))
         .route("/v1/agent/profiles/lifecycle/{agent_id}", patch(agents::lifecycle))
+        .route("/v1/mcp/servers", post(mcp::register).get(mcp::list))
+        .route("/v1/mcp/servers/{id}", get(mcp::get).put(mcp::update).delete(mcp::delete))
+        .route("/v1/mcp/servers/{id}/discover", post(mcp::discover))
+        .route("/v1/mcp/tools", get(mcp::tools))
+        .route("/v1/mcp/tools/{server}/{tool}", post(mcp::call))
+        .route("/v1/mcp/audit", get(mcp::audit))
+        .route("/v1/mcp/governance", get(mcp::governance))
+        .route("/v1/mcp/governance/policy", put(mcp::put_policy))
+        .route("/v1/mcp/approvals", get(mcp::approvals))
+        .route("/v1/mcp/approvals/{id}/approve", post(mcp::approve))
+        .route("/v1/mcp/approvals/{id}/deny", post(mcp::deny))
+        .route("/v1/mcp/connect", get(mcp_connect::describe).post(mcp_connect::connect).delete(mcp_connect::end_session))
         .route("/v1/chat/completions", post(completions::chat_completions))
         .route("/v1/messages", post(completions::messages))
         .route("/v1/messages/count_tokens", post(completions::count_tokens))

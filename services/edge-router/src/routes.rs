@@ -9,6 +9,8 @@ pub mod completions;
 pub mod governance;
 pub mod guardian;
 pub mod identity;
+pub mod mcp;
+pub mod mcp_connect;
 pub mod providers;
 
 use axum::Json;
