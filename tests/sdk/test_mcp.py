@@ -10,10 +10,11 @@ import time
 import urllib.error
 import urllib.request
 
+import httpx
 import pytest
 import uvicorn
 from mcp import ClientSession
-from mcp.client.streamable_http import streamablehttp_client
+from mcp.client.streamable_http import streamable_http_client
 from mcp.server.fastmcp import FastMCP
 
 from conftest import free_port
@@ -158,7 +159,8 @@ def test_governance_denies_and_queues_for_approval(gateway, upstream):
 
 async def connect_and_steer(gateway, name):
     url = gateway["base_url"] + "/v1/mcp/connect"
-    async with streamablehttp_client(url, headers={"Authorization": f"Bearer {gateway['key']}"}) as (read, write, _):
+    http = httpx.AsyncClient(headers={"Authorization": f"Bearer {gateway['key']}"}, timeout=30)
+    async with http, streamable_http_client(url, http_client=http) as (read, write, _):
         async with ClientSession(read, write) as session:
             initialized = await session.initialize()
             assert initialized.serverInfo.name == "brainstorm"
