@@ -16,6 +16,7 @@ import uvicorn
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server.fastmcp import FastMCP
+from mcp.shared.exceptions import McpError
 
 from conftest import free_port
 
@@ -154,7 +155,14 @@ def test_governance_denies_and_queues_for_approval(gateway, upstream):
     again = call(gateway, "POST", f"/v1/mcp/approvals/{queued['approval_id']}/deny", expect=409)
     assert again["error"]["code"] == "approval_already_decided"
     second = call(gateway, "POST", f"/v1/mcp/tools/{name}/add", {"arguments": {"a": 1, "b": 1}}, expect=202)
-    assert call(gateway, "POST", f"/v1/mcp/approvals/{second['approval_id']}/deny") == {"id": second["approval_id"], "status": "denied"}
+    # The shared approval queue shows it beside the completion path's approvals: keys, never values.
+    queue = call(gateway, "GET", "/v1/approvals/pending")["approvals"]
+    listed = next(approval for approval in queue if approval["id"] == second["approval_id"])
+    assert listed["surface"] == "mcp" and listed["tool_name"] == "add" and sorted(listed["argument_keys"]) == ["a", "b"]
+    assert "arguments" not in listed
+    # ... and its endpoints decide it too.
+    assert call(gateway, "POST", f"/v1/approvals/{second['approval_id']}/deny") == {"id": second["approval_id"], "status": "denied"}
+    call(gateway, "POST", f"/v1/mcp/approvals/{second['approval_id']}/approve", expect=409)
 
 
 async def connect_and_steer(gateway, name):
@@ -167,12 +175,20 @@ async def connect_and_steer(gateway, name):
             tools = {tool.name for tool in (await session.list_tools()).tools}
             assert {"br_activate_killswitch", "br_deactivate_killswitch", "br_get_killswitch_status",
                     "br_get_budget_status", "br_get_budget_forecast", "br_agent_inventory"} <= tools
+            # The tenant's registered servers' tools, through the same connection and governance.
+            assert f"{name}__add" in tools and f"{name}__echo" in tools
+            added = await session.call_tool(f"{name}__add", {"a": 1, "b": 2})
+            assert not added.isError and added.content[0].text == "3.0"
+            with pytest.raises(McpError, match="unknown tool"):
+                await session.call_tool(f"{name}__missing", {})
             activated = await session.call_tool("br_activate_killswitch", {"reason": "runaway agent"})
             assert not activated.isError, activated
             assert activated.structuredContent["active"] is True
             # While it is active the gateway refuses tool calls, but its MCP server still steers it.
             blocked = call(gateway, "POST", f"/v1/mcp/tools/{name}/add", {"arguments": {"a": 1, "b": 1}}, expect=503)
             assert blocked["error"]["code"] == "kill_switch_active", blocked
+            proxied = await session.call_tool(f"{name}__add", {"a": 1, "b": 2})
+            assert proxied.isError and proxied.structuredContent["error"]["code"] == "kill_switch_active"
             status = await session.call_tool("br_get_killswitch_status", {})
             assert status.structuredContent["active"] is True and status.structuredContent["reason"] == "runaway agent"
             budget = await session.call_tool("br_get_budget_status", {})
@@ -187,9 +203,10 @@ async def connect_and_steer(gateway, name):
 
 def test_the_official_mcp_client_steers_the_gateway(gateway, upstream):
     name = f"steered-{gateway['shape']}"
-    call(gateway, "POST", "/v1/mcp/servers", {
+    server = call(gateway, "POST", "/v1/mcp/servers", {
         "name": name, "transport": "streamable-http", "url": upstream["streamable"],
         "auth": {"type": "bearer", "token": UPSTREAM_TOKEN}}, expect=201)
+    call(gateway, "POST", f"/v1/mcp/servers/{server['id']}/discover")
     asyncio.run(connect_and_steer(gateway, name))
     assert call(gateway, "POST", f"/v1/mcp/tools/{name}/add", {"arguments": {"a": 1, "b": 1}})["result"]["isError"] is False
     described = call(gateway, "GET", "/v1/mcp/connect")

@@ -5,6 +5,7 @@ use axum::Json;
 use axum::extract::{Path, State};
 use brainstorm_common::ApiError;
 use brainstorm_policy_firewall::{FirewallConfig, GuardrailConfig, ScanResult};
+use brainstorm_proto::ErrorKind;
 use brainstorm_proto::policy::*;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -487,12 +488,17 @@ pub async fn anomaly_stats(
     Ok(Json(json!({"stats": serde_json::to_value(stats).map_err(|_| ApiError::internal())?})))
 }
 
-/// `GET /v1/approvals/pending` (security.read): the durable queue, argument keys but never values.
+/// `GET /v1/approvals/pending` (security.read): the durable queue, argument keys but never values:
+/// the completion path's approvals, then the MCP path's (`surface: mcp`).
 pub async fn pending_approvals(State(state): State<EdgeState>, caller: Caller) -> Answer {
     caller.require("security.read")?;
-    let list = state.policy.list_pending_approvals(TenantRef { tenant_id: caller.tenant_id()?.to_string() }).await?;
-    let approvals = serde_json::to_value(&list.approvals).map_err(|_| ApiError::internal())?;
-    Ok(Json(json!({"approvals": approvals, "count": list.approvals.len()})))
+    let tenant_id = caller.tenant_id()?;
+    let list = state.policy.list_pending_approvals(TenantRef { tenant_id: tenant_id.to_string() }).await?;
+    let Value::Array(mut approvals) = serde_json::to_value(&list.approvals).map_err(|_| ApiError::internal())? else {
+        return Err(ApiError::internal());
+    };
+    approvals.extend(crate::routes::mcp::pending_in_queue(&state, tenant_id).await?);
+    Ok(Json(json!({"count": approvals.len(), "approvals": approvals})))
 }
 
 /// `GET /v1/approvals/{id}` (security.read): one approval, whatever its state.
@@ -520,12 +526,18 @@ pub async fn approve(
     caller.require("approvals.write")?;
     let request = ApproveApprovalRequest {
         tenant_id: caller.tenant_id()?.to_string(),
-        id,
+        id: id.clone(),
         scope: body.scope.unwrap_or_default(),
         review_note: body.note.filter(|note| !note.trim().is_empty()),
         reviewed_by: caller.identity.key_id.clone(),
     };
-    render(&state.policy.approve_approval(request).await?)
+    match state.policy.approve_approval(request).await {
+        // Not the completion path's: an MCP tool call's approval, which this endpoint decides too.
+        Err(error) if error.kind == ErrorKind::NotFound && state.mcp.is_some() => {
+            crate::routes::mcp::decide_from_queue(&state, &caller, id, true).await
+        }
+        approved => render(&approved?),
+    }
 }
 
 /// `POST /v1/approvals/{id}/deny` (approvals.write): `{note}`; a denied call allows nothing.
@@ -541,9 +553,14 @@ pub async fn deny(
     }
     let request = DenyApprovalRequest {
         tenant_id: caller.tenant_id()?.to_string(),
-        id,
+        id: id.clone(),
         review_note: body.note.filter(|note| !note.trim().is_empty()),
         reviewed_by: caller.identity.key_id.clone(),
     };
-    render(&state.policy.deny_approval(request).await?)
+    match state.policy.deny_approval(request).await {
+        Err(error) if error.kind == ErrorKind::NotFound && state.mcp.is_some() => {
+            crate::routes::mcp::decide_from_queue(&state, &caller, id, false).await
+        }
+        denied => render(&denied?),
+    }
 }

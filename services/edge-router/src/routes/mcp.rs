@@ -227,14 +227,40 @@ pub async fn call(
     Path((server, tool)): Path<(String, String)>,
     OptionalJsonBody(body): OptionalJsonBody<CallBody>,
 ) -> Result<Response, ApiError> {
-    caller.require("router.write")?;
-    let tenant_id = caller.tenant_id()?;
     let arguments = match body.arguments {
         None | Some(Value::Null) => Value::Object(Map::new()),
         Some(arguments @ Value::Object(_)) => arguments,
         Some(_) => return Err(ApiError::invalid_request("invalid_arguments", "arguments must be a JSON object")),
     };
     let agent_id = headers.get("x-br-agent-id").and_then(|value| value.to_str().ok()).filter(|agent| !agent.is_empty());
+    match call_governed(&state, &caller, agent_id, server, tool, arguments).await? {
+        call_tool_response::Outcome::Result(result) => Ok(Json(json!({
+            "result": serde_json::from_str::<Value>(&result.result_json).unwrap_or(Value::Null),
+            "metadata": {"server_id": result.server_id, "tool": result.tool, "latency_ms": result.latency_ms},
+        }))
+        .into_response()),
+        call_tool_response::Outcome::Queued(queued) => {
+            Ok((StatusCode::ACCEPTED, Json(json!({"status": "queued", "approval_id": queued.approval_id, "message": queued.message})))
+                .into_response())
+        }
+    }
+}
+
+/// A tool call through the gateway, by REST or through `/v1/mcp/connect`: `router.write`, the
+/// scoped kill switches (the tool's, the agent's), the attributed agent's standing, then the
+/// service (allowed keys, governance, the call and its audit entry). The tenant switch was already
+/// applied when the caller was admitted on a guarded path; it is applied again here for the
+/// connect server, whose path is exempt.
+pub(crate) async fn call_governed(
+    state: &EdgeState,
+    caller: &Caller,
+    agent_id: Option<&str>,
+    server: String,
+    tool: String,
+    arguments: Value,
+) -> Result<call_tool_response::Outcome, ApiError> {
+    caller.require("router.write")?;
+    let tenant_id = caller.tenant_id()?;
     let tool_names = [tool.as_str()];
     let facts = RequestFacts { path: "/v1/mcp/tools", method: "POST", agent_id, tool_names: &tool_names, model: None };
     if let Some(error) = state.guardian.kill_switch(tenant_id, &facts).await.api_error() {
@@ -251,18 +277,7 @@ pub async fn call(
         api_key_id: caller.identity.key_id.clone(),
         agent_id: agent_id.unwrap_or_default().to_string(),
     };
-    match client(&state)?.call_tool(request).await?.outcome {
-        Some(call_tool_response::Outcome::Result(result)) => Ok(Json(json!({
-            "result": serde_json::from_str::<Value>(&result.result_json).unwrap_or(Value::Null),
-            "metadata": {"server_id": result.server_id, "tool": result.tool, "latency_ms": result.latency_ms},
-        }))
-        .into_response()),
-        Some(call_tool_response::Outcome::Queued(queued)) => {
-            Ok((StatusCode::ACCEPTED, Json(json!({"status": "queued", "approval_id": queued.approval_id, "message": queued.message})))
-                .into_response())
-        }
-        None => Err(ApiError::internal()),
-    }
+    client(state)?.call_tool(request).await?.outcome.ok_or_else(ApiError::internal)
 }
 
 #[derive(Deserialize)]
@@ -426,4 +441,57 @@ pub async fn approve(State(state): State<EdgeState>, caller: Caller, Path(id): P
 pub async fn deny(State(state): State<EdgeState>, caller: Caller, Path(id): Path<String>) -> Answer {
     let approval = decide(&state, &caller, id, false).await?;
     Ok(Json(json!({"id": approval.id, "status": approval.status})))
+}
+
+/// The tenant's pending MCP approvals as the shared queue (`GET /v1/approvals/pending`) shows them:
+/// surface `mcp`, the tool, its server and the argument keys, never their values.
+pub(crate) async fn pending_in_queue(state: &EdgeState, tenant_id: &str) -> Result<Vec<Value>, ApiError> {
+    let Some(client) = state.mcp.as_ref() else { return Ok(Vec::new()) };
+    let approvals =
+        client.list_approvals(ApprovalQuery { tenant_id: tenant_id.to_string(), status: "pending".to_string() }).await?.approvals;
+    Ok(approvals
+        .iter()
+        .map(|approval| {
+            let arguments = serde_json::from_str::<Value>(&approval.arguments_json).unwrap_or(Value::Null);
+            let argument_keys: Vec<&String> = arguments.as_object().map(|members| members.keys().collect()).unwrap_or_default();
+            json!({
+                "id": approval.id,
+                "tool_name": approval.tool,
+                "surface": "mcp",
+                "server_id": approval.server_id,
+                "server_name": approval.server_name,
+                "argument_keys": argument_keys,
+                "status": approval.status,
+                "created_at": approval.timestamp,
+                "api_key_id": approval.api_key_id,
+            })
+        })
+        .collect())
+}
+
+/// `POST /v1/approvals/{id}/approve|deny` for an approval of the MCP path (the spec lets either
+/// endpoint decide it): the answer of `/v1/mcp/approvals/{id}/...`.
+pub(crate) async fn decide_from_queue(state: &EdgeState, caller: &Caller, id: String, approve: bool) -> Answer {
+    let request = DecideApprovalRequest {
+        tenant_id: caller.tenant_id()?.to_string(),
+        approval_id: id,
+        approve,
+        decided_by: caller.identity.key_id.clone(),
+    };
+    Ok(Json(decision_view(&client(state)?.decide_approval(request).await?)))
+}
+
+fn decision_view(approval: &Approval) -> Value {
+    if approval.status != "approved" {
+        return json!({"id": approval.id, "status": approval.status});
+    }
+    let mut answer = json!({
+        "id": approval.id,
+        "status": approval.status,
+        "result": serde_json::from_str::<Value>(&approval.result_json).unwrap_or(Value::Null),
+    });
+    if !approval.error.is_empty() {
+        answer["error"] = json!(approval.error);
+    }
+    answer
 }

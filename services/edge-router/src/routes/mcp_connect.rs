@@ -1,9 +1,15 @@
 //! `/v1/mcp/connect`: the gateway itself as an MCP server (streamable HTTP, JSON-RPC 2.0,
 //! stateless: every POST is answered on its own, no session id), so an agent or an operator's MCP
-//! client can read and steer its governance: the kill switch, budgets and the agent inventory.
-//! Each tool runs the REST handler of the same operation with the caller's key, so its permissions
-//! and answers are the REST endpoint's. The path is exempt from the tenant's kill switch, and every
-//! tool here is one the spec allows while it is active (deactivating it is one of them).
+//! client can read and steer its governance (the kill switch, budgets and the agent inventory) and
+//! reach every tool of the tenant's registered MCP servers through one connection.
+//!
+//! The `br_*` tools run the REST handler of the same operation with the caller's key, so their
+//! permissions and answers are the REST endpoint's; the path is exempt from the tenant's kill switch,
+//! and every `br_*` tool is one the spec allows while it is active (deactivating it is one of
+//! them). A registered server's tool is exposed as `<server>__<tool>` (the server's name with
+//! characters outside letters, digits, `_` and `-` as `_`) and runs as a REST tool call does:
+//! kill switches (the tenant's too, so it is blocked while the switch is active), the agent's
+//! standing, allowed keys, governance and the audit trail.
 
 use axum::Json;
 use axum::extract::{Query, State};
@@ -17,7 +23,8 @@ use serde_json::{Value, json};
 use crate::EdgeState;
 use crate::auth::Caller;
 use crate::extract::{JsonBody, JsonBytes};
-use crate::routes::{budget, governance, guardian};
+use crate::routes::{budget, governance, guardian, mcp};
+use brainstorm_proto::mcp::{TenantRef, Tool, call_tool_response};
 
 /// Protocol versions this server speaks, newest first; a client asking for another gets the newest.
 const PROTOCOL_VERSIONS: [&str; 3] = ["2025-06-18", "2025-03-26", "2024-11-05"];
@@ -133,7 +140,9 @@ pub async fn describe(caller: Caller, headers: HeaderMap) -> Response {
 
 /// `POST /v1/mcp/connect`: one JSON-RPC message or a batch. Requests are answered with their
 /// responses (200, JSON); a POST of notifications only is answered 202 with no body.
-pub async fn connect(State(state): State<EdgeState>, caller: Caller, JsonBytes(bytes): JsonBytes) -> Response {
+pub async fn connect(State(state): State<EdgeState>, caller: Caller, headers: HeaderMap, JsonBytes(bytes): JsonBytes) -> Response {
+    let agent_id = headers.get("x-br-agent-id").and_then(|value| value.to_str().ok()).filter(|agent| !agent.is_empty());
+    let session = Session { state: &state, caller: &caller, agent_id };
     let Ok(message) = serde_json::from_slice::<Value>(&bytes) else {
         return (StatusCode::BAD_REQUEST, Json(rpc_error(Value::Null, -32700, "parse error: the body is not JSON"))).into_response();
     };
@@ -142,11 +151,11 @@ pub async fn connect(State(state): State<EdgeState>, caller: Caller, JsonBytes(b
         Value::Array(batch) => {
             let mut answers = Vec::new();
             for message in batch {
-                answers.extend(handle(&state, &caller, message).await);
+                answers.extend(handle(&session, message).await);
             }
             (!answers.is_empty()).then_some(Value::Array(answers))
         }
-        message => handle(&state, &caller, message).await,
+        message => handle(&session, message).await,
     };
     match answer {
         Some(answer) => Json(answer).into_response(),
@@ -169,8 +178,42 @@ fn rpc_result(id: Value, result: Value) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "result": result})
 }
 
+/// Who one POST speaks for.
+struct Session<'a> {
+    state: &'a EdgeState,
+    caller: &'a Caller,
+    /// `X-BR-Agent-Id`: proxied tool calls are attributed to it.
+    agent_id: Option<&'a str>,
+}
+
+/// A registered server's tool as this server exposes it.
+fn exposed_name(server_name: &str, tool: &str) -> String {
+    let server: String = server_name
+        .chars()
+        .map(|character| if character.is_ascii_alphanumeric() || character == '-' || character == '_' { character } else { '_' })
+        .collect();
+    format!("{server}__{tool}")
+}
+
+/// The registered servers' saved tools, when the caller may call them (none without the
+/// mcp-gateway service, or when it cannot be read: the `br_*` tools still work).
+async fn registered_tools(session: &Session<'_>) -> Vec<Tool> {
+    if !session.caller.identity.permissions.contains("router.write") {
+        return Vec::new();
+    }
+    let (Some(client), Ok(tenant_id)) = (session.state.mcp.as_ref(), session.caller.tenant_id()) else { return Vec::new() };
+    match client.list_tools(TenantRef { tenant_id: tenant_id.to_string() }).await {
+        Ok(list) => list.tools,
+        Err(error) => {
+            tracing::warn!(%error, "cannot list the registered MCP tools for /v1/mcp/connect");
+            Vec::new()
+        }
+    }
+}
+
 /// The answer to one message; None for notifications and responses (nothing to answer).
-async fn handle(state: &EdgeState, caller: &Caller, message: Value) -> Option<Value> {
+async fn handle(session: &Session<'_>, message: Value) -> Option<Value> {
+    let (state, caller) = (session.state, session.caller);
     let Value::Object(mut message) = message else {
         return Some(rpc_error(Value::Null, -32600, "invalid request: a message is an object"));
     };
@@ -197,25 +240,54 @@ async fn handle(state: &EdgeState, caller: &Caller, message: Value) -> Option<Va
         }
         "ping" => rpc_result(id, json!({})),
         "tools/list" => {
-            let tools: Vec<Value> = TOOLS
+            let mut tools: Vec<Value> = TOOLS
                 .iter()
                 .filter(|tool| may_use(caller, tool))
                 .map(|tool| json!({"name": tool.name, "description": tool.description, "inputSchema": (tool.input_schema)()}))
                 .collect();
+            tools.extend(registered_tools(session).await.iter().map(|tool| {
+                json!({
+                    "name": exposed_name(&tool.server_name, &tool.name),
+                    "description": format!("[{}] {}", tool.server_name, tool.description),
+                    "inputSchema": serde_json::from_str::<Value>(&tool.input_schema_json).unwrap_or_else(|_| json!({"type": "object"})),
+                })
+            }));
             rpc_result(id, json!({"tools": tools}))
         }
         "tools/call" => {
             let Some(name) = params.get("name").and_then(Value::as_str) else {
                 return Some(rpc_error(id, -32602, "invalid params: tools/call needs a tool `name`"));
             };
-            let Some(tool) = TOOLS.iter().find(|tool| tool.name == name) else {
+            let arguments = params.get("arguments").cloned().unwrap_or_else(|| json!({}));
+            if let Some(tool) = TOOLS.iter().find(|tool| tool.name == name) {
+                return Some(rpc_result(id, tool_result(run(state, caller, tool, arguments).await)));
+            }
+            let registered = if name.contains("__") { registered_tools(session).await } else { Vec::new() };
+            let Some(tool) = registered.into_iter().find(|tool| exposed_name(&tool.server_name, &tool.name) == name) else {
                 return Some(rpc_error(id, -32602, &format!("unknown tool `{name}`: see tools/list")));
             };
-            let arguments = params.get("arguments").cloned().unwrap_or_else(|| json!({}));
-            rpc_result(id, tool_result(run(state, caller, tool, arguments).await))
+            rpc_result(id, proxied(session, tool, arguments).await)
         }
         _ => rpc_error(id, -32601, &format!("method `{method}` not found")),
     })
+}
+
+/// A registered server's tool, called as `POST /v1/mcp/tools/{server}/{tool}` is: its result as the
+/// server sent it; a call queued for approval, or refused, is an error result saying so.
+async fn proxied(session: &Session<'_>, tool: Tool, arguments: Value) -> Value {
+    if !arguments.is_object() {
+        return tool_result(Err(ApiError::invalid_request("invalid_arguments", "arguments must be a JSON object")));
+    }
+    match mcp::call_governed(session.state, session.caller, session.agent_id, tool.server_id, tool.name, arguments).await {
+        Ok(call_tool_response::Outcome::Result(result)) => {
+            serde_json::from_str(&result.result_json).unwrap_or_else(|_| tool_result(Err(ApiError::internal())))
+        }
+        Ok(call_tool_response::Outcome::Queued(queued)) => {
+            let queued = json!({"status": "queued", "approval_id": queued.approval_id, "message": queued.message});
+            json!({"content": [{"type": "text", "text": queued.to_string()}], "structuredContent": queued, "isError": true})
+        }
+        Err(error) => tool_result(Err(error)),
+    }
 }
 
 /// A `tools/call` result: the REST answer as text and structured content, or the refusal (the
