@@ -10,6 +10,7 @@ const PROTOS: &[&str] = &[
     "brainstorm/audit/v1/audit.proto",
     "brainstorm/policy/v1/policy.proto",
     "brainstorm/mcp/v1/mcp.proto",
+    "brainstorm/prompts/v1/prompts.proto",
 ];
 
 const CAMEL_CASE: &str = "#[serde(rename_all = \"camelCase\")]";

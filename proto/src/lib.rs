@@ -12,6 +12,7 @@ mod grpc;
 pub mod identity;
 pub mod mcp;
 pub mod policy;
+pub mod prompts;
 pub mod trace;
 
 pub use error::{ErrorKind, ServiceError, ServiceResult};

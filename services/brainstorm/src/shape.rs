@@ -25,12 +25,14 @@ use brainstorm_edge_router::{Edge, EdgeDependencies, EdgeOptions};
 use brainstorm_identity::{AgentTokenSigner, IdentityOptions, IdentityServiceImpl};
 use brainstorm_mcp_gateway::{McpGatewayOptions, McpGatewayServiceImpl};
 use brainstorm_policy_firewall::{AnomalyConsumer, Guardian, GuardianOptions, PolicyFirewallOptions, PolicyFirewallServiceImpl};
+use brainstorm_prompts_eval::PromptsEvalServiceImpl;
 use brainstorm_proto::audit::{self, AuditLineageClient};
 use brainstorm_proto::budget::{self, BudgetLedgerClient, CurrentTotalsRequest};
 use brainstorm_proto::catalog::CatalogClient;
 use brainstorm_proto::identity::IdentityClient;
 use brainstorm_proto::mcp::McpGatewayClient;
 use brainstorm_proto::policy::PolicyFirewallClient;
+use brainstorm_proto::prompts::PromptsEvalClient;
 use brainstorm_providers::catalog::ModelCatalog;
 use brainstorm_providers::upstream::UpstreamClient;
 use brainstorm_providers::vault::MasterKey;
@@ -42,7 +44,7 @@ use crate::shutdown::Shutdown;
 use crate::writer_thread::WriterThread;
 
 /// Services this build can host.
-const HOSTABLE: [ServiceName; 7] = [
+const HOSTABLE: [ServiceName; 8] = [
     ServiceName::EdgeRouter,
     ServiceName::Identity,
     ServiceName::CatalogHealthSentinel,
@@ -50,6 +52,7 @@ const HOSTABLE: [ServiceName; 7] = [
     ServiceName::AuditLineage,
     ServiceName::PolicyFirewall,
     ServiceName::McpGateway,
+    ServiceName::PromptsEval,
 ];
 
 /// How long one operation on a registered MCP server (a whole session) may take.
@@ -81,6 +84,7 @@ pub async fn up(settings: Settings) -> anyhow::Result<()> {
     let identity = IdentityClient::local(identity_service(&settings, database.clone(), bus.clone(), Some(&master_key)));
     let catalog = CatalogClient::local(catalog_service(&settings, database.clone(), bus.clone(), upstream.clone(), master_key.clone()));
     let mcp = McpGatewayClient::local(mcp_service(&settings, database.clone(), master_key.clone()));
+    let prompts = PromptsEvalClient::local(PromptsEvalServiceImpl::new(database.clone()));
     let shutdown = Shutdown::on_signals();
     let audit_service = audit_service(database.clone(), &master_key)?;
     // The chain and the ledger stop after the edge (see `finish_writes`), not at the signal, and run
@@ -112,7 +116,8 @@ pub async fn up(settings: Settings) -> anyhow::Result<()> {
             .add_service(audit.as_grpc_service())
             .add_service(policy.as_grpc_service())
             .add_service(budget.as_grpc_service())
-            .add_service(mcp.as_grpc_service());
+            .add_service(mcp.as_grpc_service())
+            .add_service(prompts.as_grpc_service());
         tracing::info!(address = %settings.grpc_listen, "serving the embedded services over gRPC");
         Some(tokio::spawn(serve_grpc(incoming, routes.routes(), shutdown.clone())))
     } else {
@@ -130,6 +135,7 @@ pub async fn up(settings: Settings) -> anyhow::Result<()> {
         guardian: guardian.clone(),
         policy,
         mcp: Some(mcp),
+        prompts: Some(prompts),
     };
     serve_edge(&settings, dependencies, bus, shutdown).await?;
     if let Some(grpc) = grpc {
@@ -165,6 +171,7 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
         ServiceName::AuditLineage,
         ServiceName::PolicyFirewall,
         ServiceName::McpGateway,
+        ServiceName::PromptsEval,
     ]
     .iter()
     .any(|service| hosted.contains(service));
@@ -274,6 +281,14 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
         }
         _ => None,
     };
+    let prompts = match (&database, hosted.contains(&ServiceName::PromptsEval)) {
+        (Some(database), true) => Some(PromptsEvalClient::local(PromptsEvalServiceImpl::new(database.clone()))),
+        // As for mcp-gateway: `/v1/prompts/*` answers 503 until BR_PROMPTS_EVAL_URL is set.
+        _ if hosts_edge && settings.service_urls.contains_key(&ServiceName::PromptsEval) => {
+            Some(PromptsEvalClient::grpc(remote(&settings, ServiceName::PromptsEval)?))
+        }
+        _ => None,
+    };
     let mut tasks = tokio::task::JoinSet::new();
     let mut routes = tonic::service::RoutesBuilder::default();
     if let (true, Some(identity)) = (hosted.contains(&ServiceName::Identity), &identity) {
@@ -293,6 +308,9 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
     }
     if let (true, Some(mcp)) = (hosted.contains(&ServiceName::McpGateway), &mcp) {
         routes.add_service(mcp.as_grpc_service());
+    }
+    if let (true, Some(prompts)) = (hosted.contains(&ServiceName::PromptsEval), &prompts) {
+        routes.add_service(prompts.as_grpc_service());
     }
     if hosted.iter().any(|service| *service != ServiceName::EdgeRouter) {
         tracing::info!(address = %settings.grpc_listen, services = ?hosted, "serving gRPC");
@@ -315,6 +333,7 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
                 guardian: guardian.clone(),
                 policy,
                 mcp,
+                prompts,
             };
             let broadcast = select_broadcast_bus(settings.kafka_brokers.as_deref(), &bus)?;
             let (settings, stop) = (settings.clone(), shutdown.clone());

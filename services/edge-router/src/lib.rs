@@ -34,6 +34,7 @@ use brainstorm_proto::catalog::CatalogClient;
 use brainstorm_proto::identity::IdentityClient;
 use brainstorm_proto::mcp::McpGatewayClient;
 use brainstorm_proto::policy::PolicyFirewallClient;
+use brainstorm_proto::prompts::PromptsEvalClient;
 use brainstorm_providers::catalog::ModelCatalog;
 use brainstorm_providers::upstream::UpstreamClient;
 
@@ -73,6 +74,8 @@ pub struct EdgeDependencies {
     pub guardian: Arc<Guardian>,
     /// The MCP gateway; None answers `/v1/mcp/*` with 503 (the edge needs no MCP to route completions).
     pub mcp: Option<McpGatewayClient>,
+    /// Prompts and evaluations; None answers `/v1/prompts/*` with 503.
+    pub prompts: Option<PromptsEvalClient>,
 }
 
 /// Everything a handler can reach: one shared allocation, so the per-request clones axum makes of
@@ -108,6 +111,8 @@ pub struct EdgeShared {
     guardian: Arc<Guardian>,
     /// None when the edge runs without the mcp-gateway service (`/v1/mcp/*` then answers 503).
     mcp: Option<McpGatewayClient>,
+    /// None when the edge runs without the prompts-eval service (`/v1/prompts/*` then answers 503).
+    prompts: Option<PromptsEvalClient>,
 }
 
 /// The edge: its router, and the caches the bus keeps fresh.
@@ -140,6 +145,7 @@ impl Edge {
             policy: dependencies.policy,
             guardian: dependencies.guardian.clone(),
             mcp: dependencies.mcp,
+            prompts: dependencies.prompts,
         };
         let state = EdgeState { shared: Arc::new(shared) };
         Edge { router: router(state, options.trace_requests), authenticator, routing, guardian: dependencies.guardian }
@@ -160,7 +166,7 @@ impl Edge {
 
 fn router(state: EdgeState, trace_requests: bool) -> Router {
     use routes::{
-        admin, agent_limits, agent_self, agents, budget, completions, governance, guardian, identity, mcp, mcp_connect, providers,
+        admin, agent_limits, agent_self, agents, budget, completions, governance, guardian, identity, mcp, mcp_connect, prompts, providers,
     };
     let routes = Router::new()
         .route("/health", get(routes::health))
@@ -259,6 +265,14 @@ fn router(state: EdgeState, trace_requests: bool) -> Router {
         .route("/v1/mcp/approvals/{id}/approve", post(mcp::approve))
         .route("/v1/mcp/approvals/{id}/deny", post(mcp::deny))
         .route("/v1/mcp/connect", get(mcp_connect::describe).post(mcp_connect::connect).delete(mcp_connect::end_session))
+        .route("/v1/prompts", post(prompts::create).get(prompts::list))
+        .route("/v1/prompts/{id}", get(prompts::get).put(prompts::update).delete(prompts::archive))
+        .route("/v1/prompts/{id}/promote", post(prompts::promote))
+        .route("/v1/prompts/{id}/test", post(prompts::test))
+        .route("/v1/prompts/{id}/ab", post(prompts::set_ab).get(prompts::get_ab))
+        .route("/v1/prompts/{id}/evaluate", post(prompts::evaluate))
+        .route("/v1/prompts/{id}/evaluate/results", get(prompts::results))
+        .route("/v1/prompts/{id}/evaluate/results/{run_id}/export", get(prompts::export))
         .route("/v1/chat/completions", post(completions::chat_completions))
         .route("/v1/messages", post(completions::messages))
         .route("/v1/messages/count_tokens", post(completions::count_tokens))

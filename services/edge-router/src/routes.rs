@@ -11,6 +11,7 @@ pub mod guardian;
 pub mod identity;
 pub mod mcp;
 pub mod mcp_connect;
+pub mod prompts;
 pub mod providers;
 
 use axum::Json;
