@@ -43,7 +43,7 @@ PRODUCTION_VALUES = HERE / "values-production.yaml"
 
 RELEASE = "brainstorm"
 NAMESPACE = "brainstorm"
-SERVICES_TODAY = {"identity", "catalog-health-sentinel", "budget-ledger", "audit-lineage", "policy-firewall", "mcp-gateway", "edge-router"}
+SERVICES_TODAY = {"identity", "catalog-health-sentinel", "budget-ledger", "audit-lineage", "policy-firewall", "mcp-gateway", "prompts-eval", "edge-router"}
 GRPC_TODAY = SERVICES_TODAY - {"edge-router"}
 GRPC_PORT = 50051
 HTTP_PORT = 8080
@@ -375,6 +375,7 @@ def check_default_render(rendered: Render, app_version: str) -> None:
     ref = secret_ref(mcp, "BR_MASTER_KEY")
     expect(ref is not None and ref.get("key") == "master-key", f"mcp-gateway BR_MASTER_KEY (sealed MCP credentials) comes from {ref}")
     edge = container(rendered.one("Deployment", fullname("edge-router")))
+    expect(env_value(edge, "BR_PROMPTS_EVAL_URL") == f"http://{fullname('prompts-eval')}:{GRPC_PORT}", f"edge-router BR_PROMPTS_EVAL_URL is {env_value(edge, 'BR_PROMPTS_EVAL_URL')}")
     expect(env_value(edge, "BR_MCP_GATEWAY_URL") == f"http://{fullname('mcp-gateway')}:{GRPC_PORT}", f"edge-router BR_MCP_GATEWAY_URL is {env_value(edge, 'BR_MCP_GATEWAY_URL')}")
     expect(env_value(edge, "BR_IDENTITY_URL") == f"http://{fullname('identity')}:{GRPC_PORT}", f"edge-router BR_IDENTITY_URL is {env_value(edge, 'BR_IDENTITY_URL')}")
     expect(secret_ref(edge, "BR_DATABASE_URL") is None, "edge-router must not receive the database URL")
