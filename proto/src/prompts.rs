@@ -42,5 +42,21 @@ crate::grpc::service_contract! {
         fn list_evaluations(PromptRef) -> EvaluationRunList;
         /// One run with its cases.
         fn get_evaluation(EvaluationRef) -> EvaluationRun;
+        /// Creates an evaluation dataset.
+        fn create_dataset(CreateDatasetRequest) -> Dataset;
+        /// The tenant's datasets.
+        fn list_datasets(TenantRef) -> DatasetList;
+        /// One dataset.
+        fn get_dataset(DatasetRef) -> Dataset;
+        /// Renames or re-describes a dataset.
+        fn update_dataset(UpdateDatasetRequest) -> Dataset;
+        /// Deletes a dataset and its items.
+        fn delete_dataset(DatasetRef) -> Dataset;
+        /// Appends items.
+        fn add_items(AddItemsRequest) -> ItemList;
+        /// A dataset's items, in order.
+        fn list_items(DatasetRef) -> ItemList;
+        /// Deletes one item.
+        fn delete_item(ItemRef) -> DatasetItem;
     }
 }

@@ -107,3 +107,63 @@ def test_evaluations_are_scored_stored_and_exported(gateway):
     assert rows[0] == ["input_vars", "expected", "actual", "score", "pass", "scorer"]
     assert rows[1] == ['{"country":"France"}', "What is the capital of France?", "What is the capital of France?", "1.0", "true", "exact_match"]
     call(gateway, "GET", f"/v1/prompts/{prompt_id}/evaluate/results/{judged['run_id']}/export", expect=404, key=key)
+
+
+def test_datasets_feed_evaluations_and_import_the_audit_trail(gateway):
+    import time
+
+    key = gateway["byok_key"]
+    name = f"capitals-{gateway['shape']}"
+    dataset = call(gateway, "POST", "/v1/eval/datasets", {"name": name, "description": "capital cities"}, expect=201, key=key)
+    call(gateway, "POST", "/v1/eval/datasets", {"name": name}, expect=409, key=key)
+    added = call(gateway, "POST", f"/v1/eval/datasets/{dataset['id']}/items", {"items": [
+        {"input": {"country": "France"}, "expected_output": "Name the capital of France."},
+        {"input": {"country": "Peru"}, "expected_output": "Lima", "metadata": {"difficulty": "hard"}},
+    ]}, expect=201, key=key)
+    assert added["count"] == 2
+    too_many = call(gateway, "POST", f"/v1/eval/datasets/{dataset['id']}/items", {"items": [{"input": {}}] * 101}, expect=400, key=key)
+    assert too_many["error"]["code"] == "invalid_items"
+    items = call(gateway, "GET", f"/v1/eval/datasets/{dataset['id']}/items", key=key)["items"]
+    assert [item["input"]["country"] for item in items] == ["France", "Peru"] and items[1]["metadata"] == {"difficulty": "hard"}
+
+    prompt_id = f"dataset-prompt-{gateway['shape']}"
+    call(gateway, "POST", "/v1/prompts", {"id": prompt_id, "template": "Name the capital of {{country}}."}, expect=201, key=key)
+    run = call(gateway, "POST", f"/v1/prompts/{prompt_id}/evaluate", {"dataset_id": dataset["id"]}, key=key)
+    assert (run["test_case_count"], run["pass_count"]) == (2, 1)
+
+    # A completion, then its record imported as an item (the audit trail is written asynchronously).
+    completion = urllib.request.Request(gateway["base_url"] + "/v1/chat/completions", method="POST",
+        data=json.dumps({"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "a question worth keeping"}]}).encode(),
+        headers={"authorization": f"Bearer {key}", "content-type": "application/json"})
+    with urllib.request.urlopen(completion) as response:
+        request_id = response.headers["x-br-request-id"]
+    deadline = time.time() + 10
+    while True:
+        request = urllib.request.Request(gateway["base_url"] + f"/v1/eval/datasets/{dataset['id']}/import-from-logs", method="POST",
+            data=json.dumps({"model": "openai/gpt-4o-mini", "limit": 100}).encode(),
+            headers={"authorization": f"Bearer {key}", "content-type": "application/json"})
+        with urllib.request.urlopen(request) as response:
+            imported = json.load(response)
+        sources = {item["source_request_id"] for item in call(gateway, "GET", f"/v1/eval/datasets/{dataset['id']}/items", key=key)["items"]}
+        if request_id in sources:
+            break
+        assert time.time() < deadline, imported
+        time.sleep(0.2)
+    item = next(item for item in call(gateway, "GET", f"/v1/eval/datasets/{dataset['id']}/items", key=key)["items"] if item["source_request_id"] == request_id)
+    assert item["input"]["request_id"] == request_id and item["input"]["input_tokens"] > 0 and item["metadata"]["source"] == "audit"
+    again = call(gateway, "POST", f"/v1/eval/datasets/{dataset['id']}/import-from-logs", {"model": "openai/gpt-4o-mini", "limit": 100}, key=key)
+    assert again["imported"] == 0 and again["skipped"] >= 1
+    none = call(gateway, "POST", f"/v1/eval/datasets/{dataset['id']}/import-from-logs", {"model": "no/such-model"}, key=key)
+    assert none == {"imported": 0, "skipped": 0, "items": []}
+
+    text, headers = call(gateway, "GET", f"/v1/eval/datasets/{dataset['id']}/export?format=csv", key=key, raw=True)
+    rows = list(csv.reader(io.StringIO(text)))
+    assert rows[0] == ["input", "expected_output", "metadata"] and rows[1] == ['{"country":"France"}', "Name the capital of France.", "{}"]
+    exported = call(gateway, "GET", f"/v1/eval/datasets/{dataset['id']}/export", key=key)
+    assert exported["dataset"]["name"] == name and len(exported["items"]) == len(rows) - 1
+
+    assert call(gateway, "DELETE", f"/v1/eval/datasets/{dataset['id']}/items/{items[0]['id']}", key=key)["deleted"] is True
+    call(gateway, "DELETE", f"/v1/eval/datasets/{dataset['id']}/items/{items[0]['id']}", expect=404, key=key)
+    deleted = call(gateway, "DELETE", f"/v1/eval/datasets/{dataset['id']}", key=key)
+    assert deleted["items_deleted"] == len(rows) - 2
+    call(gateway, "GET", f"/v1/eval/datasets/{dataset['id']}", expect=404, key=key)

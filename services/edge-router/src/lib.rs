@@ -166,7 +166,8 @@ impl Edge {
 
 fn router(state: EdgeState, trace_requests: bool) -> Router {
     use routes::{
-        admin, agent_limits, agent_self, agents, budget, completions, governance, guardian, identity, mcp, mcp_connect, prompts, providers,
+        admin, agent_limits, agent_self, agents, budget, completions, datasets, governance, guardian, identity, mcp, mcp_connect, prompts,
+        providers,
     };
     let routes = Router::new()
         .route("/health", get(routes::health))
@@ -273,6 +274,12 @@ fn router(state: EdgeState, trace_requests: bool) -> Router {
         .route("/v1/prompts/{id}/evaluate", post(prompts::evaluate))
         .route("/v1/prompts/{id}/evaluate/results", get(prompts::results))
         .route("/v1/prompts/{id}/evaluate/results/{run_id}/export", get(prompts::export))
+        .route("/v1/eval/datasets", post(datasets::create).get(datasets::list))
+        .route("/v1/eval/datasets/{id}", get(datasets::get).put(datasets::update).delete(datasets::delete))
+        .route("/v1/eval/datasets/{id}/items", post(datasets::add_items).get(datasets::items))
+        .route("/v1/eval/datasets/{id}/items/{item_id}", delete(datasets::delete_item))
+        .route("/v1/eval/datasets/{id}/import-from-logs", post(datasets::import_from_logs))
+        .route("/v1/eval/datasets/{id}/export", get(datasets::export))
         .route("/v1/chat/completions", post(completions::chat_completions))
         .route("/v1/messages", post(completions::messages))
         .route("/v1/messages/count_tokens", post(completions::count_tokens))

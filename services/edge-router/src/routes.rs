@@ -6,6 +6,7 @@ pub mod agent_self;
 pub mod agents;
 pub mod budget;
 pub mod completions;
+pub mod datasets;
 pub mod governance;
 pub mod guardian;
 pub mod identity;

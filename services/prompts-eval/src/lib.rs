@@ -8,4 +8,4 @@ mod service;
 mod store;
 pub mod template;
 
-pub use service::{MAX_CASES, PromptsEvalServiceImpl};
+pub use service::{MAX_CASES, MAX_ITEMS_PER_BATCH, PromptsEvalServiceImpl};

@@ -22,6 +22,12 @@ pub const MAX_CASES: usize = 50;
 const MAX_RUNS_LISTED: i64 = 20;
 /// How often a version is retried when another writer took the version number.
 const VERSION_RETRIES: usize = 5;
+/// Most items added in one call (the spec's limit).
+pub const MAX_ITEMS_PER_BATCH: usize = 100;
+/// Most items a dataset holds.
+pub const MAX_DATASET_ITEMS: u32 = 10_000;
+const MAX_NAME_CHARS: usize = 200;
+const MAX_DESCRIPTION_CHARS: usize = 2_000;
 
 /// The prompts-eval service.
 #[derive(Clone)]
@@ -67,6 +73,31 @@ impl PromptsEvalServiceImpl {
             variant.avg_score_micros = average;
         }
         Ok(test)
+    }
+}
+
+fn dataset_name(name: &str) -> ServiceResult<String> {
+    let name = name.trim();
+    if name.is_empty() || name.chars().count() > MAX_NAME_CHARS {
+        return Err(invalid("invalid_dataset", format!("name is required, at most {MAX_NAME_CHARS} characters")));
+    }
+    Ok(name.to_string())
+}
+
+fn dataset_description(description: &str) -> ServiceResult<String> {
+    if description.chars().count() > MAX_DESCRIPTION_CHARS {
+        return Err(invalid("invalid_dataset", format!("description holds at most {MAX_DESCRIPTION_CHARS} characters")));
+    }
+    Ok(description.to_string())
+}
+
+impl PromptsEvalServiceImpl {
+    async fn existing_dataset(&self, tenant_id: &str, dataset_id: &str) -> ServiceResult<Dataset> {
+        self.store
+            .dataset(tenant_id, dataset_id)
+            .await
+            .map_err(store_failure)?
+            .ok_or_else(|| ServiceError::not_found("dataset_not_found", format!("no dataset `{dataset_id}`: see GET /v1/eval/datasets")))
     }
 }
 
@@ -409,6 +440,98 @@ impl PromptsEvalService for PromptsEvalServiceImpl {
                 "evaluation_not_found",
                 format!("prompt `{}` has no evaluation run `{}`", request.prompt_id, request.run_id),
             )
+        })
+    }
+
+    async fn create_dataset(&self, request: CreateDatasetRequest) -> ServiceResult<Dataset> {
+        let now = now_timestamp();
+        let dataset = Dataset {
+            id: uuid::Uuid::new_v4().to_string(),
+            tenant_id: request.tenant_id,
+            name: dataset_name(&request.name)?,
+            description: dataset_description(&request.description)?,
+            item_count: 0,
+            created_at: now.clone(),
+            updated_at: now,
+        };
+        match self.store.insert_dataset(&dataset).await {
+            Ok(()) => Ok(dataset),
+            Err(error) if is_unique_violation(&error) => {
+                Err(ServiceError::conflict("dataset_exists", format!("a dataset named `{}` exists", dataset.name)))
+            }
+            Err(error) => Err(store_failure(error)),
+        }
+    }
+
+    async fn list_datasets(&self, request: TenantRef) -> ServiceResult<DatasetList> {
+        Ok(DatasetList { datasets: self.store.datasets(&request.tenant_id).await.map_err(store_failure)? })
+    }
+
+    async fn get_dataset(&self, request: DatasetRef) -> ServiceResult<Dataset> {
+        self.existing_dataset(&request.tenant_id, &request.dataset_id).await
+    }
+
+    async fn update_dataset(&self, request: UpdateDatasetRequest) -> ServiceResult<Dataset> {
+        let mut dataset = self.existing_dataset(&request.tenant_id, &request.dataset_id).await?;
+        if let Some(name) = &request.name {
+            dataset.name = dataset_name(name)?;
+        }
+        if let Some(description) = &request.description {
+            dataset.description = dataset_description(description)?;
+        }
+        dataset.updated_at = now_timestamp();
+        match self.store.update_dataset(&dataset).await {
+            Ok(()) => Ok(dataset),
+            Err(error) if is_unique_violation(&error) => {
+                Err(ServiceError::conflict("dataset_exists", format!("a dataset named `{}` exists", dataset.name)))
+            }
+            Err(error) => Err(store_failure(error)),
+        }
+    }
+
+    async fn delete_dataset(&self, request: DatasetRef) -> ServiceResult<Dataset> {
+        let dataset = self.existing_dataset(&request.tenant_id, &request.dataset_id).await?;
+        self.store.delete_dataset(&request.tenant_id, &request.dataset_id).await.map_err(store_failure)?;
+        Ok(dataset)
+    }
+
+    async fn add_items(&self, request: AddItemsRequest) -> ServiceResult<ItemList> {
+        self.existing_dataset(&request.tenant_id, &request.dataset_id).await?;
+        if request.items.is_empty() || request.items.len() > MAX_ITEMS_PER_BATCH {
+            return Err(invalid("invalid_items", format!("items must hold 1 to {MAX_ITEMS_PER_BATCH} items")));
+        }
+        let now = now_timestamp();
+        let mut items = Vec::with_capacity(request.items.len());
+        for (index, item) in request.items.into_iter().enumerate() {
+            let input = object(&item.input_json, "input")
+                .map_err(|_| invalid("invalid_items", format!("items[{index}].input must be an object")))?;
+            let metadata = object(&item.metadata_json, "metadata")
+                .map_err(|_| invalid("invalid_items", format!("items[{index}].metadata must be an object")))?;
+            items.push(DatasetItem {
+                id: uuid::Uuid::now_v7().to_string(),
+                dataset_id: request.dataset_id.clone(),
+                input_json: Value::Object(input).to_string(),
+                expected_output: item.expected_output,
+                metadata_json: Value::Object(metadata).to_string(),
+                source_request_id: item.source_request_id,
+                created_at: now.clone(),
+            });
+        }
+        match self.store.add_items(&request.tenant_id, &request.dataset_id, &items, MAX_DATASET_ITEMS).await.map_err(store_failure)? {
+            Some((items, skipped)) => Ok(ItemList { items, skipped }),
+            None => Err(ServiceError::conflict("dataset_full", format!("a dataset holds at most {MAX_DATASET_ITEMS} items"))),
+        }
+    }
+
+    async fn list_items(&self, request: DatasetRef) -> ServiceResult<ItemList> {
+        self.existing_dataset(&request.tenant_id, &request.dataset_id).await?;
+        Ok(ItemList { items: self.store.items(&request.tenant_id, &request.dataset_id).await.map_err(store_failure)?, skipped: 0 })
+    }
+
+    async fn delete_item(&self, request: ItemRef) -> ServiceResult<DatasetItem> {
+        self.existing_dataset(&request.tenant_id, &request.dataset_id).await?;
+        self.store.delete_item(&request.tenant_id, &request.dataset_id, &request.item_id).await.map_err(store_failure)?.ok_or_else(|| {
+            ServiceError::not_found("item_not_found", format!("dataset `{}` has no item `{}`", request.dataset_id, request.item_id))
         })
     }
 }

@@ -1,7 +1,7 @@
 //! The prompts-eval tables, on SQLite or PostgreSQL.
 
 use brainstorm_common::store::Database;
-use brainstorm_proto::prompts::{AbTest, AbVariant, CaseResult, EvaluationRun, Prompt, PromptVersion};
+use brainstorm_proto::prompts::{AbTest, AbVariant, CaseResult, Dataset, DatasetItem, EvaluationRun, Prompt, PromptVersion};
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
@@ -346,6 +346,176 @@ impl PromptsStore {
             });
         }
         Ok(Some(run))
+    }
+}
+
+const DATASET_COLUMNS: &str = "id, tenant_id, name, description, created_at, updated_at";
+const ITEM_COLUMNS: &str = "id, dataset_id, input, expected_output, metadata, source_request_id, created_at";
+
+fn dataset_from_row(row: &AnyRow) -> StoreResult<Dataset> {
+    Ok(Dataset {
+        id: row.try_get("id")?,
+        tenant_id: row.try_get("tenant_id")?,
+        name: row.try_get("name")?,
+        description: row.try_get("description")?,
+        item_count: number(row, "item_count")?,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+    })
+}
+
+fn item_from_row(row: &AnyRow) -> StoreResult<DatasetItem> {
+    Ok(DatasetItem {
+        id: row.try_get("id")?,
+        dataset_id: row.try_get("dataset_id")?,
+        input_json: row.try_get("input")?,
+        expected_output: row.try_get("expected_output")?,
+        metadata_json: row.try_get("metadata")?,
+        source_request_id: row.try_get("source_request_id")?,
+        created_at: row.try_get("created_at")?,
+    })
+}
+
+impl PromptsStore {
+    /// Inserts a dataset (a unique violation when the tenant has one of that name).
+    pub async fn insert_dataset(&self, dataset: &Dataset) -> StoreResult<()> {
+        sqlx::query(&format!("INSERT INTO eval_datasets ({DATASET_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6)"))
+            .bind(&dataset.id)
+            .bind(&dataset.tenant_id)
+            .bind(&dataset.name)
+            .bind(&dataset.description)
+            .bind(&dataset.created_at)
+            .bind(&dataset.updated_at)
+            .execute(self.database.pool())
+            .await
+            .map(drop)
+    }
+
+    pub async fn datasets(&self, tenant_id: &str) -> StoreResult<Vec<Dataset>> {
+        let rows = sqlx::query(&format!(
+            "SELECT {DATASET_COLUMNS}, (SELECT COUNT(*) FROM eval_dataset_items i WHERE i.dataset_id = d.id) AS item_count \
+             FROM eval_datasets d WHERE tenant_id = $1 ORDER BY created_at, id"
+        ))
+        .bind(tenant_id)
+        .fetch_all(self.database.pool())
+        .await?;
+        rows.iter().map(dataset_from_row).collect()
+    }
+
+    pub async fn dataset(&self, tenant_id: &str, dataset_id: &str) -> StoreResult<Option<Dataset>> {
+        let row = sqlx::query(&format!(
+            "SELECT {DATASET_COLUMNS}, (SELECT COUNT(*) FROM eval_dataset_items i WHERE i.dataset_id = d.id) AS item_count \
+             FROM eval_datasets d WHERE tenant_id = $1 AND id = $2"
+        ))
+        .bind(tenant_id)
+        .bind(dataset_id)
+        .fetch_optional(self.database.pool())
+        .await?;
+        row.as_ref().map(dataset_from_row).transpose()
+    }
+
+    pub async fn update_dataset(&self, dataset: &Dataset) -> StoreResult<()> {
+        sqlx::query("UPDATE eval_datasets SET name = $1, description = $2, updated_at = $3 WHERE tenant_id = $4 AND id = $5")
+            .bind(&dataset.name)
+            .bind(&dataset.description)
+            .bind(&dataset.updated_at)
+            .bind(&dataset.tenant_id)
+            .bind(&dataset.id)
+            .execute(self.database.pool())
+            .await
+            .map(drop)
+    }
+
+    pub async fn delete_dataset(&self, tenant_id: &str, dataset_id: &str) -> StoreResult<()> {
+        let mut transaction = self.database.pool().begin().await?;
+        sqlx::query("DELETE FROM eval_dataset_items WHERE tenant_id = $1 AND dataset_id = $2")
+            .bind(tenant_id)
+            .bind(dataset_id)
+            .execute(&mut *transaction)
+            .await?;
+        sqlx::query("DELETE FROM eval_datasets WHERE tenant_id = $1 AND id = $2")
+            .bind(tenant_id)
+            .bind(dataset_id)
+            .execute(&mut *transaction)
+            .await?;
+        transaction.commit().await
+    }
+
+    /// Appends items in one transaction, skipping those whose source request the dataset already
+    /// holds; returns the items added and how many were skipped. Refused (false) when the dataset
+    /// would then hold more than `max_items`.
+    pub async fn add_items(
+        &self,
+        tenant_id: &str,
+        dataset_id: &str,
+        items: &[DatasetItem],
+        max_items: u32,
+    ) -> StoreResult<Option<(Vec<DatasetItem>, u32)>> {
+        let mut transaction = self.database.pool().begin().await?;
+        let held: i64 = sqlx::query("SELECT COUNT(*) AS held FROM eval_dataset_items WHERE dataset_id = $1")
+            .bind(dataset_id)
+            .fetch_one(&mut *transaction)
+            .await?
+            .try_get("held")?;
+        let mut added = Vec::new();
+        let mut skipped = 0;
+        for item in items {
+            if !item.source_request_id.is_empty() {
+                let present = sqlx::query("SELECT id FROM eval_dataset_items WHERE dataset_id = $1 AND source_request_id = $2")
+                    .bind(dataset_id)
+                    .bind(&item.source_request_id)
+                    .fetch_optional(&mut *transaction)
+                    .await?;
+                if present.is_some() || added.iter().any(|other: &DatasetItem| other.source_request_id == item.source_request_id) {
+                    skipped += 1;
+                    continue;
+                }
+            }
+            sqlx::query(&format!("INSERT INTO eval_dataset_items (tenant_id, {ITEM_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"))
+                .bind(tenant_id)
+                .bind(&item.id)
+                .bind(dataset_id)
+                .bind(&item.input_json)
+                .bind(&item.expected_output)
+                .bind(&item.metadata_json)
+                .bind(&item.source_request_id)
+                .bind(&item.created_at)
+                .execute(&mut *transaction)
+                .await?;
+            added.push(item.clone());
+        }
+        if held + i64::try_from(added.len()).unwrap_or(i64::MAX) > i64::from(max_items) {
+            return Ok(None);
+        }
+        transaction.commit().await?;
+        Ok(Some((added, skipped)))
+    }
+
+    pub async fn items(&self, tenant_id: &str, dataset_id: &str) -> StoreResult<Vec<DatasetItem>> {
+        let rows = sqlx::query(&format!(
+            "SELECT {ITEM_COLUMNS} FROM eval_dataset_items WHERE tenant_id = $1 AND dataset_id = $2 ORDER BY created_at, id"
+        ))
+        .bind(tenant_id)
+        .bind(dataset_id)
+        .fetch_all(self.database.pool())
+        .await?;
+        rows.iter().map(item_from_row).collect()
+    }
+
+    /// Deletes one item; None when the dataset has no such item.
+    pub async fn delete_item(&self, tenant_id: &str, dataset_id: &str, item_id: &str) -> StoreResult<Option<DatasetItem>> {
+        let mut transaction = self.database.pool().begin().await?;
+        let row =
+            sqlx::query(&format!("SELECT {ITEM_COLUMNS} FROM eval_dataset_items WHERE tenant_id = $1 AND dataset_id = $2 AND id = $3"))
+                .bind(tenant_id)
+                .bind(dataset_id)
+                .bind(item_id)
+                .fetch_optional(&mut *transaction)
+                .await?;
+        let Some(item) = row.as_ref().map(item_from_row).transpose()? else { return Ok(None) };
+        sqlx::query("DELETE FROM eval_dataset_items WHERE id = $1").bind(item_id).execute(&mut *transaction).await?;
+        transaction.commit().await?;
+        Ok(Some(item))
     }
 }
 

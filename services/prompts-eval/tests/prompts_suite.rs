@@ -177,4 +177,49 @@ async fn evaluations_are_scored_and_kept(database: Database) -> TestResult {
     Ok(())
 }
 
-on_both_engines!(versions_environments_and_archiving, ab_tests_split_renders_and_report, evaluations_are_scored_and_kept);
+async fn datasets_hold_items_in_order_and_import_once(database: Database) -> TestResult {
+    let service = PromptsEvalServiceImpl::new(database);
+    let create = |name: &str| CreateDatasetRequest { tenant_id: "t1".into(), name: name.into(), description: "d".into() };
+    let dataset = service.create_dataset(create("golden")).await?;
+    assert_eq!(service.create_dataset(create(" golden ")).await.err().map(|error| error.reason), Some("dataset_exists".into()));
+    service.create_dataset(CreateDatasetRequest { tenant_id: "t2".into(), ..create("golden") }).await?;
+    let item =
+        |input: &str, source: &str| DatasetItem { input_json: input.into(), source_request_id: source.into(), ..DatasetItem::default() };
+    let add = |items: Vec<DatasetItem>| AddItemsRequest { tenant_id: "t1".into(), dataset_id: dataset.id.clone(), items };
+    let added = service.add_items(add(vec![item(r#"{"n": 1}"#, ""), item(r#"{"n": 2}"#, "req_a"), item(r#"{"n": 3}"#, "req_a")])).await?;
+    assert_eq!((added.items.len(), added.skipped), (2, 1), "one source request imported once, even within a call");
+    let again = service.add_items(add(vec![item(r#"{"n": 4}"#, "req_a"), item(r#"{"n": 5}"#, "req_b")])).await?;
+    assert_eq!((again.items.len(), again.skipped), (1, 1));
+    assert_eq!(service.add_items(add(vec![item("[1]", "")])).await.err().map(|error| error.reason), Some("invalid_items".into()));
+    assert_eq!(service.add_items(add(vec![item("{}", ""); 101])).await.err().map(|error| error.reason), Some("invalid_items".into()));
+    let reference = DatasetRef { tenant_id: "t1".into(), dataset_id: dataset.id.clone() };
+    let items = service.list_items(reference.clone()).await?.items;
+    assert_eq!(items.iter().map(|item| item.input_json.as_str()).collect::<Vec<_>>(), [r#"{"n":1}"#, r#"{"n":2}"#, r#"{"n":5}"#]);
+    assert_eq!(service.get_dataset(reference.clone()).await?.item_count, 3);
+    let other_tenant = DatasetRef { tenant_id: "t2".into(), dataset_id: dataset.id.clone() };
+    assert_eq!(service.list_items(other_tenant).await.err().map(|error| error.kind), Some(ErrorKind::NotFound));
+    let renamed = service
+        .update_dataset(UpdateDatasetRequest {
+            tenant_id: "t1".into(),
+            dataset_id: dataset.id.clone(),
+            name: Some("silver".into()),
+            description: None,
+        })
+        .await?;
+    assert_eq!((renamed.name.as_str(), renamed.description.as_str()), ("silver", "d"));
+    service.delete_item(ItemRef { tenant_id: "t1".into(), dataset_id: dataset.id.clone(), item_id: items[0].id.clone() }).await?;
+    let missing =
+        service.delete_item(ItemRef { tenant_id: "t1".into(), dataset_id: dataset.id.clone(), item_id: items[0].id.clone() }).await;
+    assert_eq!(missing.err().map(|error| error.reason), Some("item_not_found".into()));
+    assert_eq!(service.delete_dataset(reference.clone()).await?.item_count, 2);
+    assert_eq!(service.get_dataset(reference).await.err().map(|error| error.kind), Some(ErrorKind::NotFound));
+    assert_eq!(service.list_datasets(TenantRef { tenant_id: "t2".into() }).await?.datasets.len(), 1);
+    Ok(())
+}
+
+on_both_engines!(
+    versions_environments_and_archiving,
+    ab_tests_split_renders_and_report,
+    evaluations_are_scored_and_kept,
+    datasets_hold_items_in_order_and_import_once,
+);

@@ -30,7 +30,7 @@ use brainstorm_prompts_eval::MAX_CASES;
 const FULL: f64 = 1_000_000.0;
 
 /// The prompts-eval client, or 503 when this edge was started without one.
-fn client(state: &EdgeState) -> Result<&PromptsEvalClient, ApiError> {
+pub(crate) fn client(state: &EdgeState) -> Result<&PromptsEvalClient, ApiError> {
     state.prompts.as_ref().ok_or_else(|| {
         ApiError::unavailable(
             "prompts_eval_unavailable",
@@ -317,6 +317,7 @@ pub struct EvaluateBody {
     scorer: Option<String>,
     store: Option<bool>,
     judge_model: Option<String>,
+    dataset_id: Option<String>,
 }
 
 fn cases(test_cases: Vec<Value>) -> Result<Vec<EvaluationCase>, ApiError> {
@@ -420,9 +421,27 @@ pub async fn evaluate(
 ) -> Answer {
     caller.require("router.write")?;
     let tenant_id = caller.tenant_id()?.to_string();
-    let cases = cases(body.test_cases.ok_or_else(|| ApiError::invalid_request("missing_field", "test_cases is required"))?)?;
-    let model = body.model.filter(|model| !model.trim().is_empty());
     let prompts = client(&state)?;
+    let cases = match (body.test_cases, body.dataset_id) {
+        (Some(test_cases), None) => cases(test_cases)?,
+        // A dataset's items, in order, as the cases (an item without an expected output has none).
+        (None, Some(dataset_id)) => {
+            let items = prompts.list_items(DatasetRef { tenant_id: tenant_id.clone(), dataset_id }).await?.items;
+            let cases_of_items = items
+                .iter()
+                .map(|item| {
+                    let mut case = json!({"input": json_text(&item.input_json)});
+                    if !item.expected_output.is_empty() {
+                        case["expected_output"] = json!(item.expected_output);
+                    }
+                    case
+                })
+                .collect();
+            cases(cases_of_items)?
+        }
+        _ => return Err(ApiError::invalid_request("missing_field", "give test_cases or dataset_id (one of them)")),
+    };
+    let model = body.model.filter(|model| !model.trim().is_empty());
     let prepared = prompts
         .prepare_evaluation(PrepareEvaluationRequest {
             tenant_id: tenant_id.clone(),
@@ -486,7 +505,7 @@ pub struct ExportQuery {
 
 /// A CSV field: quoted when it holds a comma, quote or line break (quotes doubled); a field that
 /// a spreadsheet would read as a formula is prefixed with `'`.
-fn csv_field(text: &str) -> String {
+pub(crate) fn csv_field(text: &str) -> String {
     let text = if text.starts_with(['=', '+', '-', '@']) { format!("'{text}") } else { text.to_string() };
     if text.contains([',', '"', '\n', '\r']) { format!("\"{}\"", text.replace('"', "\"\"")) } else { text }
 }
