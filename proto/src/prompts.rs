@@ -58,5 +58,19 @@ crate::grpc::service_contract! {
         fn list_items(DatasetRef) -> ItemList;
         /// Deletes one item.
         fn delete_item(ItemRef) -> DatasetItem;
+        /// Appends a memory fact, evicting to archival when the block is full.
+        fn add_memory(AddMemoryRequest) -> AddMemoryResponse;
+        /// Replaces, pins or unpins a memory fact.
+        fn update_memory(UpdateMemoryRequest) -> MemoryEntry;
+        /// Deletes a memory fact.
+        fn delete_memory(MemoryEntryRef) -> MemoryEntry;
+        /// Memory entries and block summaries.
+        fn list_memory(MemoryQuery) -> MemoryView;
+        /// The memory audit trail, newest first.
+        fn memory_audit(MemoryAuditQuery) -> MemoryAuditList;
+        /// Memory operation counts.
+        fn memory_stats(MemoryStatsRequest) -> MemoryStats;
+        /// Core memory entries that look personal or secret.
+        fn memory_compliance(MemoryKey) -> ComplianceReport;
     }
 }

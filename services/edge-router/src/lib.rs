@@ -166,8 +166,8 @@ impl Edge {
 
 fn router(state: EdgeState, trace_requests: bool) -> Router {
     use routes::{
-        admin, agent_limits, agent_self, agents, budget, completions, datasets, governance, guardian, identity, mcp, mcp_connect, prompts,
-        providers,
+        admin, agent_limits, agent_self, agents, budget, completions, datasets, governance, guardian, identity, mcp, mcp_connect, memory,
+        prompts, providers,
     };
     let routes = Router::new()
         .route("/health", get(routes::health))
@@ -280,6 +280,15 @@ fn router(state: EdgeState, trace_requests: bool) -> Router {
         .route("/v1/eval/datasets/{id}/items/{item_id}", delete(datasets::delete_item))
         .route("/v1/eval/datasets/{id}/import-from-logs", post(datasets::import_from_logs))
         .route("/v1/eval/datasets/{id}/export", get(datasets::export))
+        .route("/v1/memory/blocks", get(memory::blocks))
+        .route("/v1/memory/blocks/{block}", get(memory::block))
+        .route("/v1/memory/entries", get(memory::entries).post(memory::add))
+        .route("/v1/memory/entries/{id}", put(memory::update).delete(memory::delete))
+        .route("/v1/memory/init", post(memory::init))
+        .route("/v1/governance/memory/audit", get(memory::audit))
+        .route("/v1/governance/memory/stats", get(memory::stats))
+        .route("/v1/governance/memory/compliance", get(memory::compliance))
+        .route("/v1/governance/summary", get(memory::summary))
         .route("/v1/chat/completions", post(completions::chat_completions))
         .route("/v1/messages", post(completions::messages))
         .route("/v1/messages/count_tokens", post(completions::count_tokens))

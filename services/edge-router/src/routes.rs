@@ -12,6 +12,7 @@ pub mod guardian;
 pub mod identity;
 pub mod mcp;
 pub mod mcp_connect;
+pub mod memory;
 pub mod prompts;
 pub mod providers;
 

@@ -8,6 +8,7 @@ use brainstorm_proto::{ServiceError, ServiceResult};
 use rand::Rng;
 use serde_json::{Map, Value};
 
+use crate::memory::Memory;
 use crate::scoring::{self, FULL, SCORERS};
 use crate::store::PromptsStore;
 use crate::template;
@@ -33,12 +34,13 @@ const MAX_DESCRIPTION_CHARS: usize = 2_000;
 #[derive(Clone)]
 pub struct PromptsEvalServiceImpl {
     store: PromptsStore,
+    memory: Memory,
 }
 
 impl PromptsEvalServiceImpl {
     /// The service over a migrated database.
     pub fn new(database: Database) -> PromptsEvalServiceImpl {
-        PromptsEvalServiceImpl { store: PromptsStore::new(database) }
+        PromptsEvalServiceImpl { store: PromptsStore::new(database.clone()), memory: Memory::new(database) }
     }
 
     async fn existing(&self, tenant_id: &str, prompt_id: &str) -> ServiceResult<Prompt> {
@@ -533,5 +535,32 @@ impl PromptsEvalService for PromptsEvalServiceImpl {
         self.store.delete_item(&request.tenant_id, &request.dataset_id, &request.item_id).await.map_err(store_failure)?.ok_or_else(|| {
             ServiceError::not_found("item_not_found", format!("dataset `{}` has no item `{}`", request.dataset_id, request.item_id))
         })
+    }
+    async fn add_memory(&self, request: AddMemoryRequest) -> ServiceResult<AddMemoryResponse> {
+        self.memory.add(request).await
+    }
+
+    async fn update_memory(&self, request: UpdateMemoryRequest) -> ServiceResult<MemoryEntry> {
+        self.memory.update(request).await
+    }
+
+    async fn delete_memory(&self, request: MemoryEntryRef) -> ServiceResult<MemoryEntry> {
+        self.memory.delete(request).await
+    }
+
+    async fn list_memory(&self, request: MemoryQuery) -> ServiceResult<MemoryView> {
+        self.memory.list(request).await
+    }
+
+    async fn memory_audit(&self, request: MemoryAuditQuery) -> ServiceResult<MemoryAuditList> {
+        self.memory.audit_trail(request).await
+    }
+
+    async fn memory_stats(&self, request: MemoryStatsRequest) -> ServiceResult<MemoryStats> {
+        self.memory.stats(request).await
+    }
+
+    async fn memory_compliance(&self, request: MemoryKey) -> ServiceResult<ComplianceReport> {
+        self.memory.compliance(request).await
     }
 }

@@ -217,7 +217,75 @@ async fn datasets_hold_items_in_order_and_import_once(database: Database) -> Tes
     Ok(())
 }
 
+async fn memory_evicts_protects_pins_and_audits(database: Database) -> TestResult {
+    let service = PromptsEvalServiceImpl::new(database);
+    let key = |memory_key: &str| Some(MemoryKey { tenant_id: "t1".into(), memory_key: memory_key.into() });
+    let add = |fact: String, block: &str, pinned: bool| AddMemoryRequest {
+        key: key(""),
+        fact,
+        block: block.into(),
+        pinned,
+        actor: "key-1".into(),
+        reason: String::new(),
+    };
+    let pinned = service.add_memory(add("keep me".into(), "project", true)).await?;
+    let mut first = None;
+    for number in 0..49 {
+        let added = service.add_memory(add(format!("fact {number}"), "project", false)).await?;
+        first.get_or_insert(added.entry);
+    }
+    let overflow = service.add_memory(add("fact 49".into(), "project", false)).await?;
+    assert_eq!(overflow.evicted.len(), 1);
+    assert_eq!(Some(&overflow.evicted[0].id), first.as_ref().and_then(|entry| entry.as_ref()).map(|entry| &entry.id));
+    let view = service.list_memory(MemoryQuery { key: key(""), block: "project".into(), include_archival: false }).await?;
+    assert_eq!((view.entries.len(), view.total_core_entries, view.total_archival_entries), (50, 50, 1));
+    assert!(view.entries.iter().any(|entry| Some(&entry.id) == pinned.entry.as_ref().map(|entry| &entry.id)));
+    assert_eq!(service.add_memory(add(" ".into(), "project", false)).await.err().map(|error| error.reason), Some("invalid_fact".into()));
+    // Another key of the tenant is another memory; the tenant id is the default key.
+    assert_eq!(service.list_memory(MemoryQuery { key: key("agent-7"), ..MemoryQuery::default() }).await?.total_core_entries, 0);
+    assert_eq!(service.list_memory(MemoryQuery { key: key("t1"), ..MemoryQuery::default() }).await?.total_core_entries, 50);
+
+    for number in 0..50 {
+        service.add_memory(add(format!("rule {number}"), "system", true)).await?;
+    }
+    let full = service.add_memory(add("one more".into(), "system", false)).await;
+    assert_eq!(full.err().map(|error| error.reason), Some("memory_block_full".into()));
+
+    let id = overflow.entry.as_ref().map(|entry| entry.id.clone()).unwrap_or_default();
+    let update = UpdateMemoryRequest {
+        key: key(""),
+        id: id.clone(),
+        fact: Some("fact 49, corrected".into()),
+        pinned: Some(true),
+        actor: "key-2".into(),
+    };
+    let updated = service.update_memory(update).await?;
+    assert!(updated.pinned && updated.fact == "fact 49, corrected");
+    service.delete_memory(MemoryEntryRef { key: key(""), id: id.clone(), actor: "key-2".into() }).await?;
+    let trail = service.memory_audit(MemoryAuditQuery { key: key(""), limit: 3, ..MemoryAuditQuery::default() }).await?.entries;
+    assert_eq!(trail.iter().map(|entry| entry.operation.as_str()).collect::<Vec<_>>(), ["delete", "pin", "replace"]);
+    assert_eq!((trail[0].fact_after.as_str(), trail[2].fact_after.as_str(), trail[0].actor.as_str()), ("", "fact 49, corrected", "key-2"));
+    let evictions =
+        service.memory_audit(MemoryAuditQuery { key: key(""), operation: "evict".into(), ..MemoryAuditQuery::default() }).await?.entries;
+    assert_eq!(evictions.len(), 1);
+    let future = service
+        .memory_audit(MemoryAuditQuery { key: key(""), since: "2999-01-01T00:00:00.000Z".into(), ..MemoryAuditQuery::default() })
+        .await?;
+    assert!(future.entries.is_empty());
+    let stats = service.memory_stats(MemoryStatsRequest { key: key(""), since: String::new() }).await?;
+    let count = |operation: &str| stats.counts.iter().find(|count| count.operation == operation).map(|count| count.count);
+    assert_eq!((count("append"), count("evict"), count("pin"), count("delete")), (Some(101), Some(1), Some(52), Some(1)));
+
+    service.add_memory(add("card 4111 1111 1111 1111 on file".into(), "human", false)).await?;
+    let report = service.memory_compliance(MemoryKey { tenant_id: "t1".into(), memory_key: String::new() }).await?;
+    assert_eq!(report.violations.len(), 1);
+    assert_eq!(report.violations[0].issues, ["possible_card_number"]);
+    assert!(!report.violations[0].fact_preview.contains("4111"));
+    Ok(())
+}
+
 on_both_engines!(
+    memory_evicts_protects_pins_and_audits,
     versions_environments_and_archiving,
     ab_tests_split_renders_and_report,
     evaluations_are_scored_and_kept,
