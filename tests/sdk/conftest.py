@@ -7,6 +7,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 import uuid
 
@@ -67,6 +68,23 @@ def post_json(url, body, key=None):
     request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
     with urllib.request.urlopen(request) as response:
         return json.load(response)
+
+
+def call(gateway, method, path, body=None, expect=200, key=None, raw=False):
+    """A REST call to the gateway with a tenant key (the gateway's sandbox key unless `key`): asserts
+    the status and returns the JSON answer (None when empty), or with `raw` the text and headers."""
+    request = urllib.request.Request(
+        gateway["base_url"] + path, method=method, data=None if body is None else json.dumps(body).encode(),
+        headers={"authorization": f"Bearer {key or gateway['key']}", "content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request) as response:
+            status, text, headers = response.status, response.read(), response.headers
+    except urllib.error.HTTPError as error:
+        status, text, headers = error.code, error.read(), error.headers
+    assert status == expect, (status, text)
+    if raw:
+        return text.decode(), headers
+    return json.loads(text) if text else None
 
 
 @pytest.fixture(scope="module", params=["embedded", "distributed"])

@@ -7,8 +7,6 @@ import asyncio
 import json
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import httpx
 import pytest
@@ -18,7 +16,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.server.fastmcp import FastMCP
 from mcp.shared.exceptions import McpError
 
-from conftest import free_port
+from conftest import call, free_port
 
 UPSTREAM_TOKEN = "upstream-mcp-token-0123456789"
 
@@ -76,18 +74,6 @@ def upstream():
     legacy.should_exit = True
 
 
-def call(gateway, method, path, body=None, expect=200):
-    request = urllib.request.Request(
-        gateway["base_url"] + path, method=method, data=None if body is None else json.dumps(body).encode(),
-        headers={"authorization": f"Bearer {gateway['key']}", "content-type": "application/json"})
-    try:
-        with urllib.request.urlopen(request) as response:
-            status, text = response.status, response.read()
-    except urllib.error.HTTPError as error:
-        status, text = error.code, error.read()
-    answer = json.loads(text) if text else None
-    assert status == expect, (status, answer)
-    return answer
 
 
 def test_servers_are_registered_discovered_and_called(gateway, upstream):

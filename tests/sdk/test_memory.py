@@ -2,23 +2,9 @@
 fact to archival, pins that protect, the audit trail and its governance views (stats, compliance,
 summary), separate memory keys, and `init` asking a model (through the gateway) for facts."""
 
-import json
 import time
-import urllib.error
-import urllib.request
 
-
-def call(gateway, method, path, body=None, expect=200, key=None):
-    request = urllib.request.Request(
-        gateway["base_url"] + path, method=method, data=None if body is None else json.dumps(body).encode(),
-        headers={"authorization": f"Bearer {key or gateway['key']}", "content-type": "application/json"})
-    try:
-        with urllib.request.urlopen(request) as response:
-            status, text = response.status, response.read()
-    except urllib.error.HTTPError as error:
-        status, text = error.code, error.read()
-    assert status == expect, (status, text)
-    return json.loads(text) if text else None
+from conftest import call
 
 
 def test_blocks_evict_pins_protect_and_everything_is_audited(gateway):

@@ -5,23 +5,10 @@ through the gateway to the mock upstream) and by a judging model, stored, listed
 import csv
 import io
 import json
-import urllib.error
+import time
 import urllib.request
 
-
-def call(gateway, method, path, body=None, expect=200, key=None, raw=False):
-    request = urllib.request.Request(
-        gateway["base_url"] + path, method=method, data=None if body is None else json.dumps(body).encode(),
-        headers={"authorization": f"Bearer {key or gateway['key']}", "content-type": "application/json"})
-    try:
-        with urllib.request.urlopen(request) as response:
-            status, text, headers = response.status, response.read(), response.headers
-    except urllib.error.HTTPError as error:
-        status, text, headers = error.code, error.read(), error.headers
-    assert status == expect, (status, text)
-    if raw:
-        return text.decode(), headers
-    return json.loads(text) if text else None
+from conftest import call
 
 
 def test_versions_environments_and_ab_tests(gateway):
@@ -110,8 +97,6 @@ def test_evaluations_are_scored_stored_and_exported(gateway):
 
 
 def test_datasets_feed_evaluations_and_import_the_audit_trail(gateway):
-    import time
-
     key = gateway["byok_key"]
     name = f"capitals-{gateway['shape']}"
     dataset = call(gateway, "POST", "/v1/eval/datasets", {"name": name, "description": "capital cities"}, expect=201, key=key)
