@@ -11,6 +11,7 @@ const PROTOS: &[&str] = &[
     "brainstorm/policy/v1/policy.proto",
     "brainstorm/mcp/v1/mcp.proto",
     "brainstorm/prompts/v1/prompts.proto",
+    "brainstorm/observability/v1/observability.proto",
 ];
 
 const CAMEL_CASE: &str = "#[serde(rename_all = \"camelCase\")]";

@@ -11,6 +11,7 @@ pub mod events;
 mod grpc;
 pub mod identity;
 pub mod mcp;
+pub mod observability;
 pub mod policy;
 pub mod prompts;
 pub mod trace;

@@ -43,7 +43,7 @@ PRODUCTION_VALUES = HERE / "values-production.yaml"
 
 RELEASE = "brainstorm"
 NAMESPACE = "brainstorm"
-SERVICES_TODAY = {"identity", "catalog-health-sentinel", "budget-ledger", "audit-lineage", "policy-firewall", "mcp-gateway", "prompts-eval", "edge-router"}
+SERVICES_TODAY = {"identity", "catalog-health-sentinel", "budget-ledger", "audit-lineage", "policy-firewall", "mcp-gateway", "prompts-eval", "observability-fanout", "edge-router"}
 GRPC_TODAY = SERVICES_TODAY - {"edge-router"}
 GRPC_PORT = 50051
 HTTP_PORT = 8080
@@ -375,6 +375,10 @@ def check_default_render(rendered: Render, app_version: str) -> None:
     ref = secret_ref(mcp, "BR_MASTER_KEY")
     expect(ref is not None and ref.get("key") == "master-key", f"mcp-gateway BR_MASTER_KEY (sealed MCP credentials) comes from {ref}")
     edge = container(rendered.one("Deployment", fullname("edge-router")))
+    expect(env_value(edge, "BR_OBSERVABILITY_FANOUT_URL") == f"http://{fullname('observability-fanout')}:{GRPC_PORT}", f"edge-router BR_OBSERVABILITY_FANOUT_URL is {env_value(edge, 'BR_OBSERVABILITY_FANOUT_URL')}")
+    fanout = container(rendered.one("Deployment", fullname("observability-fanout")))
+    ref = secret_ref(fanout, "BR_MASTER_KEY")
+    expect(ref is not None and ref.get("key") == "master-key", f"observability-fanout BR_MASTER_KEY (sealed destination secrets) comes from {ref}")
     expect(env_value(edge, "BR_PROMPTS_EVAL_URL") == f"http://{fullname('prompts-eval')}:{GRPC_PORT}", f"edge-router BR_PROMPTS_EVAL_URL is {env_value(edge, 'BR_PROMPTS_EVAL_URL')}")
     expect(env_value(edge, "BR_MCP_GATEWAY_URL") == f"http://{fullname('mcp-gateway')}:{GRPC_PORT}", f"edge-router BR_MCP_GATEWAY_URL is {env_value(edge, 'BR_MCP_GATEWAY_URL')}")
     expect(env_value(edge, "BR_IDENTITY_URL") == f"http://{fullname('identity')}:{GRPC_PORT}", f"edge-router BR_IDENTITY_URL is {env_value(edge, 'BR_IDENTITY_URL')}")
@@ -413,12 +417,13 @@ def check_production_render(rendered: Render) -> None:
 
 
 def check_third_service(chart: helm.Chart, kube_version: str) -> None:
-    """A service added later needs only a values entry: here observability-fanout, as a gRPC service."""
+    """A service is one values entry: observability-fanout's entry, changed (one replica, Redis too)
+    and then disabled, renders and un-renders it and its announcement to the others."""
     entry = {"enabled": True, "grpc": True, "replicas": 1, "secretEnv": ["databaseUrl", "redisUrl"],
              "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}}
-    rendered = render(chart, "observability-fanout added", {"services": {"observability-fanout": entry}})
-    services = SERVICES_TODAY | {"observability-fanout"}
-    grpc = GRPC_TODAY | {"observability-fanout"}
+    rendered = render(chart, "observability-fanout changed", {"services": {"observability-fanout": entry}})
+    services = SERVICES_TODAY
+    grpc = GRPC_TODAY
     check_kubernetes_schemas(rendered, kube_version)
     check_workloads(rendered, services, chart.metadata["appVersion"])
     check_services(rendered, services, grpc)
@@ -600,7 +605,7 @@ def main() -> int:
         checker.check("production: gRPC services are wired to each other (BR_<SERVICE>_URL)", lambda: check_grpc_wiring(production, SERVICES_TODAY, GRPC_TODAY))
         checker.check("production: secret references use the existing Secret", lambda: check_secret_references(production, existing))
         checker.check("production: migrate Job reads the existing Secret", lambda: check_migrate_job(production, existing))
-    checker.check("a new service is one values entry (observability-fanout)", lambda: check_third_service(chart, kube_version))
+    checker.check("a service is one values entry (observability-fanout changed, then disabled)", lambda: check_third_service(chart, kube_version))
     checker.check("the operator watching one namespace (Role), disabled, and refused without policy-firewall", lambda: check_operator_variants(chart, kube_version))
     checker.check("CRDs: chart crds/ = manifests/crds.yaml, valid, samples accepted, broken specs refused", lambda: check_crds(kube_version))
     checker.check("values.schema.json rejects bad values", lambda: check_schema_rejects(chart))

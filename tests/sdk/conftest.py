@@ -116,7 +116,7 @@ def gateway(request):
             database_url = fresh_database()
             subprocess.run([binary(), "migrate", "--database-url", database_url], check=True, env=env, capture_output=True)
             edge_env = {}
-            for label, service in [("identity", "identity"), ("catalog", "catalog-health-sentinel"), ("budget", "budget-ledger"), ("audit", "audit-lineage"), ("policy", "policy-firewall"), ("mcp", "mcp-gateway"), ("prompts", "prompts-eval")]:
+            for label, service in [("identity", "identity"), ("catalog", "catalog-health-sentinel"), ("budget", "budget-ledger"), ("audit", "audit-lineage"), ("policy", "policy-firewall"), ("mcp", "mcp-gateway"), ("prompts", "prompts-eval"), ("fanout", "observability-fanout")]:
                 grpc_port, health_port = free_port(), free_port()
                 spawn(label, [binary(), "serve", service, "--grpc-listen", f"127.0.0.1:{grpc_port}", "--listen", f"127.0.0.1:{health_port}"],
                       {"BR_DATABASE_URL": database_url, "BR_MASTER_KEY": MASTER_KEY})

@@ -73,3 +73,18 @@ def test_init_asks_a_model_for_facts(gateway):
     assert isinstance(answer["duration_ms"], int)
     failed = call(gateway, "POST", "/v1/memory/init", {"documents": [{"content": "Ada.", "source": "a.md"}], "model": "openai/no-such-model"}, key=key)
     assert failed["status"] == "no_facts" and failed["failures"][0]["source"] == "a.md" and failed["failures"][0]["error"]
+
+
+def test_prompt_templates_read_memory_blocks(gateway):
+    memory = f"agent-templated-{gateway['shape']}"
+    call(gateway, "POST", f"/v1/memory/entries?memory_key={memory}", {"fact": "Ada prefers tea", "block": "human"}, expect=201)
+    call(gateway, "POST", f"/v1/memory/entries?memory_key={memory}", {"fact": "Ada works nights", "block": "human"}, expect=201)
+    prompt_id = f"with-memory-{gateway['shape']}"
+    call(gateway, "POST", "/v1/prompts", {"id": prompt_id, "template": "About the user:\n{{memory.human}}\nTask: {{task}}"}, expect=201)
+    rendered = call(gateway, "POST", f"/v1/prompts/{prompt_id}/test", {"variables": {"task": "plan the week"}, "memory_key": memory})
+    assert rendered["resolved_text"] == "About the user:\n- Ada prefers tea\n- Ada works nights\nTask: plan the week"
+    assert rendered["missing_variables"] == []
+    given = call(gateway, "POST", f"/v1/prompts/{prompt_id}/test", {"variables": {"task": "x", "memory": {"human": "given"}}, "memory_key": memory})
+    assert given["resolved_text"] == "About the user:\ngiven\nTask: x", "variables win over memory"
+    empty = call(gateway, "POST", f"/v1/prompts/{prompt_id}/test", {"variables": {"task": "x"}, "memory_key": "nobody"})
+    assert empty["resolved_text"] == "About the user:\n\nTask: x"

@@ -24,6 +24,7 @@ use brainstorm_common::store::Database;
 use brainstorm_edge_router::{Edge, EdgeDependencies, EdgeOptions};
 use brainstorm_identity::{AgentTokenSigner, IdentityOptions, IdentityServiceImpl};
 use brainstorm_mcp_gateway::{McpGatewayOptions, McpGatewayServiceImpl};
+use brainstorm_observability_fanout::{ObservabilityFanoutServiceImpl, spawn_fanout_consumers};
 use brainstorm_policy_firewall::{AnomalyConsumer, Guardian, GuardianOptions, PolicyFirewallOptions, PolicyFirewallServiceImpl};
 use brainstorm_prompts_eval::PromptsEvalServiceImpl;
 use brainstorm_proto::audit::{self, AuditLineageClient};
@@ -31,6 +32,7 @@ use brainstorm_proto::budget::{self, BudgetLedgerClient, CurrentTotalsRequest};
 use brainstorm_proto::catalog::CatalogClient;
 use brainstorm_proto::identity::IdentityClient;
 use brainstorm_proto::mcp::McpGatewayClient;
+use brainstorm_proto::observability::{FanoutEvents, ObservabilityFanoutClient};
 use brainstorm_proto::policy::PolicyFirewallClient;
 use brainstorm_proto::prompts::PromptsEvalClient;
 use brainstorm_providers::catalog::ModelCatalog;
@@ -44,7 +46,7 @@ use crate::shutdown::Shutdown;
 use crate::writer_thread::WriterThread;
 
 /// Services this build can host.
-const HOSTABLE: [ServiceName; 8] = [
+const HOSTABLE: [ServiceName; 9] = [
     ServiceName::EdgeRouter,
     ServiceName::Identity,
     ServiceName::CatalogHealthSentinel,
@@ -53,6 +55,7 @@ const HOSTABLE: [ServiceName; 8] = [
     ServiceName::PolicyFirewall,
     ServiceName::McpGateway,
     ServiceName::PromptsEval,
+    ServiceName::ObservabilityFanout,
 ];
 
 /// How long one operation on a registered MCP server (a whole session) may take.
@@ -85,6 +88,7 @@ pub async fn up(settings: Settings) -> anyhow::Result<()> {
     let catalog = CatalogClient::local(catalog_service(&settings, database.clone(), bus.clone(), upstream.clone(), master_key.clone()));
     let mcp = McpGatewayClient::local(mcp_service(&settings, database.clone(), master_key.clone()));
     let prompts = PromptsEvalClient::local(PromptsEvalServiceImpl::new(database.clone()));
+    let fanout = ObservabilityFanoutServiceImpl::new(database.clone(), master_key.clone());
     let shutdown = Shutdown::on_signals();
     let audit_service = audit_service(database.clone(), &master_key)?;
     // The chain and the ledger stop after the edge (see `finish_writes`), not at the signal, and run
@@ -104,6 +108,9 @@ pub async fn up(settings: Settings) -> anyhow::Result<()> {
     let budget = BudgetLedgerClient::local(ledger);
     let guard = budget_guard(&settings, bus.clone(), &budget).await?;
     let guardian = guardian(&policy, &settings);
+    // The fan-out reads the settlements and audit records off the bus as their owners do.
+    spawn_fanout_consumers(&bus, fanout.clone(), settings.write_linger, shutdown.clone().requested(), shutdown.clone().requested()).await?;
+    let observability = ObservabilityFanoutClient::local(fanout);
     tracing::info!(listen = %settings.listen, data_dir = %settings.data_dir.display(), "brainstorm up: every service in one process");
     // With a gRPC address configured, the embedded services also answer gRPC there (for the
     // Kubernetes operator, or an edge elsewhere); by default `up` opens no port but the edge's.
@@ -117,7 +124,8 @@ pub async fn up(settings: Settings) -> anyhow::Result<()> {
             .add_service(policy.as_grpc_service())
             .add_service(budget.as_grpc_service())
             .add_service(mcp.as_grpc_service())
-            .add_service(prompts.as_grpc_service());
+            .add_service(prompts.as_grpc_service())
+            .add_service(observability.as_grpc_service());
         tracing::info!(address = %settings.grpc_listen, "serving the embedded services over gRPC");
         Some(tokio::spawn(serve_grpc(incoming, routes.routes(), shutdown.clone())))
     } else {
@@ -136,6 +144,7 @@ pub async fn up(settings: Settings) -> anyhow::Result<()> {
         policy,
         mcp: Some(mcp),
         prompts: Some(prompts),
+        observability: Some(observability),
     };
     serve_edge(&settings, dependencies, bus, shutdown).await?;
     if let Some(grpc) = grpc {
@@ -172,6 +181,7 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
         ServiceName::PolicyFirewall,
         ServiceName::McpGateway,
         ServiceName::PromptsEval,
+        ServiceName::ObservabilityFanout,
     ]
     .iter()
     .any(|service| hosted.contains(service));
@@ -289,6 +299,33 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
         }
         _ => None,
     };
+    let observability = match (&database, hosted.contains(&ServiceName::ObservabilityFanout)) {
+        (Some(database), true) => {
+            let master_key = settings
+                .master_key
+                .as_ref()
+                .context("observability-fanout needs BR_MASTER_KEY (64 hex characters) to seal destination secrets")?;
+            let fanout = ObservabilityFanoutServiceImpl::new(database.clone(), MasterKey::from_hex(master_key.expose())?);
+            // On Kafka it reads the topics itself; without, edges relay to it (below, or in theirs).
+            spawn_fanout_consumers(&bus, fanout.clone(), settings.write_linger, shutdown.clone().requested(), shutdown.clone().requested())
+                .await?;
+            Some(ObservabilityFanoutClient::local(fanout))
+        }
+        _ if hosts_edge && settings.service_urls.contains_key(&ServiceName::ObservabilityFanout) => {
+            let remote = ObservabilityFanoutClient::grpc(remote(&settings, ServiceName::ObservabilityFanout)?);
+            // Without a shared bus, the settlements and audit records of this edge reach the fan-out
+            // in batches through its RecordEvents call.
+            if !on_kafka {
+                let (usage, audit) = (remote.clone(), remote.clone());
+                let relay_usage = move |events: Vec<budget::BudgetEvent>| relay_fanout(usage.clone(), encoded(&events), Vec::new());
+                writers.push(spawn_relay(&bus, budget::SETTLEMENTS_TOPIC, "fanout-settlement-forwarder", &writers_stop, relay_usage));
+                let relay_audit = move |records: Vec<audit::AuditRecord>| relay_fanout(audit.clone(), Vec::new(), encoded(&records));
+                writers.push(spawn_relay(&bus, audit::AUDIT_RECORDS_TOPIC, "fanout-audit-forwarder", &writers_stop, relay_audit));
+            }
+            Some(remote)
+        }
+        _ => None,
+    };
     let mut tasks = tokio::task::JoinSet::new();
     let mut routes = tonic::service::RoutesBuilder::default();
     if let (true, Some(identity)) = (hosted.contains(&ServiceName::Identity), &identity) {
@@ -312,6 +349,9 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
     if let (true, Some(prompts)) = (hosted.contains(&ServiceName::PromptsEval), &prompts) {
         routes.add_service(prompts.as_grpc_service());
     }
+    if let (true, Some(observability)) = (hosted.contains(&ServiceName::ObservabilityFanout), &observability) {
+        routes.add_service(observability.as_grpc_service());
+    }
     if hosted.iter().any(|service| *service != ServiceName::EdgeRouter) {
         tracing::info!(address = %settings.grpc_listen, services = ?hosted, "serving gRPC");
         tasks.spawn(serve_grpc(grpc_listener(settings.grpc_listen)?, routes.routes(), shutdown.clone()));
@@ -334,6 +374,7 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
                 policy,
                 mcp,
                 prompts,
+                observability,
             };
             let broadcast = select_broadcast_bus(settings.kafka_brokers.as_deref(), &bus)?;
             let (settings, stop) = (settings.clone(), shutdown.clone());
@@ -591,6 +632,21 @@ async fn relay_budget_events(ledger: BudgetLedgerClient, events: Vec<budget::Bud
     for event in events {
         delivered("budget-ledger", || ledger.record_event(event.clone())).await;
     }
+}
+
+/// Messages as they travel on the bus.
+fn encoded<M: prost::Message>(messages: &[M]) -> Vec<Vec<u8>> {
+    messages.iter().map(prost::Message::encode_to_vec).collect()
+}
+
+/// Hands settlements and audit records to a remote fan-out (retried while it is unreachable; a
+/// batch it refuses as invalid is dropped: the fan-out is not evidence).
+async fn relay_fanout(fanout: ObservabilityFanoutClient, budget_events: Vec<Vec<u8>>, audit_records: Vec<Vec<u8>>) {
+    if budget_events.is_empty() && audit_records.is_empty() {
+        return;
+    }
+    let batch = FanoutEvents { budget_events, audit_records };
+    delivered("observability-fanout", || fanout.record_events(batch.clone())).await;
 }
 
 fn model_catalog(settings: &Settings) -> anyhow::Result<ModelCatalog> {

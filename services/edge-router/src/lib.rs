@@ -33,6 +33,7 @@ use brainstorm_proto::budget::BudgetLedgerClient;
 use brainstorm_proto::catalog::CatalogClient;
 use brainstorm_proto::identity::IdentityClient;
 use brainstorm_proto::mcp::McpGatewayClient;
+use brainstorm_proto::observability::ObservabilityFanoutClient;
 use brainstorm_proto::policy::PolicyFirewallClient;
 use brainstorm_proto::prompts::PromptsEvalClient;
 use brainstorm_providers::catalog::ModelCatalog;
@@ -76,6 +77,8 @@ pub struct EdgeDependencies {
     pub mcp: Option<McpGatewayClient>,
     /// Prompts and evaluations; None answers `/v1/prompts/*` with 503.
     pub prompts: Option<PromptsEvalClient>,
+    /// Observability destinations and XDR connectors; None answers `/v1/observability/*` with 503.
+    pub observability: Option<ObservabilityFanoutClient>,
 }
 
 /// Everything a handler can reach: one shared allocation, so the per-request clones axum makes of
@@ -113,6 +116,8 @@ pub struct EdgeShared {
     mcp: Option<McpGatewayClient>,
     /// None when the edge runs without the prompts-eval service (`/v1/prompts/*` then answers 503).
     prompts: Option<PromptsEvalClient>,
+    /// None when the edge runs without the observability-fanout service (`/v1/observability/*` then answers 503).
+    observability: Option<ObservabilityFanoutClient>,
 }
 
 /// The edge: its router, and the caches the bus keeps fresh.
@@ -146,6 +151,7 @@ impl Edge {
             guardian: dependencies.guardian.clone(),
             mcp: dependencies.mcp,
             prompts: dependencies.prompts,
+            observability: dependencies.observability,
         };
         let state = EdgeState { shared: Arc::new(shared) };
         Edge { router: router(state, options.trace_requests), authenticator, routing, guardian: dependencies.guardian }
@@ -167,7 +173,7 @@ impl Edge {
 fn router(state: EdgeState, trace_requests: bool) -> Router {
     use routes::{
         admin, agent_limits, agent_self, agents, budget, completions, datasets, governance, guardian, identity, mcp, mcp_connect, memory,
-        prompts, providers,
+        observability, prompts, providers,
     };
     let routes = Router::new()
         .route("/health", get(routes::health))
@@ -289,6 +295,17 @@ fn router(state: EdgeState, trace_requests: bool) -> Router {
         .route("/v1/governance/memory/stats", get(memory::stats))
         .route("/v1/governance/memory/compliance", get(memory::compliance))
         .route("/v1/governance/summary", get(memory::summary))
+        .route("/v1/observability/destinations", get(observability::list_destinations).post(observability::create_destination))
+        .route("/v1/observability/destinations/{id}", put(observability::update_destination).delete(observability::delete_destination))
+        .route("/v1/observability/test/{id}", post(observability::test_destination))
+        .route("/v1/observability/config", get(observability::get_config).put(observability::put_config))
+        .route("/v1/observability/templates", get(observability::templates))
+        .route("/v1/observability/templates/{provider}", get(observability::template))
+        .route("/v1/observability/xdr/destinations", get(observability::list_xdr).post(observability::create_xdr))
+        .route("/v1/observability/xdr/destinations/{id}", put(observability::update_xdr).delete(observability::delete_xdr))
+        .route("/v1/observability/xdr/destinations/{id}/test", post(observability::test_xdr))
+        .route("/v1/observability/xdr/destinations/{id}/stats", get(observability::xdr_stats))
+        .route("/v1/observability/xdr/destinations/{id}/enable", post(observability::enable_xdr))
         .route("/v1/chat/completions", post(completions::chat_completions))
         .route("/v1/messages", post(completions::messages))
         .route("/v1/messages/count_tokens", post(completions::count_tokens))

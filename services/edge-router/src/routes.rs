@@ -13,6 +13,7 @@ pub mod identity;
 pub mod mcp;
 pub mod mcp_connect;
 pub mod memory;
+pub mod observability;
 pub mod prompts;
 pub mod providers;
 

@@ -8,7 +8,7 @@ use brainstorm_proto::{ServiceError, ServiceResult};
 use rand::Rng;
 use serde_json::{Map, Value};
 
-use crate::memory::Memory;
+use crate::memory::{self, Memory};
 use crate::scoring::{self, FULL, SCORERS};
 use crate::store::PromptsStore;
 use crate::template;
@@ -63,6 +63,48 @@ impl PromptsEvalServiceImpl {
                 format!("prompt `{}` has no version {version} (latest: {})", prompt.id, prompt.latest_version),
             )
         })
+    }
+
+    /// Fills the template's `{{memory.<block>}}` placeholders that neither the variables nor the
+    /// defaults fill with the block's core facts (oldest first, one `- fact` line each) from the
+    /// memory of `memory_key` (the tenant's when empty).
+    async fn memory_variables(
+        &self,
+        tenant_id: &str,
+        memory_key: &str,
+        template: &str,
+        defaults: &Map<String, Value>,
+        variables: &mut Map<String, Value>,
+    ) -> ServiceResult<()> {
+        let wanted: Vec<String> = template::placeholders(template)
+            .into_iter()
+            .filter(|name| !template::resolves(name, variables) && !template::resolves(name, defaults))
+            .filter_map(|name| name.strip_prefix("memory.").map(str::to_string))
+            .filter(|block| memory::BLOCKS.iter().any(|(known, _)| known == block))
+            .collect();
+        if wanted.is_empty() {
+            return Ok(());
+        }
+        let key = MemoryKey { tenant_id: tenant_id.to_string(), memory_key: memory_key.to_string() };
+        let view = self.memory.list(MemoryQuery { key: Some(key), block: String::new(), include_archival: false }).await?;
+        let mut blocks = Map::new();
+        for block in wanted {
+            let facts: Vec<String> =
+                view.entries.iter().filter(|entry| entry.block == block).map(|entry| format!("- {}", entry.fact)).collect();
+            blocks.insert(block, Value::String(facts.join("\n")));
+        }
+        match variables.get_mut("memory") {
+            Some(Value::Object(given)) => {
+                for (block, facts) in blocks {
+                    given.entry(block).or_insert(facts);
+                }
+            }
+            Some(_) => {}
+            None => {
+                variables.insert("memory".to_string(), Value::Object(blocks));
+            }
+        }
+        Ok(())
     }
 
     async fn ab_view(&self, tenant_id: &str, prompt_id: &str) -> ServiceResult<AbTest> {
@@ -283,7 +325,7 @@ impl PromptsEvalService for PromptsEvalServiceImpl {
 
     async fn render_prompt(&self, request: RenderRequest) -> ServiceResult<Rendered> {
         let prompt = self.existing(&request.tenant_id, &request.prompt_id).await?;
-        let variables = object(&request.variables_json, "variables")?;
+        let mut variables = object(&request.variables_json, "variables")?;
         let (version, is_ab_test) = if request.version != 0 {
             (request.version, false)
         } else if !request.environment.is_empty() {
@@ -309,7 +351,9 @@ impl PromptsEvalService for PromptsEvalServiceImpl {
             }
         };
         let stored = self.version_of(&prompt, version).await?;
-        let resolved = template::render(&stored.template, &object(&stored.variables_json, "variables")?, &variables);
+        let defaults = object(&stored.variables_json, "variables")?;
+        self.memory_variables(&request.tenant_id, &request.memory_key, &stored.template, &defaults, &mut variables).await?;
+        let resolved = template::render(&stored.template, &defaults, &variables);
         Ok(Rendered { resolved_text: resolved.text, template_id: prompt.id, version, is_ab_test, missing_variables: resolved.missing })
     }
 
@@ -370,8 +414,9 @@ impl PromptsEvalService for PromptsEvalServiceImpl {
         let defaults = object(&stored.variables_json, "variables")?;
         let mut rendered = Vec::with_capacity(request.cases.len());
         for (index, case) in request.cases.iter().enumerate() {
-            let input = object(&case.input_json, &format!("test_cases[{index}].input"))
+            let mut input = object(&case.input_json, &format!("test_cases[{index}].input"))
                 .map_err(|_| invalid("invalid_test_cases", format!("test_cases[{index}].input must be an object")))?;
+            self.memory_variables(&request.tenant_id, &request.memory_key, &stored.template, &defaults, &mut input).await?;
             if scoring::needs_expected(scorer) && !case.has_expected {
                 return Err(invalid("invalid_test_cases", format!("test_cases[{index}] needs expected_output for the {scorer} scorer")));
             }

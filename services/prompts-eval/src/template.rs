@@ -1,4 +1,5 @@
-//! Prompt templates: `{{variable}}` placeholders resolved from a JSON object of variables.
+//! Prompt templates: `{{variable}}` placeholders resolved from a JSON object of variables
+//! (`{{memory.<block>}}` ones from agent memory, filled by the service when nothing else does).
 
 use serde_json::{Map, Value};
 
@@ -30,6 +31,11 @@ fn is_name(name: &str) -> bool {
     let mut characters = name.chars();
     characters.next().is_some_and(|first| first.is_ascii_alphabetic() || first == '_')
         && characters.all(|character| character.is_ascii_alphanumeric() || matches!(character, '_' | '-' | '.'))
+}
+
+/// Whether `variables` hold a value for `name`.
+pub fn resolves(name: &str, variables: &Map<String, Value>) -> bool {
+    lookup(variables, name).is_some()
 }
 
 /// The value of `name`: its own key, else the path its dots name (`memory.human` in `{"memory": {"human": ...}}`).

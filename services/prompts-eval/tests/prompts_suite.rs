@@ -45,6 +45,7 @@ async fn versions_environments_and_archiving(database: Database) -> TestResult {
         variables_json: r#"{"name": "Ada"}"#.into(),
         version,
         environment: environment.into(),
+        memory_key: String::new(),
     };
     assert_eq!(service.render_prompt(render(0, "")).await?.resolved_text, "Hello Ada");
     assert_eq!(service.render_prompt(render(1, "")).await?.resolved_text, "Hi Ada, be kind");

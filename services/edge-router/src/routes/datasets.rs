@@ -8,7 +8,7 @@
 
 use axum::Json;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use brainstorm_common::ApiError;
 use brainstorm_common::money::Usd;
@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 use crate::EdgeState;
 use crate::auth::Caller;
 use crate::extract::JsonBody;
-use crate::routes::prompts::{client, csv_field};
+use crate::routes::prompts::{ExportQuery, client, csv_field, csv_response};
 
 type Answer = Result<Json<Value>, ApiError>;
 
@@ -250,11 +250,6 @@ pub async fn import_from_logs(
     Ok((status, Json(json!({"imported": views.len(), "skipped": added.skipped, "items": views}))).into_response())
 }
 
-#[derive(Deserialize)]
-pub struct ExportQuery {
-    format: Option<String>,
-}
-
 /// `GET /v1/eval/datasets/{id}/export?format=json|csv` (router.read): CSV columns `input,
 /// expected_output, metadata` (the objects as JSON text).
 pub async fn export(
@@ -264,15 +259,12 @@ pub async fn export(
     Query(query): Query<ExportQuery>,
 ) -> Result<Response, ApiError> {
     caller.require("router.read")?;
-    let format = query.format.unwrap_or_else(|| "json".to_string());
-    if format != "json" && format != "csv" {
-        return Err(ApiError::invalid_request("invalid_format", "format is json or csv"));
-    }
+    let csv_wanted = query.csv()?;
     let prompts = client(&state)?;
     let reference = dataset_ref(&caller, id)?;
     let dataset = prompts.get_dataset(reference.clone()).await?;
     let items = prompts.list_items(reference).await?.items;
-    if format == "json" {
+    if !csv_wanted {
         let views: Vec<Value> = items.iter().map(item_view).collect();
         return Ok(Json(json!({"dataset": dataset_view(&dataset), "items": views})).into_response());
     }
@@ -282,10 +274,5 @@ pub async fn export(
         csv.push_str(&[csv_field(&item.input_json), csv_field(&item.expected_output), csv_field(metadata)].join(","));
         csv.push_str("\r\n");
     }
-    let mut response = csv.into_response();
-    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/csv; charset=utf-8"));
-    if let Ok(disposition) = HeaderValue::from_str(&format!("attachment; filename=\"dataset-{}.csv\"", dataset.id)) {
-        response.headers_mut().insert(header::CONTENT_DISPOSITION, disposition);
-    }
-    Ok(response)
+    Ok(csv_response(csv, &format!("dataset-{}.csv", dataset.id)))
 }

@@ -211,11 +211,14 @@ pub struct TestBody {
     variables: Option<Value>,
     version: Option<u32>,
     environment: Option<String>,
+    memory_key: Option<String>,
 }
 
-/// `POST /v1/prompts/{id}/test` (router.read): `{variables, version?, environment?}` →
+/// `POST /v1/prompts/{id}/test` (router.read): `{variables, version?, environment?, memory_key?}` →
 /// `{resolved_text, template_id, version, is_ab_test, missing_variables}`; without a version or
 /// environment a running A/B test picks the version (and counts the exposure), else the latest.
+/// `{{memory.<block>}}` placeholders nothing else fills read the block's facts from agent memory
+/// (`memory_key`'s, the tenant's by default).
 pub async fn test(
     State(state): State<EdgeState>,
     caller: Caller,
@@ -229,6 +232,7 @@ pub async fn test(
         variables_json: variables_text(body.variables)?.unwrap_or_default(),
         version: body.version.unwrap_or(0),
         environment: body.environment.unwrap_or_default(),
+        memory_key: body.memory_key.unwrap_or_default(),
     };
     let rendered = client(&state)?.render_prompt(request).await?;
     Ok(Json(json!({
@@ -318,6 +322,7 @@ pub struct EvaluateBody {
     store: Option<bool>,
     judge_model: Option<String>,
     dataset_id: Option<String>,
+    memory_key: Option<String>,
 }
 
 fn cases(test_cases: Vec<Value>) -> Result<Vec<EvaluationCase>, ApiError> {
@@ -450,6 +455,7 @@ pub async fn evaluate(
             cases: cases.clone(),
             scorer: body.scorer.unwrap_or_default(),
             has_model: model.is_some(),
+            memory_key: body.memory_key.unwrap_or_default(),
         })
         .await?;
     let judge = body.judge_model.filter(|judge| !judge.trim().is_empty()).or_else(|| model.clone());
@@ -503,6 +509,27 @@ pub struct ExportQuery {
     format: Option<String>,
 }
 
+impl ExportQuery {
+    /// Whether the export is CSV (else JSON, the default); another format is a 400.
+    pub(crate) fn csv(&self) -> Result<bool, ApiError> {
+        match self.format.as_deref() {
+            None | Some("json") => Ok(false),
+            Some("csv") => Ok(true),
+            Some(_) => Err(ApiError::invalid_request("invalid_format", "format is json or csv")),
+        }
+    }
+}
+
+/// A CSV download: `text/csv`, saved as `filename`.
+pub(crate) fn csv_response(csv: String, filename: &str) -> Response {
+    let mut response = csv.into_response();
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/csv; charset=utf-8"));
+    if let Ok(disposition) = HeaderValue::from_str(&format!("attachment; filename=\"{filename}\"")) {
+        response.headers_mut().insert(header::CONTENT_DISPOSITION, disposition);
+    }
+    response
+}
+
 /// A CSV field: quoted when it holds a comma, quote or line break (quotes doubled); a field that
 /// a spreadsheet would read as a formula is prefixed with `'`.
 pub(crate) fn csv_field(text: &str) -> String {
@@ -519,12 +546,9 @@ pub async fn export(
     Query(query): Query<ExportQuery>,
 ) -> Result<Response, ApiError> {
     caller.require("router.read")?;
-    let format = query.format.unwrap_or_else(|| "json".to_string());
-    if format != "json" && format != "csv" {
-        return Err(ApiError::invalid_request("invalid_format", "format is json or csv"));
-    }
+    let csv_wanted = query.csv()?;
     let run = client(&state)?.get_evaluation(EvaluationRef { tenant_id: caller.tenant_id()?.to_string(), prompt_id: id, run_id }).await?;
-    if format == "json" {
+    if !csv_wanted {
         return Ok(Json(run_view(&run, true)).into_response());
     }
     let mut csv = String::from("input_vars,expected,actual,score,pass,scorer\r\n");
@@ -540,13 +564,7 @@ pub async fn export(
         csv.push_str(&row.join(","));
         csv.push_str("\r\n");
     }
-    let disposition = format!("attachment; filename=\"evaluation-{}.csv\"", run.run_id);
-    let mut response = csv.into_response();
-    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/csv; charset=utf-8"));
-    if let Ok(disposition) = HeaderValue::from_str(&disposition) {
-        response.headers_mut().insert(header::CONTENT_DISPOSITION, disposition);
-    }
-    Ok(response)
+    Ok(csv_response(csv, &format!("evaluation-{}.csv", run.run_id)))
 }
 
 #[cfg(test)]

@@ -1,0 +1,236 @@
+//! Fan-out events: what a settlement or an audit record becomes, and its OCSF 1.3.0 form.
+//!
+//! Types and names (dot-delimited, for filter globs):
+//! - `usage`: every settlement, named `usage.<outcome>` (`usage.succeeded`, `usage.failed`, ...).
+//! - `guardrail`: an audit record denied by a guardrail, the tool firewall, a policy or an approval
+//!   rule, named `guardrail.<reason_code>`.
+//! - `error`: an audit record whose outcome is `error`, named `error.<reason_code>`.
+//! - `audit`: every other audit record, named `audit.<outcome>[.<reason_code>]`.
+//!
+//! Severities (OCSF's 1 Informational to 5 Critical): allowed requests and usage 1, errors 2, other
+//! denials 3 (budget, rate limits, permissions), guardrail denials 4, the kill switch 5.
+
+use brainstorm_common::money::Usd;
+use brainstorm_proto::audit::AuditRecord;
+use brainstorm_proto::budget::{Settlement, budget_event};
+use serde_json::{Value, json};
+
+/// The event types destinations may subscribe to.
+pub const EVENT_TYPES: [&str; 5] = ["usage", "audit", "quality", "guardrail", "error"];
+
+/// One event on its way to destinations.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    pub tenant_id: String,
+    pub event_type: &'static str,
+    pub name: String,
+    pub severity: u8,
+    /// RFC 3339.
+    pub timestamp: String,
+    pub request_id: String,
+    pub data: Value,
+}
+
+impl Event {
+    /// The JSON a destination receives (outside OCSF).
+    pub fn to_json(&self) -> Value {
+        json!({
+            "event_type": self.event_type,
+            "event": self.name,
+            "severity": self.severity,
+            "timestamp": self.timestamp,
+            "tenant_id": self.tenant_id,
+            "request_id": self.request_id,
+            "data": self.data,
+        })
+    }
+}
+
+fn usd(nanos: i64) -> Value {
+    Usd::from_nanos(nanos).to_json()
+}
+
+/// A settlement as a `usage` event.
+pub fn from_settlement(settlement: &Settlement) -> Event {
+    Event {
+        tenant_id: settlement.tenant_id.clone(),
+        event_type: "usage",
+        name: format!("usage.{}", settlement.outcome),
+        severity: 1,
+        timestamp: settlement.occurred_at.clone(),
+        request_id: settlement.request_id.clone(),
+        data: json!({
+            "key_id": settlement.key_id,
+            "agent_id": settlement.agent_id,
+            "model": settlement.model,
+            "provider": settlement.provider,
+            "input_tokens": settlement.input_tokens,
+            "output_tokens": settlement.output_tokens,
+            "cost_usd": usd(settlement.cost_nanos),
+            "outcome": settlement.outcome,
+            "latency_ms": settlement.latency_ms,
+        }),
+    }
+}
+
+/// The settlement in a budget event, as an event (other budget events are not fanned out).
+pub fn from_budget_event(event: &brainstorm_proto::budget::BudgetEvent) -> Option<Event> {
+    match &event.kind {
+        Some(budget_event::Kind::Settlement(settlement)) => Some(from_settlement(settlement)),
+        _ => None,
+    }
+}
+
+/// Whether a denial's reason is a guardrail's (guardrails, the tool firewall, policies, approvals).
+fn is_guardrail(reason: &str) -> bool {
+    ["guardrail", "firewall", "tool", "policy", "approval", "prompt_injection", "pii", "secret", "content_filter"]
+        .iter()
+        .any(|marker| reason.contains(marker))
+}
+
+/// An audit record as an `audit`, `guardrail` or `error` event.
+pub fn from_audit(record: &AuditRecord) -> Event {
+    let reason = record.reason_code.as_str();
+    let (event_type, name, severity) = match record.outcome.as_str() {
+        // A kill switch refuses with 503, which the record keeps as an error: it is a denial.
+        _ if reason == "kill_switch_active" => ("audit", format!("audit.denied.{reason}"), 5),
+        "error" => ("error", format!("error.{}", if reason.is_empty() { "unknown" } else { reason }), 2),
+        "denied" if is_guardrail(reason) => ("guardrail", format!("guardrail.{reason}"), 4),
+        "denied" => ("audit", format!("audit.denied.{}", if reason.is_empty() { "unknown" } else { reason }), 3),
+        outcome => ("audit", format!("audit.{outcome}"), 1),
+    };
+    Event {
+        tenant_id: record.tenant_id.clone(),
+        event_type,
+        name,
+        severity,
+        timestamp: record.occurred_at.clone(),
+        request_id: record.request_id.clone(),
+        data: json!({
+            "endpoint": record.endpoint,
+            "key_id": record.key_id,
+            "agent_id": record.agent_id,
+            "model_requested": record.model_requested,
+            "model_executed": record.model_executed,
+            "provider": record.provider,
+            "outcome": record.outcome,
+            "reason_code": record.reason_code,
+            "input_tokens": record.input_tokens,
+            "output_tokens": record.output_tokens,
+            "cost_usd": usd(record.cost_nanos),
+            "latency_ms": record.latency_ms,
+        }),
+    }
+}
+
+/// The synthetic event a destination test sends.
+pub fn synthetic_usage(tenant_id: &str) -> Event {
+    Event {
+        tenant_id: tenant_id.to_string(),
+        event_type: "usage",
+        name: "usage.test".to_string(),
+        severity: 1,
+        timestamp: brainstorm_common::time::now_timestamp(),
+        request_id: format!("req_test_{}", uuid::Uuid::new_v4().simple()),
+        data: json!({
+            "synthetic": true,
+            "model": "brainstorm/sandbox",
+            "provider": "brainstorm",
+            "input_tokens": 12,
+            "output_tokens": 34,
+            "cost_usd": 0,
+            "outcome": "succeeded",
+        }),
+    }
+}
+
+const SEVERITIES: [&str; 6] = ["Unknown", "Informational", "Low", "Medium", "High", "Critical"];
+
+/// The event as OCSF 1.3.0 API Activity (class 6003): the request as the API call, the key and
+/// agent as the actor, the outcome as the status, the rest unmapped.
+pub fn ocsf(event: &Event) -> Value {
+    let time = brainstorm_common::time::parse_timestamp(&event.timestamp).map(|instant| instant.timestamp_millis()).unwrap_or_default();
+    let outcome = event.data.get("outcome").and_then(Value::as_str).unwrap_or_default();
+    let (status_id, status) = match outcome {
+        "allowed" | "succeeded" => (1, "Success"),
+        "" => (0, "Unknown"),
+        _ => (2, "Failure"),
+    };
+    let severity = usize::from(event.severity.min(5));
+    json!({
+        "class_uid": 6003,
+        "class_name": "API Activity",
+        "category_uid": 6,
+        "category_name": "Application Activity",
+        "activity_id": 99,
+        "activity_name": event.event_type,
+        "type_uid": 600399,
+        "type_name": "API Activity: Other",
+        "severity_id": severity,
+        "severity": SEVERITIES[severity],
+        "status_id": status_id,
+        "status": status,
+        "status_code": event.data.get("reason_code").and_then(Value::as_str).unwrap_or_default(),
+        "time": time,
+        "message": event.name,
+        "metadata": {
+            "version": "1.3.0",
+            "uid": event.request_id,
+            "event_code": event.name,
+            "tenant_uid": event.tenant_id,
+            "product": {"name": "Brainstorm", "vendor_name": "Brainstorm", "version": env!("CARGO_PKG_VERSION")},
+        },
+        "api": {
+            "operation": event.data.get("endpoint").and_then(Value::as_str).unwrap_or("/v1/chat/completions"),
+            "request": {"uid": event.request_id},
+            "service": {"name": "brainstorm-gateway"},
+        },
+        "actor": {
+            "user": {"uid": event.data.get("key_id").cloned().unwrap_or(Value::Null), "type": "API key"},
+            "app_name": event.data.get("agent_id").cloned().unwrap_or(Value::Null),
+        },
+        "unmapped": event.data,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(outcome: &str, reason: &str) -> AuditRecord {
+        AuditRecord {
+            tenant_id: "t1".into(),
+            request_id: "req_1".into(),
+            outcome: outcome.into(),
+            reason_code: reason.into(),
+            occurred_at: "2026-11-29T10:00:00.000Z".into(),
+            ..AuditRecord::default()
+        }
+    }
+
+    #[test]
+    fn audit_records_are_typed_named_and_graded() {
+        let graded = |outcome: &str, reason: &str| {
+            let event = from_audit(&record(outcome, reason));
+            (event.event_type, event.name, event.severity)
+        };
+        assert_eq!(graded("allowed", ""), ("audit", "audit.allowed".to_string(), 1));
+        assert_eq!(graded("denied", "budget_exceeded"), ("audit", "audit.denied.budget_exceeded".to_string(), 3));
+        assert_eq!(graded("denied", "guardrail_blocked"), ("guardrail", "guardrail.guardrail_blocked".to_string(), 4));
+        assert_eq!(graded("error", "kill_switch_active"), ("audit", "audit.denied.kill_switch_active".to_string(), 5));
+        assert_eq!(graded("error", "provider_error"), ("error", "error.provider_error".to_string(), 2));
+    }
+
+    #[test]
+    fn ocsf_carries_the_class_severity_status_and_time() {
+        let event = from_audit(&record("denied", "guardrail_blocked"));
+        let ocsf = ocsf(&event);
+        assert_eq!(
+            (ocsf["class_uid"].as_i64(), ocsf["severity"].as_str(), ocsf["status"].as_str()),
+            (Some(6003), Some("High"), Some("Failure"))
+        );
+        assert_eq!(ocsf["metadata"]["version"], "1.3.0");
+        assert_eq!(ocsf["time"].as_i64(), Some(1_795_946_400_000));
+        assert_eq!(ocsf["api"]["request"]["uid"], "req_1");
+    }
+}

@@ -1,0 +1,177 @@
+//! The observability-fanout suite (store and service), run against SQLite and PostgreSQL alike: a
+//! small axum server on 127.0.0.1:0 stands for destinations.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use brainstorm_common::on_both_engines;
+use brainstorm_common::store::Database;
+use brainstorm_observability_fanout::ObservabilityFanoutServiceImpl;
+use brainstorm_proto::ErrorKind;
+use brainstorm_proto::audit::AuditRecord;
+use brainstorm_proto::budget::{BudgetEvent, Settlement, budget_event};
+use brainstorm_proto::observability::*;
+use brainstorm_providers::vault::MasterKey;
+use prost::Message;
+use serde_json::{Value, json};
+
+type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+type Received = Arc<Mutex<Vec<(String, HeaderMap, Bytes)>>>;
+
+async fn receiver() -> Result<(String, Received), Box<dyn std::error::Error + Send + Sync>> {
+    let received: Received = Arc::default();
+    async fn take(State(received): State<Received>, uri: axum::http::Uri, headers: HeaderMap, body: Bytes) -> StatusCode {
+        let failing = uri.path().starts_with("/fail");
+        received.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((uri.path().to_string(), headers, body));
+        if failing { StatusCode::BAD_GATEWAY } else { StatusCode::OK }
+    }
+    let router = Router::new().route("/{*path}", post(take)).with_state(received.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let address = listener.local_addr()?;
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    Ok((format!("http://{address}"), received))
+}
+
+fn service(database: Database) -> Result<ObservabilityFanoutServiceImpl, Box<dyn std::error::Error + Send + Sync>> {
+    Ok(ObservabilityFanoutServiceImpl::new(database, MasterKey::from_hex(&MasterKey::generate_hex())?))
+}
+
+fn create(kind: &str, kind_type: &str, config: Value) -> CreateDestinationRequest {
+    CreateDestinationRequest {
+        tenant_id: "t1".into(),
+        kind: kind.into(),
+        name: format!("{kind_type} destination"),
+        r#type: kind_type.into(),
+        config_json: config.to_string(),
+        event_types: Vec::new(),
+        batch_max_size: 0,
+        batch_flush_interval_ms: 50,
+        filter_rules_json: String::new(),
+    }
+}
+
+fn settlement(request_id: &str) -> Vec<u8> {
+    let settlement = Settlement {
+        request_id: request_id.into(),
+        tenant_id: "t1".into(),
+        model: "gpt-4o-mini".into(),
+        provider: "openai".into(),
+        input_tokens: 10,
+        output_tokens: 5,
+        cost_nanos: 1_500,
+        outcome: "succeeded".into(),
+        occurred_at: "2026-11-29T10:00:00.000Z".into(),
+        ..Settlement::default()
+    };
+    BudgetEvent { kind: Some(budget_event::Kind::Settlement(settlement)) }.encode_to_vec()
+}
+
+async fn wait_for(received: &Received, path: &str, count: usize) -> Vec<Value> {
+    for _ in 0..100 {
+        let bodies: Vec<Value> = received
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .filter(|(at, _, _)| at == path)
+            .filter_map(|(_, _, body)| serde_json::from_slice(body).ok())
+            .collect();
+        if bodies.iter().map(|body| body["events"].as_array().map_or(0, Vec::len)).sum::<usize>() >= count {
+            return bodies;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Vec::new()
+}
+
+async fn destinations_seal_secrets_batch_and_count(database: Database) -> TestResult {
+    let (base, received) = receiver().await?;
+    let service = service(database)?;
+    let webhook =
+        service.create_destination(create("observability", "webhook", json!({"url": format!("{base}/hook"), "secret": "hush"}))).await?;
+    assert_eq!(webhook.secrets_set, ["secret"]);
+    assert!(!webhook.config_json.contains("hush"));
+    let invalid = service.create_destination(create("observability", "datadog", json!({}))).await;
+    assert_eq!(invalid.err().map(|error| error.reason), Some("invalid_destination".into()));
+    let wrong_kind = service.create_destination(create("xdr", "webhook", json!({"url": base.clone()}))).await;
+    assert_eq!(wrong_kind.err().map(|error| error.kind), Some(ErrorKind::InvalidArgument));
+
+    // Three usage events and an audit record, relayed as an edge without a shared bus sends them.
+    let record = AuditRecord {
+        request_id: "req_4".into(),
+        tenant_id: "t1".into(),
+        outcome: "allowed".into(),
+        occurred_at: "2026-11-29T10:00:00.000Z".into(),
+        ..AuditRecord::default()
+    };
+    let other_tenant = AuditRecord { tenant_id: "t2".into(), ..record.clone() };
+    let events = FanoutEvents {
+        budget_events: vec![settlement("req_1"), settlement("req_2"), settlement("req_3")],
+        audit_records: vec![record.encode_to_vec(), other_tenant.encode_to_vec()],
+    };
+    assert_eq!(service.record_events(events).await?.events, 5);
+    let bodies = wait_for(&received, "/hook", 4).await;
+    let names: Vec<String> = bodies
+        .iter()
+        .flat_map(|body| body["events"].as_array().cloned().unwrap_or_default())
+        .filter_map(|event| event["event"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(names.iter().filter(|name| *name == "usage.succeeded").count(), 3);
+    assert_eq!(names.iter().filter(|name| *name == "audit.allowed").count(), 1, "t2's record is not t1's");
+
+    // Merging config: a member set to null goes, the secret stays sealed.
+    let update = UpdateDestinationRequest {
+        tenant_id: "t1".into(),
+        kind: "observability".into(),
+        id: webhook.id.clone(),
+        config_json: Some(json!({"headers": {"x-team": "ai"}}).to_string()),
+        set_event_types: true,
+        event_types: vec!["audit".into()],
+        ..UpdateDestinationRequest::default()
+    };
+    let updated = service.update_destination(update).await?;
+    assert_eq!(
+        (updated.event_types.as_slice(), updated.secrets_set.as_slice()),
+        (["audit".to_string()].as_slice(), ["secret".to_string()].as_slice())
+    );
+    let bad_types = UpdateDestinationRequest {
+        tenant_id: "t1".into(),
+        kind: "observability".into(),
+        id: webhook.id.clone(),
+        set_event_types: true,
+        event_types: vec!["billing".into()],
+        ..UpdateDestinationRequest::default()
+    };
+    assert!(service.update_destination(bad_types).await.is_err());
+
+    let failing = service.create_destination(create("observability", "custom", json!({"url": format!("{base}/fail")}))).await?;
+    let reference = |id: &str| DestinationRef { tenant_id: "t1".into(), id: id.into(), kind: "observability".into() };
+    let tested = service.test_destination(reference(&failing.id)).await?;
+    assert!(!tested.delivered && tested.error.contains("502"), "{}", tested.error);
+    assert!(service.test_destination(reference(&webhook.id)).await?.delivered);
+    let stats = service.destination_stats(reference(&webhook.id)).await?;
+    assert!(stats.sent >= 5 && !stats.last_delivery_at.is_empty(), "{stats:?}");
+    assert_eq!(service.destination_stats(reference(&failing.id)).await?.failed, 1);
+    let xdr_view = DestinationRef { kind: "xdr".into(), ..reference(&webhook.id) };
+    assert_eq!(service.destination_stats(xdr_view).await.err().map(|error| error.kind), Some(ErrorKind::NotFound));
+
+    assert!(service.get_config(TenantRef { tenant_id: "t1".into() }).await?.enabled, "on until switched off");
+    service.put_config(FanoutConfig { tenant_id: "t1".into(), enabled: false }).await?;
+    assert!(!service.get_config(TenantRef { tenant_id: "t1".into() }).await?.enabled);
+    service.delete_destination(reference(&failing.id)).await?;
+    assert_eq!(
+        service
+            .list_destinations(ListDestinationsRequest { tenant_id: "t1".into(), kind: "observability".into() })
+            .await?
+            .destinations
+            .len(),
+        1
+    );
+    Ok(())
+}
+
+on_both_engines!(destinations_seal_secrets_batch_and_count);
