@@ -411,36 +411,17 @@ pub async fn approvals(State(state): State<EdgeState>, caller: Caller, Query(que
     Ok(Json(json!({"approvals": views, "count": views.len()})))
 }
 
-async fn decide(state: &EdgeState, caller: &Caller, id: String, approve: bool) -> Result<Approval, ApiError> {
-    caller.require("security.write")?;
-    let request = DecideApprovalRequest {
-        tenant_id: caller.tenant_id()?.to_string(),
-        approval_id: id,
-        approve,
-        decided_by: caller.identity.key_id.clone(),
-    };
-    Ok(client(state)?.decide_approval(request).await?)
-}
-
 /// `POST /v1/mcp/approvals/{id}/approve` (security.write): runs the queued call → `{id, status:
 /// approved, result}` (with `error` instead when the call failed); 409 when already decided.
 pub async fn approve(State(state): State<EdgeState>, caller: Caller, Path(id): Path<String>) -> Answer {
-    let approval = decide(&state, &caller, id, true).await?;
-    let mut answer = json!({
-        "id": approval.id,
-        "status": approval.status,
-        "result": serde_json::from_str::<Value>(&approval.result_json).unwrap_or(Value::Null),
-    });
-    if !approval.error.is_empty() {
-        answer["error"] = json!(approval.error);
-    }
-    Ok(Json(answer))
+    caller.require("security.write")?;
+    decide_from_queue(&state, &caller, id, true).await
 }
 
 /// `POST /v1/mcp/approvals/{id}/deny` (security.write) → `{id, status: denied}`.
 pub async fn deny(State(state): State<EdgeState>, caller: Caller, Path(id): Path<String>) -> Answer {
-    let approval = decide(&state, &caller, id, false).await?;
-    Ok(Json(json!({"id": approval.id, "status": approval.status})))
+    caller.require("security.write")?;
+    decide_from_queue(&state, &caller, id, false).await
 }
 
 /// The tenant's pending MCP approvals as the shared queue (`GET /v1/approvals/pending`) shows them:
