@@ -88,7 +88,6 @@ pub async fn up(settings: Settings) -> anyhow::Result<()> {
     let catalog = CatalogClient::local(catalog_service(&settings, database.clone(), bus.clone(), upstream.clone(), master_key.clone()));
     let mcp = McpGatewayClient::local(mcp_service(&settings, database.clone(), master_key.clone()));
     let prompts = PromptsEvalClient::local(PromptsEvalServiceImpl::new(database.clone()));
-    let fanout = ObservabilityFanoutServiceImpl::new(database.clone(), master_key.clone());
     let shutdown = Shutdown::on_signals();
     let audit_service = audit_service(database.clone(), &master_key)?;
     // The chain and the ledger stop after the edge (see `finish_writes`), not at the signal, and run
@@ -102,14 +101,24 @@ pub async fn up(settings: Settings) -> anyhow::Result<()> {
     let (audit_publisher, _publishing) = AuditPublisher::spawn(bus.clone(), PublisherOptions::default());
     let policy =
         PolicyFirewallClient::local(policy_service(database.clone(), bus.clone(), Some(master_key.clone()), &settings, &shutdown).await?);
+    // The fan-out reads the settlements and audit records off the bus as their owners do, on the
+    // writers' thread too, and stops with them.
+    let fanout = ObservabilityFanoutServiceImpl::new(database.clone(), master_key.clone(), writers_runtime);
+    let fanout_consumers = spawn_fanout_consumers(
+        writers_runtime,
+        &bus,
+        fanout.clone(),
+        settings.write_linger,
+        writers_stop.clone().requested(),
+        writers_stop.clone().requested(),
+    )
+    .await?;
     let ledger = BudgetLedgerServiceImpl::new(database.clone(), BudgetLedgerOptions::default());
     let ledger_writer =
         spawn_settlement_consumer(writers_runtime, &bus, ledger.clone(), settings.write_linger, writers_stop.requested()).await?;
     let budget = BudgetLedgerClient::local(ledger);
     let guard = budget_guard(&settings, bus.clone(), &budget).await?;
     let guardian = guardian(&policy, &settings);
-    // The fan-out reads the settlements and audit records off the bus as their owners do.
-    spawn_fanout_consumers(&bus, fanout.clone(), settings.write_linger, shutdown.clone().requested(), shutdown.clone().requested()).await?;
     let observability = ObservabilityFanoutClient::local(fanout);
     tracing::info!(listen = %settings.listen, data_dir = %settings.data_dir.display(), "brainstorm up: every service in one process");
     // With a gRPC address configured, the embedded services also answer gRPC there (for the
@@ -151,7 +160,9 @@ pub async fn up(settings: Settings) -> anyhow::Result<()> {
         grpc.await.context("the gRPC server panicked")??;
     }
     flush_evidence(&audit_publisher, &guardian).await;
-    finish_writes(&stop_writers, vec![chain, ledger_writer]).await;
+    let mut writers = vec![chain, ledger_writer];
+    writers.extend(fanout_consumers);
+    finish_writes(&stop_writers, writers).await;
     drop(writer_thread);
     database.close().await;
     Ok(())
@@ -305,10 +316,18 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
                 .master_key
                 .as_ref()
                 .context("observability-fanout needs BR_MASTER_KEY (64 hex characters) to seal destination secrets")?;
-            let fanout = ObservabilityFanoutServiceImpl::new(database.clone(), MasterKey::from_hex(master_key.expose())?);
+            let fanout = ObservabilityFanoutServiceImpl::new(database.clone(), MasterKey::from_hex(master_key.expose())?, &current);
             // On Kafka it reads the topics itself; without, edges relay to it (below, or in theirs).
-            spawn_fanout_consumers(&bus, fanout.clone(), settings.write_linger, shutdown.clone().requested(), shutdown.clone().requested())
-                .await?;
+            let consumers = spawn_fanout_consumers(
+                &current,
+                &bus,
+                fanout.clone(),
+                settings.write_linger,
+                writers_stop.clone().requested(),
+                writers_stop.clone().requested(),
+            )
+            .await?;
+            writers.extend(consumers);
             Some(ObservabilityFanoutClient::local(fanout))
         }
         _ if hosts_edge && settings.service_urls.contains_key(&ServiceName::ObservabilityFanout) => {

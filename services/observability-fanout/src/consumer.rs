@@ -4,10 +4,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use brainstorm_common::bus::{Batching, BusError, EventBus, Subscription, consume};
-use brainstorm_proto::audit::{AUDIT_RECORDS_TOPIC, AuditRecord};
-use brainstorm_proto::budget::{BudgetEvent, SETTLEMENTS_TOPIC};
+use brainstorm_proto::audit::AUDIT_RECORDS_TOPIC;
+use brainstorm_proto::budget::SETTLEMENTS_TOPIC;
 
-use crate::events;
+use crate::dispatcher::Source;
 use crate::service::ObservabilityFanoutServiceImpl;
 
 const GROUP: &str = "observability-fanout";
@@ -16,6 +16,7 @@ const BATCH: usize = 1_024;
 /// Subscribes to both topics and fans their messages out until `usage_stop` and `audit_stop`
 /// (one stop signal for each consumer).
 pub async fn spawn_fanout_consumers(
+    runtime: &tokio::runtime::Handle,
     bus: &Arc<dyn EventBus>,
     service: ObservabilityFanoutServiceImpl,
     linger: Duration,
@@ -24,30 +25,28 @@ pub async fn spawn_fanout_consumers(
 ) -> Result<Vec<tokio::task::JoinHandle<()>>, BusError> {
     let settlements = bus.subscribe(SETTLEMENTS_TOPIC, GROUP).await?;
     let records = bus.subscribe(AUDIT_RECORDS_TOPIC, GROUP).await?;
-    let usage =
-        tokio::spawn(fan_out(settlements, linger, usage_stop, service.clone(), |event: &BudgetEvent| events::from_budget_event(event)));
-    let audit = tokio::spawn(fan_out(records, linger, audit_stop, service, |record: &AuditRecord| Some(events::from_audit(record))));
+    let usage = runtime.spawn(fan_out(settlements, linger, usage_stop, service.clone(), Source::Budget));
+    let audit = runtime.spawn(fan_out(records, linger, audit_stop, service, Source::Audit));
     Ok(vec![usage, audit])
 }
 
-/// Consumes one topic: its messages of type `M`, as events, to delivery; acked once handed over.
+/// Consumes one topic: its messages of type `M` to delivery; acked once handed over.
 async fn fan_out<M: prost::Message + Default + 'static>(
     mut subscription: Box<dyn Subscription>,
     linger: Duration,
     stop: impl Future<Output = ()>,
     service: ObservabilityFanoutServiceImpl,
-    to_event: impl Fn(&M) -> Option<events::Event>,
+    to_source: impl Fn(Arc<M>) -> Source,
 ) {
     let batching = Batching { max: BATCH, linger, retry_pause: Duration::ZERO };
-    let to_event = &to_event;
+    let to_source = &to_source;
     let consumed = consume(subscription.as_mut(), batching, stop, |deliveries| {
         let service = service.clone();
         async move {
-            let fanned: Vec<events::Event> = deliveries
-                .iter()
-                .filter_map(|delivery| delivery.message().decode::<M>().ok())
-                .filter_map(|message| to_event(&message))
-                .collect();
+            // On the in-process bus `decode` hands over the publisher's own value: no copy, and no
+            // event is built until a tenant with destinations asks for one.
+            let fanned: Vec<Source> =
+                deliveries.iter().filter_map(|delivery| delivery.message().decode::<M>().ok()).map(to_source).collect();
             service.submit(fanned).await;
             for delivery in deliveries {
                 delivery.ack();

@@ -3,6 +3,10 @@
 //! flush interval passed since the batch's first event, then sent in one request. Delivery is at
 //! most once: a failed request is counted (`failed`), not retried; a destination whose buffer is
 //! full drops what comes (`dropped`); what waits in buffers at a stop is lost.
+//!
+//! A tenant's destinations (their secrets opened, their rules compiled) are kept in memory for
+//! `TENANT_TTL` and dropped at once when this service changes them, so a tenant without
+//! destinations costs a map lookup per message and no event is built for it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -11,7 +15,10 @@ use std::time::{Duration, Instant};
 use serde_json::{Map, Value};
 use tokio::sync::{Semaphore, mpsc};
 
-use crate::events::Event;
+use brainstorm_proto::audit::AuditRecord;
+use brainstorm_proto::budget::BudgetEvent;
+
+use crate::events::{self, Event};
 use crate::filter::{FilterRules, subscribed};
 use crate::formats;
 use crate::service::Opener;
@@ -25,6 +32,53 @@ const MAX_IN_FLIGHT: usize = 16;
 const TICK: Duration = Duration::from_millis(100);
 /// One request's limit.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a tenant's destinations are trusted before they are read again (changes made through
+/// another replica of this service apply at most this late).
+const TENANT_TTL: Duration = Duration::from_secs(5);
+/// Most tenants kept; past it the cache starts over.
+const MAX_TENANTS: usize = 10_000;
+
+/// What becomes an event, as it came off the bus (no event is built for a tenant without destinations).
+pub enum Source {
+    Budget(Arc<BudgetEvent>),
+    Audit(Arc<AuditRecord>),
+}
+
+impl Source {
+    fn tenant_id(&self) -> Option<&str> {
+        match self {
+            Source::Budget(event) => match &event.kind {
+                Some(brainstorm_proto::budget::budget_event::Kind::Settlement(settlement)) => Some(&settlement.tenant_id),
+                _ => None,
+            },
+            Source::Audit(record) => Some(&record.tenant_id),
+        }
+    }
+
+    fn event(self) -> Option<Event> {
+        match self {
+            Source::Budget(event) => events::from_budget_event(&event),
+            Source::Audit(record) => Some(events::from_audit(&record)),
+        }
+    }
+}
+
+enum Command {
+    Route(Vec<Source>),
+    Forget(String),
+}
+
+/// A destination ready to take events: its row, its opened config and its compiled rules.
+struct Ready {
+    stored: StoredDestination,
+    config: Map<String, Value>,
+    rules: FilterRules,
+}
+
+struct Tenant {
+    fetched_at: Instant,
+    destinations: Arc<Vec<Ready>>,
+}
 
 /// Sends one request; Ok when the destination answered 2xx.
 pub async fn send(http: &reqwest::Client, request: formats::HttpRequest) -> Result<(), String> {
@@ -45,22 +99,36 @@ pub async fn send(http: &reqwest::Client, request: formats::HttpRequest) -> Resu
 /// Hands events to the delivery task.
 #[derive(Clone)]
 pub struct Dispatcher {
-    sender: mpsc::Sender<Vec<Event>>,
+    sender: mpsc::Sender<Command>,
 }
 
 impl Dispatcher {
-    /// Starts the delivery task.
-    pub fn spawn(store: FanoutStore, opener: Opener, http: reqwest::Client) -> Dispatcher {
+    /// Starts the delivery task on `runtime`.
+    pub fn spawn(runtime: &tokio::runtime::Handle, store: FanoutStore, opener: Opener, http: reqwest::Client) -> Dispatcher {
         let (sender, receiver) = mpsc::channel(256);
-        let worker = Worker { store, opener, http, buffers: HashMap::new(), in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)) };
-        tokio::spawn(worker.run(receiver));
+        let worker = Worker {
+            store,
+            opener,
+            http,
+            tenants: HashMap::new(),
+            buffers: HashMap::new(),
+            in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
+        };
+        runtime.spawn(worker.run(receiver));
         Dispatcher { sender }
     }
 
-    /// Queues events (waits while the delivery task is behind).
-    pub async fn submit(&self, events: Vec<Event>) {
-        if !events.is_empty() && self.sender.send(events).await.is_err() {
+    /// Queues what becomes events (waits while the delivery task is behind).
+    pub async fn submit(&self, sources: Vec<Source>) {
+        if !sources.is_empty() && self.sender.send(Command::Route(sources)).await.is_err() {
             tracing::warn!("the fan-out delivery task stopped; events are lost");
+        }
+    }
+
+    /// Drops what is kept of a tenant's destinations (this service changed them).
+    pub async fn forget(&self, tenant_id: &str) {
+        if self.sender.send(Command::Forget(tenant_id.to_string())).await.is_err() {
+            tracing::warn!("the fan-out delivery task stopped");
         }
     }
 }
@@ -77,17 +145,21 @@ struct Worker {
     store: FanoutStore,
     opener: Opener,
     http: reqwest::Client,
+    tenants: HashMap<String, Tenant>,
     buffers: HashMap<String, Buffer>,
     in_flight: Arc<Semaphore>,
 }
 
 impl Worker {
-    async fn run(mut self, mut receiver: mpsc::Receiver<Vec<Event>>) {
+    async fn run(mut self, mut receiver: mpsc::Receiver<Command>) {
         let mut tick = tokio::time::interval(TICK);
         loop {
             tokio::select! {
                 received = receiver.recv() => match received {
-                    Some(events) => self.route(events).await,
+                    Some(Command::Route(sources)) => self.route(sources).await,
+                    Some(Command::Forget(tenant_id)) => {
+                        self.tenants.remove(&tenant_id);
+                    }
                     None => break,
                 },
                 _ = tick.tick() => self.flush_due(),
@@ -95,60 +167,77 @@ impl Worker {
         }
     }
 
-    /// Puts each event in the buffers of the destinations that take it.
-    async fn route(&mut self, events: Vec<Event>) {
-        let mut by_tenant: HashMap<String, Vec<Event>> = HashMap::new();
-        for event in events {
-            by_tenant.entry(event.tenant_id.clone()).or_default().push(event);
+    /// The tenant's enabled destinations, from memory while fresh.
+    async fn destinations(&mut self, tenant_id: &str) -> Arc<Vec<Ready>> {
+        if let Some(tenant) = self.tenants.get(tenant_id).filter(|tenant| tenant.fetched_at.elapsed() < TENANT_TTL) {
+            return tenant.destinations.clone();
         }
-        for (tenant_id, events) in by_tenant {
-            let (enabled, destinations) = match (self.store.enabled(&tenant_id).await, self.store.list(&tenant_id, "").await) {
-                (Ok(enabled), Ok(destinations)) => (enabled, destinations),
-                (Err(error), _) | (_, Err(error)) => {
-                    tracing::warn!(%error, tenant_id, "cannot read the tenant's destinations; its events are not fanned out");
+        let destinations = Arc::new(self.load(tenant_id).await);
+        if self.tenants.len() >= MAX_TENANTS {
+            self.tenants.clear();
+        }
+        self.tenants.insert(tenant_id.to_string(), Tenant { fetched_at: Instant::now(), destinations: destinations.clone() });
+        destinations
+    }
+
+    async fn load(&self, tenant_id: &str) -> Vec<Ready> {
+        let (enabled, stored) = match (self.store.enabled(tenant_id).await, self.store.list(tenant_id, "").await) {
+            (Ok(enabled), Ok(stored)) => (enabled, stored),
+            (Err(error), _) | (_, Err(error)) => {
+                tracing::warn!(%error, tenant_id, "cannot read the tenant's destinations; its events are not fanned out");
+                return Vec::new();
+            }
+        };
+        stored
+            .into_iter()
+            // The tenant's switch governs observability destinations; XDR connectors have their own.
+            .filter(|stored| stored.destination.enabled && (stored.destination.kind != "observability" || enabled))
+            .filter_map(|stored| match self.opener.config(&stored) {
+                Ok(config) => {
+                    let rules = FilterRules::parse(&stored.destination.filter_rules_json).unwrap_or_default();
+                    Some(Ready { stored, config, rules })
+                }
+                Err(error) => {
+                    tracing::error!(%error, destination = %stored.destination.id, "cannot open a destination's secrets");
+                    None
+                }
+            })
+            .collect()
+    }
+
+    /// Puts each event in the buffers of the destinations that take it.
+    async fn route(&mut self, sources: Vec<Source>) {
+        for source in sources {
+            let Some(tenant_id) = source.tenant_id().map(str::to_string) else { continue };
+            let destinations = self.destinations(&tenant_id).await;
+            if destinations.is_empty() {
+                continue;
+            }
+            let Some(event) = source.event() else { continue };
+            for ready in destinations.iter() {
+                let destination = &ready.stored.destination;
+                if !subscribed(&destination.event_types, &event) || !ready.rules.admits(&event) {
                     continue;
                 }
-            };
-            for stored in destinations {
-                let destination = &stored.destination;
-                // The tenant's switch governs observability destinations; XDR connectors have their own.
-                if !destination.enabled || (destination.kind == "observability" && !enabled) {
-                    continue;
-                }
-                let rules = FilterRules::parse(&destination.filter_rules_json).unwrap_or_default();
-                let taken: Vec<Event> =
-                    events.iter().filter(|event| subscribed(&destination.event_types, event) && rules.admits(event)).cloned().collect();
-                if taken.is_empty() {
-                    continue;
-                }
-                let config = match self.opener.config(&stored) {
-                    Ok(config) => config,
-                    Err(error) => {
-                        tracing::error!(%error, destination = %destination.id, "cannot open a destination's secrets");
-                        continue;
-                    }
-                };
                 let id = destination.id.clone();
                 let buffer = self.buffers.entry(id.clone()).or_insert_with(|| Buffer {
-                    destination: stored.clone(),
-                    config: config.clone(),
+                    destination: ready.stored.clone(),
+                    config: ready.config.clone(),
                     events: Vec::new(),
                     first_at: Instant::now(),
                     dropped: 0,
                 });
-                // The newest settings win (a destination changed since its buffer began).
-                buffer.destination = stored.clone();
-                buffer.config = config;
                 if buffer.events.is_empty() {
+                    // The newest settings win (a destination changed since its last batch).
+                    buffer.destination = ready.stored.clone();
+                    buffer.config = ready.config.clone();
                     buffer.first_at = Instant::now();
                 }
-                for event in taken {
-                    if buffer.events.len() >= MAX_BUFFERED {
-                        buffer.dropped += 1;
-                    } else {
-                        buffer.events.push(event);
-                    }
+                if buffer.events.len() >= MAX_BUFFERED {
+                    buffer.dropped += 1;
+                    continue;
                 }
+                buffer.events.push(event.clone());
                 if buffer.events.len() >= buffer.destination.destination.batch_max_size.max(1) as usize {
                     self.flush(&id);
                 }

@@ -14,8 +14,8 @@ use brainstorm_providers::vault::{self, MasterKey, SealedSecret};
 use prost::Message;
 use serde_json::{Map, Value};
 
-use crate::dispatcher::{Dispatcher, send};
-use crate::events::{self, Event, synthetic_usage};
+use crate::dispatcher::{Dispatcher, Source, send};
+use crate::events::synthetic_usage;
 use crate::filter::{FilterRules, validate_event_types};
 use crate::formats::{self, KINDS};
 use crate::store::{FanoutStore, StoredDestination};
@@ -77,18 +77,19 @@ pub struct ObservabilityFanoutServiceImpl {
 }
 
 impl ObservabilityFanoutServiceImpl {
-    /// The service over a migrated database, with its delivery task (on the current runtime).
-    pub fn new(database: Database, master_key: MasterKey) -> ObservabilityFanoutServiceImpl {
+    /// The service over a migrated database, with its delivery task on `runtime` (`up` gives it the
+    /// writers' thread, off the requests' one).
+    pub fn new(database: Database, master_key: MasterKey, runtime: &tokio::runtime::Handle) -> ObservabilityFanoutServiceImpl {
         let store = FanoutStore::new(database);
         let opener = Opener { master_key: Arc::new(master_key) };
         let http = reqwest::Client::builder().tcp_nodelay(true).build().unwrap_or_default();
-        let dispatcher = Dispatcher::spawn(store.clone(), opener.clone(), http.clone());
+        let dispatcher = Dispatcher::spawn(runtime, store.clone(), opener.clone(), http.clone());
         ObservabilityFanoutServiceImpl { store, opener, http, dispatcher }
     }
 
-    /// Hands events to delivery.
-    pub async fn submit(&self, events: Vec<Event>) {
-        self.dispatcher.submit(events).await;
+    /// Hands what becomes events to delivery.
+    pub(crate) async fn submit(&self, sources: Vec<Source>) {
+        self.dispatcher.submit(sources).await;
     }
 
     async fn existing(&self, tenant_id: &str, kind: &str, id: &str) -> ServiceResult<StoredDestination> {
@@ -178,6 +179,7 @@ impl ObservabilityFanoutService for ObservabilityFanoutServiceImpl {
         let sealed = self.opener.seal(&mut destination, config)?;
         let stored = StoredDestination { destination, sealed };
         self.store.put(&stored, false).await.map_err(failure)?;
+        self.dispatcher.forget(&stored.destination.tenant_id).await;
         Ok(stored.destination)
     }
 
@@ -229,12 +231,14 @@ impl ObservabilityFanoutService for ObservabilityFanoutServiceImpl {
         }
         destination.updated_at = now_timestamp();
         self.store.put(&stored, true).await.map_err(failure)?;
+        self.dispatcher.forget(&stored.destination.tenant_id).await;
         Ok(stored.destination)
     }
 
     async fn delete_destination(&self, request: DestinationRef) -> ServiceResult<Destination> {
         let stored = self.existing(&request.tenant_id, &request.kind, &request.id).await?;
         self.store.delete(&request.tenant_id, &request.id).await.map_err(failure)?;
+        self.dispatcher.forget(&request.tenant_id).await;
         Ok(stored.destination)
     }
 
@@ -281,6 +285,7 @@ impl ObservabilityFanoutService for ObservabilityFanoutServiceImpl {
 
     async fn put_config(&self, request: FanoutConfig) -> ServiceResult<FanoutConfig> {
         self.store.set_enabled(&request.tenant_id, request.enabled, &now_timestamp()).await.map_err(failure)?;
+        self.dispatcher.forget(&request.tenant_id).await;
         Ok(request)
     }
 
@@ -289,12 +294,12 @@ impl ObservabilityFanoutService for ObservabilityFanoutServiceImpl {
         for bytes in &request.budget_events {
             let event = BudgetEvent::decode(bytes.as_slice())
                 .map_err(|error| ServiceError::invalid("invalid_event", format!("a budget event does not decode: {error}")))?;
-            fanned.extend(events::from_budget_event(&event));
+            fanned.push(Source::Budget(Arc::new(event)));
         }
         for bytes in &request.audit_records {
             let record = AuditRecord::decode(bytes.as_slice())
                 .map_err(|error| ServiceError::invalid("invalid_event", format!("an audit record does not decode: {error}")))?;
-            fanned.push(events::from_audit(&record));
+            fanned.push(Source::Audit(Arc::new(record)));
         }
         let count = u32::try_from(fanned.len()).unwrap_or(u32::MAX);
         self.submit(fanned).await;

@@ -38,7 +38,7 @@ async fn receiver() -> Result<(String, Received), Box<dyn std::error::Error + Se
 }
 
 fn service(database: Database) -> Result<ObservabilityFanoutServiceImpl, Box<dyn std::error::Error + Send + Sync>> {
-    Ok(ObservabilityFanoutServiceImpl::new(database, MasterKey::from_hex(&MasterKey::generate_hex())?))
+    Ok(ObservabilityFanoutServiceImpl::new(database, MasterKey::from_hex(&MasterKey::generate_hex())?, &tokio::runtime::Handle::current()))
 }
 
 fn create(kind: &str, kind_type: &str, config: Value) -> CreateDestinationRequest {
