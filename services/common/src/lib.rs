@@ -7,6 +7,7 @@ pub mod collections;
 pub mod config;
 pub mod error;
 pub mod money;
+pub mod net;
 pub mod outbox;
 pub mod store;
 pub mod telemetry;

@@ -113,3 +113,8 @@ pub fn agent_profile(profile: &AgentProfile) -> Value {
         "updatedAt": profile.updated_at,
     })
 }
+
+/// A JSON value stored as text, as an answer shows it (empty or unreadable text: null).
+pub fn json_text(text: &str) -> Value {
+    if text.is_empty() { Value::Null } else { serde_json::from_str(text).unwrap_or(Value::Null) }
+}

@@ -4,8 +4,10 @@
 //! opens its own session (initialize, the initialized notification, the calls, and for streamable
 //! HTTP a DELETE of the session when the server gave one).
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
+use brainstorm_providers::sse::{SseEvent, SseParser};
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
 use futures::stream::BoxStream;
@@ -162,7 +164,7 @@ impl<'a> Session<'a> {
                         .next_event()
                         .await?
                         .ok_or_else(|| McpError::Protocol("the event stream ended before naming its endpoint".into()))?;
-                    if event.name == "endpoint" {
+                    if event_name(&event) == "endpoint" {
                         break base
                             .join(event.data.trim())
                             .map_err(|error| McpError::Protocol(format!("the endpoint `{}` is not a URL: {error}", event.data)))?;
@@ -290,7 +292,7 @@ async fn limited_body(response: reqwest::Response) -> Result<Bytes, McpError> {
 /// Reads events until the response to request `id` (server requests and notifications are skipped).
 async fn answer_on(events: &mut EventReader, id: i64) -> Result<Value, McpError> {
     while let Some(event) = events.next_event().await? {
-        if event.name != "message" || event.data.is_empty() {
+        if event_name(&event) != "message" || event.data.is_empty() {
             continue;
         }
         let Ok(value) = serde_json::from_str::<Value>(&event.data) else { continue };
@@ -324,116 +326,72 @@ fn into_result(mut answer: Value) -> Result<Value, McpError> {
     Ok(answer.get_mut("result").map(Value::take).unwrap_or(Value::Null))
 }
 
-/// One server-sent event.
-#[derive(Debug, PartialEq)]
-struct Event {
-    name: String,
-    data: String,
-}
-
-/// Reads server-sent events from a byte stream.
+/// Reads server-sent events from a byte stream (with the providers' SSE parser). An event the
+/// stream does not finish with a blank line is dropped, as SSE says.
 struct EventReader {
     stream: BoxStream<'static, reqwest::Result<Bytes>>,
-    buffer: BytesMut,
+    parser: SseParser,
+    pending: VecDeque<SseEvent>,
     read: usize,
 }
 
 impl EventReader {
     fn new(stream: BoxStream<'static, reqwest::Result<Bytes>>) -> EventReader {
-        EventReader { stream, buffer: BytesMut::new(), read: 0 }
+        EventReader { stream, parser: SseParser::default(), pending: VecDeque::new(), read: 0 }
     }
 
     /// The next event, or None when the stream ended.
-    async fn next_event(&mut self) -> Result<Option<Event>, McpError> {
+    async fn next_event(&mut self) -> Result<Option<SseEvent>, McpError> {
         loop {
-            if let Some(event) = take_event(&mut self.buffer) {
+            if let Some(event) = self.pending.pop_front() {
                 return Ok(Some(event));
             }
-            match self.stream.next().await {
-                Some(chunk) => {
-                    let chunk = chunk.map_err(unreachable)?;
-                    self.read += chunk.len();
-                    if self.read > MAX_ANSWER_BYTES {
-                        return Err(McpError::Protocol(format!("the event stream exceeds {MAX_ANSWER_BYTES} bytes")));
-                    }
-                    self.buffer.extend_from_slice(&chunk);
-                }
-                // An event the stream did not finish with a blank line is dropped, as SSE says.
-                None => return Ok(None),
+            let Some(chunk) = self.stream.next().await else { return Ok(None) };
+            let chunk = chunk.map_err(unreachable)?;
+            self.read += chunk.len();
+            if self.read > MAX_ANSWER_BYTES {
+                return Err(McpError::Protocol(format!("the event stream exceeds {MAX_ANSWER_BYTES} bytes")));
             }
+            self.pending.extend(self.parser.push(&chunk));
         }
     }
 }
 
-/// Cuts the first complete event (ended by a blank line, `\n` or `\r\n` line ends) off `buffer`.
-/// Comments and events without data are skipped; `event` defaults to `message`.
-fn take_event(buffer: &mut BytesMut) -> Option<Event> {
-    loop {
-        let end = event_end(buffer)?;
-        let block = buffer.split_to(end.1);
-        let text = String::from_utf8_lossy(&block[..end.0]);
-        let mut name = String::from("message");
-        let mut data: Vec<&str> = Vec::new();
-        for line in text.split('\n') {
-            let line = line.strip_suffix('\r').unwrap_or(line);
-            let (field, value) = match line.split_once(':') {
-                Some((field, value)) => (field, value.strip_prefix(' ').unwrap_or(value)),
-                None => (line, ""),
-            };
-            match field {
-                "event" => name = value.to_string(),
-                "data" => data.push(value),
-                _ => {}
-            }
-        }
-        if !data.is_empty() {
-            return Some(Event { name, data: data.join("\n") });
-        }
-    }
-}
-
-/// Where the first event's text ends and where the next begins: the first blank line.
-fn event_end(buffer: &[u8]) -> Option<(usize, usize)> {
-    let mut start = 0;
-    for newline in memchr::memchr_iter(b'\n', buffer) {
-        let line = &buffer[start..newline];
-        if line.is_empty() || line == b"\r" {
-            return Some((start, newline + 1));
-        }
-        start = newline + 1;
-    }
-    None
+/// An event's name (`message` when it has none).
+fn event_name(event: &SseEvent) -> &str {
+    event.event.as_deref().unwrap_or("message")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn events_of(text: &str) -> Vec<Event> {
-        let mut buffer = BytesMut::from(text.as_bytes());
-        std::iter::from_fn(|| take_event(&mut buffer)).collect()
+    async fn events_of(chunks: &[&str]) -> Vec<(String, String)> {
+        let chunks: Vec<reqwest::Result<Bytes>> = chunks.iter().map(|chunk| Ok(Bytes::from(chunk.to_string()))).collect();
+        let mut reader = EventReader::new(futures::stream::iter(chunks).boxed());
+        let mut events = Vec::new();
+        while let Ok(Some(event)) = reader.next_event().await {
+            events.push((event_name(&event).to_string(), event.data));
+        }
+        events
     }
 
-    #[test]
-    fn events_are_cut_at_blank_lines_with_either_line_end() {
-        let events = events_of(
+    #[tokio::test]
+    async fn events_are_cut_at_blank_lines_with_either_line_end() {
+        let events = events_of(&[
             "event: endpoint\ndata: /messages?session=1\n\n: a comment\n\ndata: {\"a\":\r\ndata: 1}\r\n\r\nevent: message\ndata: x\n",
-        );
+        ])
+        .await;
         assert_eq!(
             events,
-            vec![
-                Event { name: "endpoint".into(), data: "/messages?session=1".into() },
-                Event { name: "message".into(), data: "{\"a\":\n1}".into() },
-            ]
+            vec![("endpoint".to_string(), "/messages?session=1".to_string()), ("message".to_string(), "{\"a\":\n1}".to_string())]
         );
     }
 
-    #[test]
-    fn an_unfinished_event_waits_for_more_bytes() {
-        let mut buffer = BytesMut::from(&b"data: {\"jsonrpc\""[..]);
-        assert_eq!(take_event(&mut buffer), None);
-        buffer.extend_from_slice(b":\"2.0\"}\n\n");
-        assert_eq!(take_event(&mut buffer).map(|event| event.data), Some("{\"jsonrpc\":\"2.0\"}".to_string()));
+    #[tokio::test]
+    async fn an_unfinished_event_waits_for_more_bytes() {
+        let events = events_of(&["data: {\"jsonrpc\"", ":\"2.0\"}\n\n"]).await;
+        assert_eq!(events, vec![("message".to_string(), "{\"jsonrpc\":\"2.0\"}".to_string())]);
     }
 
     #[test]

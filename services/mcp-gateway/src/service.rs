@@ -182,31 +182,12 @@ fn validate_url(url: &str, allow_private: bool) -> ServiceResult<String> {
         Ok(parsed) if matches!(parsed.scheme(), "http" | "https") && parsed.host().is_some() => parsed,
         _ => return Err(invalid(format!("url `{url}` is not an http(s) URL"))),
     };
-    if !allow_private && is_private_host(parsed.host_str().unwrap_or_default()) {
+    if !allow_private && brainstorm_common::net::is_private_host(parsed.host_str().unwrap_or_default()) {
         return Err(invalid(format!(
             "url `{url}` is a private, loopback or link-local address; the operator allows those with BR_MCP_ALLOW_PRIVATE_URLS"
         )));
     }
     Ok(parsed.to_string())
-}
-
-/// Whether a URL's host is `localhost` or a private, loopback, link-local or unspecified address
-/// (names are not resolved: a registration is judged by what it says).
-fn is_private_host(host: &str) -> bool {
-    use std::net::IpAddr;
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    host.eq_ignore_ascii_case("localhost")
-        || host.ends_with(".localhost")
-        || host.parse::<IpAddr>().is_ok_and(|address| match address {
-            IpAddr::V4(v4) => v4.is_private() || v4.is_loopback() || v4.is_link_local() || v4.is_unspecified() || v4.is_broadcast(),
-            IpAddr::V6(v6) => {
-                v6.is_loopback()
-                    || v6.is_unspecified()
-                    || (v6.segments()[0] & 0xfe00) == 0xfc00
-                    || (v6.segments()[0] & 0xffc0) == 0xfe80
-                    || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_private() || v4.is_loopback() || v4.is_link_local())
-            }
-        })
 }
 
 fn validate_allowed_keys(keys: Vec<String>) -> ServiceResult<Vec<String>> {

@@ -208,8 +208,8 @@ impl Worker {
     /// Puts each event in the buffers of the destinations that take it.
     async fn route(&mut self, sources: Vec<Source>) {
         for source in sources {
-            let Some(tenant_id) = source.tenant_id().map(str::to_string) else { continue };
-            let destinations = self.destinations(&tenant_id).await;
+            let Some(tenant_id) = source.tenant_id() else { continue };
+            let destinations = self.destinations(tenant_id).await;
             if destinations.is_empty() {
                 continue;
             }

@@ -2,13 +2,14 @@
 //! full block makes room by evicting its oldest unpinned fact to archival storage (kept, out of the
 //! block); pinned facts are never evicted. Every operation is in the memory audit trail.
 
-use std::sync::LazyLock;
+use std::ops::Range;
 
 use brainstorm_common::store::Database;
 use brainstorm_common::time::now_timestamp;
+use brainstorm_policy_firewall::guardrails::MatchType;
+use brainstorm_policy_firewall::guardrails::pii;
 use brainstorm_proto::prompts::*;
 use brainstorm_proto::{ServiceError, ServiceResult};
-use regex::Regex;
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
@@ -248,14 +249,25 @@ impl Memory {
         if !query.block.is_empty() {
             limit_of(&query.block)?;
         }
+        // Core entries always (the blocks' summaries count them), archival ones only when asked for:
+        // archival storage grows with every eviction, and renders read memory.
         let rows = sqlx::query(&format!(
-            "SELECT {ENTRY_COLUMNS} FROM memory_entries WHERE tenant_id = $1 AND memory_key = $2 ORDER BY created_at, id"
+            "SELECT {ENTRY_COLUMNS} FROM memory_entries WHERE tenant_id = $1 AND memory_key = $2 AND (archived = 0 OR $3 = 1) ORDER BY created_at, id"
         ))
         .bind(&key.tenant_id)
         .bind(&key.memory_key)
+        .bind(i64::from(query.include_archival))
         .fetch_all(self.database.pool())
         .await
         .map_err(failure)?;
+        let archival: i64 =
+            sqlx::query("SELECT COUNT(*) AS archival FROM memory_entries WHERE tenant_id = $1 AND memory_key = $2 AND archived = 1")
+                .bind(&key.tenant_id)
+                .bind(&key.memory_key)
+                .fetch_one(self.database.pool())
+                .await
+                .and_then(|row| row.try_get("archival"))
+                .map_err(failure)?;
         let all: Vec<MemoryEntry> = rows.iter().map(entry_from_row).collect::<Result<_, _>>().map_err(failure)?;
         let count =
             |filter: &dyn Fn(&MemoryEntry) -> bool| u32::try_from(all.iter().filter(|entry| filter(entry)).count()).unwrap_or(u32::MAX);
@@ -269,11 +281,8 @@ impl Memory {
             })
             .collect();
         let total_core_entries = count(&|entry| !entry.archived);
-        let total_archival_entries = count(&|entry| entry.archived);
-        let entries = all
-            .into_iter()
-            .filter(|entry| (query.block.is_empty() || entry.block == query.block) && (query.include_archival || !entry.archived))
-            .collect();
+        let total_archival_entries = u32::try_from(archival).unwrap_or(u32::MAX);
+        let entries = all.into_iter().filter(|entry| query.block.is_empty() || entry.block == query.block).collect();
         Ok(MemoryView { entries, blocks, total_core_entries, total_archival_entries })
     }
 
@@ -346,11 +355,11 @@ impl Memory {
             .entries
             .iter()
             .filter_map(|entry| {
-                let issues = issues(&entry.fact);
+                let (issues, spans) = findings(&entry.fact);
                 (!issues.is_empty()).then(|| Violation {
                     entry_id: entry.id.clone(),
                     block: entry.block.clone(),
-                    fact_preview: preview(&entry.fact),
+                    fact_preview: preview(&entry.fact, spans),
                     issues: issues.into_iter().map(str::to_string).collect(),
                 })
             })
@@ -359,73 +368,51 @@ impl Memory {
     }
 }
 
-static EMAIL: LazyLock<Option<Regex>> =
-    LazyLock::new(|| Regex::new(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}").ok());
-static PHONE: LazyLock<Option<Regex>> = LazyLock::new(|| Regex::new(r"(\+\d{1,3}[\s.-]?)?\(?\d{3}\)?[\s.-]\d{3}[\s.-]\d{4}\b").ok());
-static SSN: LazyLock<Option<Regex>> = LazyLock::new(|| Regex::new(r"\b\d{3}-\d{2}-\d{4}\b").ok());
-static CARD: LazyLock<Option<Regex>> = LazyLock::new(|| Regex::new(r"\b(?:\d[ -]?){12,18}\d\b").ok());
-static SECRET: LazyLock<Option<Regex>> = LazyLock::new(|| {
-    Regex::new(r"\b(sk-[A-Za-z0-9_-]{16,}|sk-ant-[A-Za-z0-9_-]{16,}|AKIA[0-9A-Z]{16}|br_live_[A-Za-z0-9]{20,}|gh[pousr]_[A-Za-z0-9]{30,})")
-        .ok()
-});
-
-/// Whether a run of digits passes the Luhn check (card numbers do).
-fn luhn(digits: &[u32]) -> bool {
-    let sum: u32 = digits
-        .iter()
-        .rev()
-        .enumerate()
-        .map(|(index, digit)| {
-            if index % 2 == 1 {
-                let doubled = digit * 2;
-                if doubled > 9 { doubled - 9 } else { doubled }
-            } else {
-                *digit
-            }
-        })
-        .sum();
-    digits.len() >= 13 && sum.is_multiple_of(10)
-}
-
-fn matches(pattern: &LazyLock<Option<Regex>>, text: &str) -> bool {
-    pattern.as_ref().is_some_and(|pattern| pattern.is_match(text))
-}
-
-/// What in a fact looks personal or secret: `possible_email`, `possible_phone`, `possible_ssn`,
-/// `possible_card_number` (Luhn-valid), `possible_secret` (API key shapes).
-pub fn issues(fact: &str) -> Vec<&'static str> {
+/// What in a fact looks personal or secret, by the guardrails' PII and secret detectors (the
+/// tool firewall's and prompt guardrails' own): `possible_email`, `possible_phone`, `possible_ssn`,
+/// `possible_card_number` (Luhn-valid), `possible_iban` (mod-97-valid), `possible_secret` (API
+/// keys, tokens, private keys), each once, with the spans found.
+fn findings(fact: &str) -> (Vec<&'static str>, Vec<Range<usize>>) {
     let mut found = Vec::new();
-    if matches(&EMAIL, fact) {
-        found.push("possible_email");
-    }
-    if matches(&PHONE, fact) {
-        found.push("possible_phone");
-    }
-    if matches(&SSN, fact) {
-        found.push("possible_ssn");
-    }
-    let card = CARD.as_ref().is_some_and(|pattern| {
-        pattern
-            .find_iter(fact)
-            .any(|found| luhn(&found.as_str().chars().filter_map(|character| character.to_digit(10)).collect::<Vec<_>>()))
-    });
-    if card {
-        found.push("possible_card_number");
-    }
-    if matches(&SECRET, fact) {
-        found.push("possible_secret");
-    }
-    found
-}
-
-/// A fact's start with what looked personal or secret masked.
-fn preview(fact: &str) -> String {
-    let mut masked = fact.to_string();
-    for pattern in [&EMAIL, &PHONE, &SSN, &CARD, &SECRET] {
-        if let Some(pattern) = pattern.as_ref() {
-            masked = pattern.replace_all(&masked, "[masked]").into_owned();
+    pii::scan(fact, &mut found);
+    let mut issues: Vec<&'static str> = Vec::new();
+    for finding in &found {
+        let issue = match (finding.match_type, finding.subtype.as_ref()) {
+            (MatchType::Secret, _) => "possible_secret",
+            (_, "email") => "possible_email",
+            (_, "phone") => "possible_phone",
+            (_, "us_ssn") => "possible_ssn",
+            (_, "credit_card") => "possible_card_number",
+            (_, "iban") => "possible_iban",
+            _ => "possible_personal_data",
+        };
+        if !issues.contains(&issue) {
+            issues.push(issue);
         }
     }
+    (issues, found.into_iter().filter_map(|finding| finding.span).collect())
+}
+
+/// What looks personal or secret in a fact.
+pub fn issues(fact: &str) -> Vec<&'static str> {
+    findings(fact).0
+}
+
+/// A fact's start with every span found masked.
+fn preview(fact: &str, mut spans: Vec<Range<usize>>) -> String {
+    spans.sort_by_key(|span| span.start);
+    let mut masked = String::with_capacity(fact.len());
+    let mut at = 0;
+    for span in spans {
+        // Overlapping spans (a detector's claim inside another's) are masked once.
+        if span.start < at || !fact.is_char_boundary(span.start) || !fact.is_char_boundary(span.end) {
+            continue;
+        }
+        masked.push_str(&fact[at..span.start]);
+        masked.push_str("[masked]");
+        at = span.end;
+    }
+    masked.push_str(&fact[at..]);
     let mut preview: String = masked.chars().take(PREVIEW_CHARS).collect();
     if masked.chars().count() > PREVIEW_CHARS {
         preview.push_str("...");
@@ -446,7 +433,8 @@ mod tests {
         assert!(issues("order 4111 1111 1111 1112").is_empty(), "not Luhn-valid");
         assert_eq!(issues("key sk-abcdefghijklmnopqrstu"), ["possible_secret"]);
         assert!(issues("prefers tea to coffee; works on project apollo since 2021").is_empty());
-        let shown = preview("mail ada@example.com or card 4111111111111111");
+        let fact = "mail ada@example.com or card 4111111111111111";
+        let shown = preview(fact, findings(fact).1);
         assert!(!shown.contains("ada@") && !shown.contains("4111"), "{shown}");
     }
 }

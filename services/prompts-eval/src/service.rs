@@ -65,46 +65,36 @@ impl PromptsEvalServiceImpl {
         })
     }
 
-    /// Fills the template's `{{memory.<block>}}` placeholders that neither the variables nor the
-    /// defaults fill with the block's core facts (oldest first, one `- fact` line each) from the
-    /// memory of `memory_key` (the tenant's when empty).
-    async fn memory_variables(
+    /// The texts of the memory blocks the template references (`{{memory.<block>}}`) and its defaults
+    /// do not fill: each block's core facts, oldest first, one `- fact` line each, from the memory of
+    /// `memory_key` (the tenant's when empty). Read once per render or evaluation; no read when the
+    /// template references none.
+    async fn memory_blocks(
         &self,
         tenant_id: &str,
         memory_key: &str,
         template: &str,
         defaults: &Map<String, Value>,
-        variables: &mut Map<String, Value>,
-    ) -> ServiceResult<()> {
+    ) -> ServiceResult<Map<String, Value>> {
         let wanted: Vec<String> = template::placeholders(template)
             .into_iter()
-            .filter(|name| !template::resolves(name, variables) && !template::resolves(name, defaults))
+            .filter(|name| !template::resolves(name, defaults))
             .filter_map(|name| name.strip_prefix("memory.").map(str::to_string))
             .filter(|block| memory::BLOCKS.iter().any(|(known, _)| known == block))
             .collect();
         if wanted.is_empty() {
-            return Ok(());
+            return Ok(Map::new());
         }
         let key = MemoryKey { tenant_id: tenant_id.to_string(), memory_key: memory_key.to_string() };
         let view = self.memory.list(MemoryQuery { key: Some(key), block: String::new(), include_archival: false }).await?;
-        let mut blocks = Map::new();
-        for block in wanted {
-            let facts: Vec<String> =
-                view.entries.iter().filter(|entry| entry.block == block).map(|entry| format!("- {}", entry.fact)).collect();
-            blocks.insert(block, Value::String(facts.join("\n")));
-        }
-        match variables.get_mut("memory") {
-            Some(Value::Object(given)) => {
-                for (block, facts) in blocks {
-                    given.entry(block).or_insert(facts);
-                }
-            }
-            Some(_) => {}
-            None => {
-                variables.insert("memory".to_string(), Value::Object(blocks));
-            }
-        }
-        Ok(())
+        Ok(wanted
+            .into_iter()
+            .map(|block| {
+                let facts: Vec<String> =
+                    view.entries.iter().filter(|entry| entry.block == block).map(|entry| format!("- {}", entry.fact)).collect();
+                (block, Value::String(facts.join("\n")))
+            })
+            .collect())
     }
 
     async fn ab_view(&self, tenant_id: &str, prompt_id: &str) -> ServiceResult<AbTest> {
@@ -142,6 +132,22 @@ impl PromptsEvalServiceImpl {
             .await
             .map_err(store_failure)?
             .ok_or_else(|| ServiceError::not_found("dataset_not_found", format!("no dataset `{dataset_id}`: see GET /v1/eval/datasets")))
+    }
+}
+
+/// Puts the memory blocks' texts where the variables leave `{{memory.<block>}}` unfilled (given
+/// variables win).
+fn fill_memory(blocks: &Map<String, Value>, variables: &mut Map<String, Value>) {
+    let missing: Vec<(&String, &Value)> =
+        blocks.iter().filter(|(block, _)| !template::resolves(&format!("memory.{block}"), variables)).collect();
+    if missing.is_empty() {
+        return;
+    }
+    // A `memory` variable that is not an object is the caller's: left as given.
+    if let Value::Object(given) = variables.entry("memory").or_insert_with(|| Value::Object(Map::new())) {
+        for (block, facts) in missing {
+            given.entry(block.clone()).or_insert_with(|| facts.clone());
+        }
     }
 }
 
@@ -352,7 +358,7 @@ impl PromptsEvalService for PromptsEvalServiceImpl {
         };
         let stored = self.version_of(&prompt, version).await?;
         let defaults = object(&stored.variables_json, "variables")?;
-        self.memory_variables(&request.tenant_id, &request.memory_key, &stored.template, &defaults, &mut variables).await?;
+        fill_memory(&self.memory_blocks(&request.tenant_id, &request.memory_key, &stored.template, &defaults).await?, &mut variables);
         let resolved = template::render(&stored.template, &defaults, &variables);
         Ok(Rendered { resolved_text: resolved.text, template_id: prompt.id, version, is_ab_test, missing_variables: resolved.missing })
     }
@@ -412,11 +418,12 @@ impl PromptsEvalService for PromptsEvalServiceImpl {
         let version = if request.version == 0 { prompt.latest_version } else { request.version };
         let stored = self.version_of(&prompt, version).await?;
         let defaults = object(&stored.variables_json, "variables")?;
+        let memory = self.memory_blocks(&request.tenant_id, &request.memory_key, &stored.template, &defaults).await?;
         let mut rendered = Vec::with_capacity(request.cases.len());
         for (index, case) in request.cases.iter().enumerate() {
             let mut input = object(&case.input_json, &format!("test_cases[{index}].input"))
                 .map_err(|_| invalid("invalid_test_cases", format!("test_cases[{index}].input must be an object")))?;
-            self.memory_variables(&request.tenant_id, &request.memory_key, &stored.template, &defaults, &mut input).await?;
+            fill_memory(&memory, &mut input);
             if scoring::needs_expected(scorer) && !case.has_expected {
                 return Err(invalid("invalid_test_cases", format!("test_cases[{index}] needs expected_output for the {scorer} scorer")));
             }

@@ -22,6 +22,7 @@ use crate::EdgeState;
 use crate::auth::Caller;
 use crate::extract::JsonBody;
 use crate::routes::prompts::{ExportQuery, client, csv_field, csv_response};
+use crate::views::json_text;
 
 type Answer = Result<Json<Value>, ApiError>;
 
@@ -29,10 +30,6 @@ type Answer = Result<Json<Value>, ApiError>;
 const IMPORT_WINDOW_DAYS: i64 = 30;
 const IMPORT_SCAN: u32 = 1_000;
 const DEFAULT_IMPORT: u32 = 50;
-
-fn json_text(text: &str) -> Value {
-    serde_json::from_str(text).unwrap_or(Value::Null)
-}
 
 fn dataset_view(dataset: &Dataset) -> Value {
     json!({

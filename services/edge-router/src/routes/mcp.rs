@@ -22,6 +22,7 @@ use serde_json::{Map, Value, json};
 use crate::EdgeState;
 use crate::auth::Caller;
 use crate::extract::{JsonBody, OptionalJsonBody};
+use crate::views::json_text;
 
 type Answer = Result<Json<Value>, ApiError>;
 
@@ -66,7 +67,7 @@ fn tools_view(tools: &[Tool]) -> Value {
                 "server_name": tool.server_name,
                 "name": tool.name,
                 "description": tool.description,
-                "inputSchema": serde_json::from_str::<Value>(&tool.input_schema_json).unwrap_or(Value::Null),
+                "inputSchema": json_text(&tool.input_schema_json),
             })
         })
         .collect();
@@ -235,7 +236,7 @@ pub async fn call(
     let agent_id = headers.get("x-br-agent-id").and_then(|value| value.to_str().ok()).filter(|agent| !agent.is_empty());
     match call_governed(&state, &caller, agent_id, server, tool, arguments).await? {
         call_tool_response::Outcome::Result(result) => Ok(Json(json!({
-            "result": serde_json::from_str::<Value>(&result.result_json).unwrap_or(Value::Null),
+            "result": json_text(&result.result_json),
             "metadata": {"server_id": result.server_id, "tool": result.tool, "latency_ms": result.latency_ms},
         }))
         .into_response()),
@@ -386,7 +387,7 @@ fn approval_view(approval: &Approval) -> Value {
         "server_id": approval.server_id,
         "server_name": approval.server_name,
         "tool": approval.tool,
-        "arguments": serde_json::from_str::<Value>(&approval.arguments_json).unwrap_or(Value::Null),
+        "arguments": json_text(&approval.arguments_json),
         "status": approval.status,
         "api_key_id": approval.api_key_id,
     });
@@ -433,7 +434,7 @@ pub(crate) async fn pending_in_queue(state: &EdgeState, tenant_id: &str) -> Resu
     Ok(approvals
         .iter()
         .map(|approval| {
-            let arguments = serde_json::from_str::<Value>(&approval.arguments_json).unwrap_or(Value::Null);
+            let arguments = json_text(&approval.arguments_json);
             let argument_keys: Vec<&String> = arguments.as_object().map(|members| members.keys().collect()).unwrap_or_default();
             json!({
                 "id": approval.id,
@@ -469,7 +470,7 @@ fn decision_view(approval: &Approval) -> Value {
     let mut answer = json!({
         "id": approval.id,
         "status": approval.status,
-        "result": serde_json::from_str::<Value>(&approval.result_json).unwrap_or(Value::Null),
+        "result": json_text(&approval.result_json),
     });
     if !approval.error.is_empty() {
         answer["error"] = json!(approval.error);

@@ -16,6 +16,7 @@ use serde_json::{Map, Value, json};
 use crate::EdgeState;
 use crate::auth::Caller;
 use crate::extract::JsonBody;
+use crate::views::json_text;
 
 type Answer = Result<Json<Value>, ApiError>;
 
@@ -38,10 +39,6 @@ fn permission(kind: &str, write: bool) -> &'static str {
         (_, false) => "config.read",
         (_, true) => "config.write",
     }
-}
-
-fn json_text(text: &str) -> Value {
-    if text.is_empty() { Value::Null } else { serde_json::from_str(text).unwrap_or(Value::Null) }
 }
 
 fn view(destination: &Destination) -> Value {

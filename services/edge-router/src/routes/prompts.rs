@@ -21,6 +21,7 @@ use crate::EdgeState;
 use crate::auth::Caller;
 use crate::extract::{JsonBody, OptionalJsonBody, RequestId};
 use crate::pipeline::{self, ClientFormat, CompletionBody};
+use crate::views::json_text;
 
 type Answer = Result<Json<Value>, ApiError>;
 
@@ -37,10 +38,6 @@ pub(crate) fn client(state: &EdgeState) -> Result<&PromptsEvalClient, ApiError> 
             "this gateway runs without the prompts-eval service: set BR_PROMPTS_EVAL_URL on the edge",
         )
     })
-}
-
-fn json_text(text: &str) -> Value {
-    serde_json::from_str(text).unwrap_or(Value::Null)
 }
 
 fn score(micros: u32) -> Value {

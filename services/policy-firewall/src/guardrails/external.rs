@@ -2,7 +2,6 @@
 //! `POST {"text": ...}` (with `Authorization: Bearer <api_key>` when it has a key) and answers JSON that
 //! the mapping's JSONPaths turn into `{safe, confidence, reason}`.
 
-use std::net::IpAddr;
 use std::time::Duration;
 
 use brainstorm_proto::policy::{GuardrailTemplate, ResultMapping};
@@ -98,14 +97,7 @@ pub fn validate_endpoint(endpoint: &str, allow_private: bool) -> Result<(), Stri
     if allow_private {
         return Ok(());
     }
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    let private = host.eq_ignore_ascii_case("localhost")
-        || host.parse::<IpAddr>().is_ok_and(|address| match address {
-            IpAddr::V4(v4) => v4.is_private() || v4.is_loopback() || v4.is_link_local() || v4.is_unspecified() || v4.is_broadcast(),
-            IpAddr::V6(v6) => {
-                v6.is_loopback() || v6.is_unspecified() || (v6.segments()[0] & 0xfe00) == 0xfc00 || (v6.segments()[0] & 0xffc0) == 0xfe80
-            }
-        });
+    let private = brainstorm_common::net::is_private_host(host);
     if private { Err("the endpoint must not be a private, loopback or link-local address".to_string()) } else { Ok(()) }
 }
 
