@@ -220,11 +220,7 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
     };
     let catalog = match (&database, hosted.contains(&ServiceName::CatalogHealthSentinel)) {
         (Some(database), true) => {
-            let master_key = settings
-                .master_key
-                .as_ref()
-                .context("catalog-health-sentinel needs BR_MASTER_KEY (64 hex characters) to seal provider keys")?;
-            let master_key = MasterKey::from_hex(master_key.expose())?;
+            let master_key = required_master_key(&settings, "catalog-health-sentinel", "seal provider keys")?;
             Some(CatalogClient::local(catalog_service(&settings, database.clone(), bus.clone(), upstream.clone(), master_key)))
         }
         _ if hosts_edge => Some(CatalogClient::grpc(remote(&settings, ServiceName::CatalogHealthSentinel)?)),
@@ -259,9 +255,8 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
     };
     let audit = match (&database, hosted.contains(&ServiceName::AuditLineage)) {
         (Some(database), true) => {
-            let master_key =
-                settings.master_key.as_ref().context("audit-lineage needs BR_MASTER_KEY (64 hex characters) to sign evidence artifacts")?;
-            let service = audit_service(database.clone(), &MasterKey::from_hex(master_key.expose())?)?;
+            let master_key = required_master_key(&settings, "audit-lineage", "sign evidence artifacts")?;
+            let service = audit_service(database.clone(), &master_key)?;
             writers.push(
                 spawn_audit_consumer(&current, &bus, service.clone(), settings.write_linger, writers_stop.clone().requested()).await?,
             );
@@ -290,11 +285,8 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
     };
     let mcp = match (&database, hosted.contains(&ServiceName::McpGateway)) {
         (Some(database), true) => {
-            let master_key = settings
-                .master_key
-                .as_ref()
-                .context("mcp-gateway needs BR_MASTER_KEY (64 hex characters) to seal MCP server credentials")?;
-            Some(McpGatewayClient::local(mcp_service(&settings, database.clone(), MasterKey::from_hex(master_key.expose())?)))
+            let master_key = required_master_key(&settings, "mcp-gateway", "seal MCP server credentials")?;
+            Some(McpGatewayClient::local(mcp_service(&settings, database.clone(), master_key)))
         }
         // The edge routes completions without it: `/v1/mcp/*` answers 503 until BR_MCP_GATEWAY_URL is set.
         _ if hosts_edge && settings.service_urls.contains_key(&ServiceName::McpGateway) => {
@@ -312,11 +304,8 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
     };
     let observability = match (&database, hosted.contains(&ServiceName::ObservabilityFanout)) {
         (Some(database), true) => {
-            let master_key = settings
-                .master_key
-                .as_ref()
-                .context("observability-fanout needs BR_MASTER_KEY (64 hex characters) to seal destination secrets")?;
-            let fanout = ObservabilityFanoutServiceImpl::new(database.clone(), MasterKey::from_hex(master_key.expose())?, &current);
+            let master_key = required_master_key(&settings, "observability-fanout", "seal destination secrets")?;
+            let fanout = ObservabilityFanoutServiceImpl::new(database.clone(), master_key, &current);
             // On Kafka it reads the topics itself; without, edges relay to it (below, or in theirs).
             let consumers = spawn_fanout_consumers(
                 &current,
@@ -462,6 +451,12 @@ fn catalog_service(
 ) -> CatalogServiceImpl {
     let options = CatalogOptions { master_key, base_urls: settings.provider_base_urls.clone() };
     CatalogServiceImpl::new(database, bus, upstream, options)
+}
+
+/// The master key `service` cannot run without (it needs it to `purpose`).
+fn required_master_key(settings: &Settings, service: &str, purpose: &str) -> anyhow::Result<MasterKey> {
+    let key = settings.master_key.as_ref().with_context(|| format!("{service} needs BR_MASTER_KEY (64 hex characters) to {purpose}"))?;
+    Ok(MasterKey::from_hex(key.expose())?)
 }
 
 /// The mcp-gateway service, sealing server credentials with the master key.
