@@ -58,4 +58,6 @@ async fn fan_out<M: prost::Message + Default + 'static>(
     if let Err(error) = consumed {
         tracing::error!(%error, "a fan-out consumer stopped");
     }
+    // What the last batches buffered goes now rather than being lost with the process.
+    service.finish_deliveries().await;
 }

@@ -1,8 +1,10 @@
 //! Delivery: events go to the enabled destinations of their tenant that subscribed to their type
 //! and whose filter rules admit them, gathered per destination until its batch is full or its
-//! flush interval passed since the batch's first event, then sent in one request. Delivery is at
-//! most once: a failed request is counted (`failed`), not retried; a destination whose buffer is
-//! full drops what comes (`dropped`); what waits in buffers at a stop is lost.
+//! flush interval passed since the batch's first event, then sent in one request. A request that
+//! failed for a reason that may pass (no connection, a timeout, 408, 429, 5xx) is sent again after a
+//! growing wait (`Retry-After` honoured up to `MAX_BACKOFF`), `ATTEMPTS` times in all; a batch that
+//! never went is counted `failed`. A destination whose buffer is full drops what comes (`dropped`).
+//! At a stop (`finish`) every buffer is sent at once and the deliveries under way are awaited.
 //!
 //! A tenant's destinations (their secrets opened, their rules compiled) are kept in memory for
 //! `TENANT_TTL` and dropped at once when this service changes them, so a tenant without
@@ -17,6 +19,7 @@ use tokio::sync::{Semaphore, mpsc};
 
 use brainstorm_proto::audit::AuditRecord;
 use brainstorm_proto::budget::BudgetEvent;
+use brainstorm_proto::observability::Destination;
 
 use crate::events::{self, Event};
 use crate::filter::{FilterRules, subscribed};
@@ -37,6 +40,12 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 const TENANT_TTL: Duration = Duration::from_secs(5);
 /// Most tenants kept; past it the cache starts over.
 const MAX_TENANTS: usize = 10_000;
+/// Requests a batch gets: the first and the retries.
+const ATTEMPTS: u32 = 4;
+/// The wait before the first retry, doubled before each next one.
+const FIRST_BACKOFF: Duration = Duration::from_millis(500);
+/// The longest wait between two attempts, a destination's `Retry-After` included.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// What becomes an event, as it came off the bus (no event is built for a tenant without destinations).
 pub enum Source {
@@ -66,6 +75,8 @@ impl Source {
 enum Command {
     Route(Vec<Source>),
     Forget(String),
+    /// Send every buffer now and answer once every delivery under way ended.
+    Finish(tokio::sync::oneshot::Sender<()>),
 }
 
 /// A destination ready to take events: its row, its opened config and its compiled rules.
@@ -80,20 +91,84 @@ struct Tenant {
     destinations: Arc<Vec<Ready>>,
 }
 
+/// Why a request did not deliver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendError {
+    /// What happened, for the log and the test route's answer.
+    pub message: String,
+    /// Whether the same request may succeed later (no connection, a timeout, 408, 429, 5xx).
+    pub transient: bool,
+    /// The destination's `Retry-After`, in seconds, when it gave one.
+    pub retry_after: Option<Duration>,
+}
+
+impl SendError {
+    fn permanent(message: String) -> SendError {
+        SendError { message, transient: false, retry_after: None }
+    }
+}
+
+impl std::fmt::Display for SendError {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str(&self.message)
+    }
+}
+
 /// Sends one request; Ok when the destination answered 2xx.
-pub async fn send(http: &reqwest::Client, request: formats::HttpRequest) -> Result<(), String> {
-    let method = reqwest::Method::from_bytes(request.method.as_bytes()).map_err(|error| error.to_string())?;
+pub async fn send(http: &reqwest::Client, request: formats::HttpRequest) -> Result<(), SendError> {
+    let method = reqwest::Method::from_bytes(request.method.as_bytes()).map_err(|error| SendError::permanent(error.to_string()))?;
     let mut builder = http.request(method, &request.url).timeout(REQUEST_TIMEOUT).body(request.body);
     for (name, value) in &request.headers {
         builder = builder.header(name, value);
     }
-    let response = builder.send().await.map_err(|error| format!("cannot reach the destination: {}", error.without_url()))?;
+    let response = builder.send().await.map_err(|error| SendError {
+        // A request the client could not even build (a bad header value) will not build later.
+        transient: !error.is_builder(),
+        message: format!("cannot reach the destination: {}", error.without_url()),
+        retry_after: None,
+    })?;
     let status = response.status();
     if status.is_success() {
         return Ok(());
     }
+    let retry_after = response
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.trim().parse::<u64>().ok())
+        .map(Duration::from_secs);
     let body = response.text().await.unwrap_or_default();
-    Err(format!("the destination answered HTTP {}: {}", status.as_u16(), body.chars().take(200).collect::<String>()))
+    Err(SendError {
+        message: format!("the destination answered HTTP {}: {}", status.as_u16(), body.chars().take(200).collect::<String>()),
+        transient: status.is_server_error() || status.as_u16() == 408 || status.as_u16() == 429,
+        retry_after,
+    })
+}
+
+/// The wait before attempt `attempt` (1 for the first retry) after `error`.
+fn backoff(attempt: u32, error: &SendError) -> Duration {
+    let doubled = FIRST_BACKOFF.saturating_mul(1 << attempt.saturating_sub(1).min(16));
+    error.retry_after.unwrap_or(doubled).min(MAX_BACKOFF)
+}
+
+/// Delivers one batch: built afresh for each attempt (a signature names its time), sent again while
+/// the failure may pass, `ATTEMPTS` times at most.
+async fn deliver(http: &reqwest::Client, destination: &Destination, config: &Map<String, Value>, batch: &[Event]) -> Result<(), SendError> {
+    let mut attempt = 0;
+    loop {
+        let request =
+            formats::request(&destination.kind, &destination.r#type, config, batch, chrono::Utc::now()).map_err(SendError::permanent)?;
+        match send(http, request).await {
+            Ok(()) => return Ok(()),
+            Err(error) if error.transient && attempt + 1 < ATTEMPTS => {
+                attempt += 1;
+                let wait = backoff(attempt, &error);
+                tracing::info!(destination = %destination.id, %error, attempt, wait_ms = wait.as_millis() as u64, "a fan-out delivery failed; retrying");
+                tokio::time::sleep(wait).await;
+            }
+            Err(error) => return Err(error),
+        }
+    }
 }
 
 /// Hands events to the delivery task.
@@ -113,6 +188,7 @@ impl Dispatcher {
             tenants: HashMap::new(),
             buffers: HashMap::new(),
             in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
+            deliveries: Vec::new(),
         };
         runtime.spawn(worker.run(receiver));
         Dispatcher { sender }
@@ -122,6 +198,15 @@ impl Dispatcher {
     pub async fn submit(&self, sources: Vec<Source>) {
         if !sources.is_empty() && self.sender.send(Command::Route(sources)).await.is_err() {
             tracing::warn!("the fan-out delivery task stopped; events are lost");
+        }
+    }
+
+    /// Sends every buffered event now and waits for the deliveries under way (at a stop; the caller
+    /// bounds the wait).
+    pub async fn finish(&self) {
+        let (done, finished) = tokio::sync::oneshot::channel();
+        if self.sender.send(Command::Finish(done)).await.is_ok() {
+            let _ = finished.await;
         }
     }
 
@@ -148,6 +233,8 @@ struct Worker {
     tenants: HashMap<String, Tenant>,
     buffers: HashMap<String, Buffer>,
     in_flight: Arc<Semaphore>,
+    /// Deliveries started and perhaps not ended (the ended ones are dropped at each tick).
+    deliveries: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Worker {
@@ -160,9 +247,25 @@ impl Worker {
                     Some(Command::Forget(tenant_id)) => {
                         self.tenants.remove(&tenant_id);
                     }
+                    Some(Command::Finish(done)) => {
+                        let ids: Vec<String> = self.buffers.keys().cloned().collect();
+                        for id in ids {
+                            self.flush(&id);
+                        }
+                        let deliveries = std::mem::take(&mut self.deliveries);
+                        tokio::spawn(async move {
+                            for delivery in deliveries {
+                                let _ = delivery.await;
+                            }
+                            let _ = done.send(());
+                        });
+                    }
                     None => break,
                 },
-                _ = tick.tick() => self.flush_due(),
+                _ = tick.tick() => {
+                    self.deliveries.retain(|delivery| !delivery.is_finished());
+                    self.flush_due();
+                }
             }
         }
     }
@@ -270,17 +373,12 @@ impl Worker {
         let destination = buffer.destination.destination.clone();
         let config = buffer.config.clone();
         let (store, http, in_flight) = (self.store.clone(), self.http.clone(), self.in_flight.clone());
-        tokio::spawn(async move {
+        let delivery = tokio::spawn(async move {
             let _permit = in_flight.acquire_owned().await;
-            let now = chrono::Utc::now();
             let (mut sent, mut failed) = (0_u64, 0_u64);
             for batch in batches {
                 let count = batch.len() as u64;
-                let outcome = match formats::request(&destination.kind, &destination.r#type, &config, &batch, now) {
-                    Ok(request) => send(&http, request).await,
-                    Err(error) => Err(error),
-                };
-                match outcome {
+                match deliver(&http, &destination, &config, &batch).await {
                     Ok(()) => sent += count,
                     Err(error) => {
                         tracing::warn!(destination = %destination.id, %error, events = count, "a fan-out delivery failed");
@@ -293,5 +391,23 @@ impl Worker {
                 tracing::warn!(%error, destination = %destination.id, "cannot count a fan-out delivery");
             }
         });
+        self.deliveries.push(delivery);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_and_honours_retry_after_up_to_the_cap() {
+        let failed = SendError { message: String::new(), transient: true, retry_after: None };
+        assert_eq!(backoff(1, &failed), Duration::from_millis(500));
+        assert_eq!(backoff(3, &failed), Duration::from_secs(2));
+        assert_eq!(backoff(40, &failed), MAX_BACKOFF);
+        let told = SendError { retry_after: Some(Duration::from_secs(7)), ..failed.clone() };
+        assert_eq!(backoff(1, &told), Duration::from_secs(7));
+        let too_long = SendError { retry_after: Some(Duration::from_secs(3600)), ..failed };
+        assert_eq!(backoff(1, &too_long), MAX_BACKOFF);
     }
 }

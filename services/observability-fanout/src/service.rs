@@ -92,6 +92,12 @@ impl ObservabilityFanoutServiceImpl {
         self.dispatcher.submit(sources).await;
     }
 
+    /// Sends every buffered event now and waits for the deliveries under way (at a stop; the caller
+    /// bounds the wait).
+    pub async fn finish_deliveries(&self) {
+        self.dispatcher.finish().await;
+    }
+
     async fn existing(&self, tenant_id: &str, kind: &str, id: &str) -> ServiceResult<StoredDestination> {
         kind_of(kind)?;
         self.store
@@ -260,7 +266,7 @@ impl ObservabilityFanoutService for ObservabilityFanoutServiceImpl {
         let event = synthetic_usage(&request.tenant_id);
         let destination = &stored.destination;
         let outcome = match formats::request(&destination.kind, &destination.r#type, &config, &[event], chrono::Utc::now()) {
-            Ok(http_request) => send(&self.http, http_request).await,
+            Ok(http_request) => send(&self.http, http_request).await.map_err(|error| error.message),
             Err(error) => Err(error),
         };
         let (sent, failed) = if outcome.is_ok() { (1, 0) } else { (0, 1) };

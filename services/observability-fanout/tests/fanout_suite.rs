@@ -26,9 +26,17 @@ type Received = Arc<Mutex<Vec<(String, HeaderMap, Bytes)>>>;
 async fn receiver() -> Result<(String, Received), Box<dyn std::error::Error + Send + Sync>> {
     let received: Received = Arc::default();
     async fn take(State(received): State<Received>, uri: axum::http::Uri, headers: HeaderMap, body: Bytes) -> StatusCode {
-        let failing = uri.path().starts_with("/fail");
-        received.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((uri.path().to_string(), headers, body));
-        if failing { StatusCode::BAD_GATEWAY } else { StatusCode::OK }
+        let path = uri.path().to_string();
+        let mut received = received.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // `/flaky` fails its first two requests (a destination restarting), `/reject` every one.
+        let earlier = received.iter().filter(|(at, _, _)| *at == path).count();
+        received.push((path.clone(), headers, body));
+        match path.as_str() {
+            failing if failing.starts_with("/fail") => StatusCode::BAD_GATEWAY,
+            "/flaky" if earlier < 2 => StatusCode::SERVICE_UNAVAILABLE,
+            "/reject" => StatusCode::BAD_REQUEST,
+            _ => StatusCode::OK,
+        }
     }
     let router = Router::new().route("/{*path}", post(take)).with_state(received.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -174,4 +182,54 @@ async fn destinations_seal_secrets_batch_and_count(database: Database) -> TestRe
     Ok(())
 }
 
-on_both_engines!(destinations_seal_secrets_batch_and_count);
+fn requests_to(received: &Received, path: &str) -> usize {
+    received.lock().unwrap_or_else(std::sync::PoisonError::into_inner).iter().filter(|(at, _, _)| at == path).count()
+}
+
+/// A batch a destination failed for a reason that may pass (503) is sent again until it goes; one
+/// refused as malformed (400) is not.
+async fn transient_failures_are_retried(database: Database) -> TestResult {
+    let (base, received) = receiver().await?;
+    let service = service(database)?;
+    let flaky = service.create_destination(create("observability", "webhook", json!({"url": format!("{base}/flaky")}))).await?;
+    let rejecting = service.create_destination(create("observability", "webhook", json!({"url": format!("{base}/reject")}))).await?;
+    let events = FanoutEvents { budget_events: vec![settlement("req_9")], audit_records: Vec::new() };
+    assert_eq!(service.record_events(events).await?.events, 1);
+    let reference = |id: &str| DestinationRef { tenant_id: "t1".into(), id: id.into(), kind: "observability".into() };
+    let mut flaky_stats = DeliveryStats::default();
+    for _ in 0..100 {
+        flaky_stats = service.destination_stats(reference(&flaky.id)).await?;
+        if flaky_stats.sent > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!((flaky_stats.sent, flaky_stats.failed), (1, 0), "delivered on the third attempt");
+    assert_eq!(requests_to(&received, "/flaky"), 3);
+    let rejected = service.destination_stats(reference(&rejecting.id)).await?;
+    assert_eq!((rejected.sent, rejected.failed), (0, 1));
+    assert_eq!(requests_to(&received, "/reject"), 1, "a 400 is not sent again");
+    Ok(())
+}
+
+/// At a stop, events waiting for their batch's interval are sent at once, and the stop waits for them.
+async fn a_stop_sends_what_waits(database: Database) -> TestResult {
+    let (base, received) = receiver().await?;
+    let service = service(database)?;
+    let patient = CreateDestinationRequest {
+        batch_max_size: 1_000,
+        batch_flush_interval_ms: 300_000,
+        ..create("observability", "webhook", json!({"url": format!("{base}/later")}))
+    };
+    service.create_destination(patient).await?;
+    let events = FanoutEvents { budget_events: vec![settlement("req_20"), settlement("req_21")], audit_records: Vec::new() };
+    assert_eq!(service.record_events(events).await?.events, 2);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(requests_to(&received, "/later"), 0, "the batch waits for its interval");
+    service.finish_deliveries().await;
+    let bodies = wait_for(&received, "/later", 2).await;
+    assert_eq!(bodies.len(), 1, "one batch of both events, sent by the stop");
+    Ok(())
+}
+
+on_both_engines!(destinations_seal_secrets_batch_and_count, transient_failures_are_retried, a_stop_sends_what_waits);
