@@ -31,6 +31,7 @@ brainstorm_e2e::in_both_shapes!(
     tokens_are_counted_by_the_provider_or_estimated,
     embeddings_are_routed_priced_and_recorded,
     upstream_errors_are_forwarded_and_fallbacks_tried_in_order,
+    circuits_open_on_repeated_provider_failures_and_health_shows_them,
     aliases_presets_and_model_resolution_errors,
     models_runnable_allowlists_and_deprecations,
     a_client_disconnect_cancels_the_upstream_stream,
@@ -1055,6 +1056,87 @@ async fn upstream_errors_are_forwarded_and_fallbacks_tried_in_order(shape: Shape
     body["route"] = json!({"strategy": "cascade", "models": ["openai/gpt-4o-mini"], "providerDeny": ["anthropic"]});
     let filtered = gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(body)).await?;
     assert_eq!(filtered.header("x-br-routed-model"), Some("openai/gpt-4o-mini"));
+    Ok(())
+}
+
+/// The provider named `id` in `GET /v1/health/providers`.
+fn provider_of(health: &Value, id: &str) -> Value {
+    health["providers"].as_array().and_then(|providers| providers.iter().find(|provider| provider["id"] == id)).cloned().unwrap_or_default()
+}
+
+/// The circuit of `model` in a provider of `GET /v1/health/providers`.
+fn circuit_of(provider: &Value, model: &str) -> Value {
+    provider["models"].as_array().and_then(|models| models.iter().find(|entry| entry["id"] == model)).cloned().unwrap_or_default()
+}
+
+async fn circuits_open_on_repeated_provider_failures_and_health_shows_them(shape: Shape) -> TestResult {
+    let providers = [("openai", OPENAI_KEY), ("anthropic", ANTHROPIC_KEY)];
+    let circuit = [("BR_CIRCUIT_FAILURES", "3"), ("BR_CIRCUIT_OPEN_MS", "1500")];
+    let setup = setup_env(shape, MockConfig::default(), &providers, &circuit).await?;
+    let (gateway, mock, key) = (&setup.gateway, &setup.mock, setup.key.as_str());
+
+    // Before anything failed: the tenant's providers are probed at once and answer; the others are
+    // not probed; every circuit is closed.
+    let health = gateway.call(Method::GET, "/v1/health/providers", Some(key), None).await?;
+    assert_eq!(health.status, 200, "{}", health.text);
+    let openai = provider_of(&health.body, "openai");
+    assert_eq!((openai["has_key"].as_bool(), openai["sentinel"]["status"].as_str()), (Some(true), Some("healthy")), "{openai}");
+    assert!(openai["sentinel"]["latency_ms"].is_u64() && openai["sentinel"]["last_probe_at"].is_string(), "{openai}");
+    assert_eq!(openai["aggregate"]["health"], "healthy");
+    assert_eq!(circuit_of(&openai, "openai/gpt-4o-mini")["circuit"], "closed");
+    let groq = provider_of(&health.body, "groq");
+    assert_eq!((groq["has_key"].as_bool(), groq["sentinel"]["status"].as_str()), (Some(false), Some("not_probed")), "{groq}");
+    assert!(health.body["summary"]["total_providers"].as_u64() > Some(2) && health.body["summary"]["healthy"].as_u64() >= Some(2));
+
+    // Three 503s in a row open the model's circuit (a 429 or a 400 would not count).
+    mock.fail_next(FailSpec { count: 3, status: 503, body: None, path_contains: Some("/v1/chat/completions".to_string()) });
+    for _ in 0..3 {
+        let failed = gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(completion("openai/gpt-4o-mini", "hi"))).await?;
+        assert_provider_error(&failed, 503, "openai");
+    }
+    mock.clear();
+    let refused = gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(completion("openai/gpt-4o-mini", "hi"))).await?;
+    assert_eq!(refused.status, 503, "{}", refused.text);
+    assert_eq!(refused.body["error"]["code"], "circuit_open", "{}", refused.text);
+    assert_eq!(refused.body["recovery"]["action"], "retry_after");
+    assert!(refused.body["recovery"]["wait_ms"].as_u64().is_some_and(|wait| (1..=1500).contains(&wait)), "{}", refused.text);
+    assert!(refused.header("retry-after").is_some());
+    assert!(mock.requests().is_empty(), "an open circuit spares the provider");
+
+    // With a fallback, the open model is skipped without a call.
+    let mut body = completion("openai/gpt-4o-mini", "fall back please");
+    body["route"] = json!({"models": ["anthropic/claude-haiku-4-5"]});
+    let served = gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(body)).await?;
+    assert_eq!(served.status, 200, "{}", served.text);
+    assert_eq!(served.header("x-br-routed-model"), Some("anthropic/claude-haiku-4-5"));
+    let paths: Vec<String> = mock.requests().into_iter().map(|request| request.path).collect();
+    assert_eq!(paths, vec!["/v1/messages".to_string()]);
+
+    // The health view, the model list and the runnable catalog show it.
+    let health = gateway.call(Method::GET, "/v1/health/providers", Some(key), None).await?;
+    let openai = provider_of(&health.body, "openai");
+    let open = circuit_of(&openai, "openai/gpt-4o-mini");
+    assert_eq!((open["circuit"].as_str(), open["routable"].as_bool()), (Some("open"), Some(false)), "{openai}");
+    assert_eq!(circuit_of(&openai, "openai/gpt-4o")["circuit"], "closed", "one model's circuit, not the provider's");
+    assert_eq!((openai["aggregate"]["circuit_open_count"].as_u64(), openai["aggregate"]["health"].as_str()), (Some(1), Some("degraded")));
+    let listed = |reply: &Reply| -> bool {
+        reply.body["data"].as_array().is_some_and(|data| data.iter().any(|model| model["id"] == "openai/gpt-4o-mini"))
+    };
+    assert!(!listed(&gateway.call(Method::GET, "/v1/models", Some(key), None).await?));
+    assert!(listed(&gateway.call(Method::GET, "/v1/models?includeUnhealthy=true", Some(key), None).await?));
+    let bad_flag = gateway.call(Method::GET, "/v1/models?includeUnhealthy=maybe", Some(key), None).await?;
+    assert_eq!(bad_flag.status, 400, "{}", bad_flag.text);
+    let runnable = gateway.call(Method::GET, "/v1/catalog/runnable", Some(key), None).await?;
+    let circuit_open = runnable.body["filtered_out"]["circuit_open"].as_array().cloned().unwrap_or_default();
+    assert!(circuit_open.contains(&json!("openai/gpt-4o-mini")), "{}", runnable.text);
+    assert!(!listed(&runnable));
+
+    // Once the open period passed, one trial request goes through; its success closes the circuit.
+    tokio::time::sleep(std::time::Duration::from_millis(1_600)).await;
+    let trial = gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(completion("openai/gpt-4o-mini", "again"))).await?;
+    assert_eq!(trial.status, 200, "{}", trial.text);
+    let health = gateway.call(Method::GET, "/v1/health/providers", Some(key), None).await?;
+    assert_eq!(circuit_of(&provider_of(&health.body, "openai"), "openai/gpt-4o-mini")["circuit"], "closed");
     Ok(())
 }
 

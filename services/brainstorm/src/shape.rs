@@ -21,7 +21,7 @@ use brainstorm_common::bus::{Batching, EventBus, InProcessBus, consume, select_b
 use brainstorm_common::config::{ServiceName, Settings};
 use brainstorm_common::outbox::MailOutbox;
 use brainstorm_common::store::Database;
-use brainstorm_edge_router::{Edge, EdgeDependencies, EdgeOptions};
+use brainstorm_edge_router::{CircuitOptions, Edge, EdgeDependencies, EdgeOptions};
 use brainstorm_identity::{AgentTokenSigner, IdentityOptions, IdentityServiceImpl};
 use brainstorm_mcp_gateway::{McpGatewayOptions, McpGatewayServiceImpl};
 use brainstorm_observability_fanout::{ObservabilityFanoutServiceImpl, spawn_fanout_consumers};
@@ -727,6 +727,8 @@ async fn serve_edge(settings: &Settings, dependencies: EdgeDependencies, bus: Ar
         cache_ttl: settings.cache_ttl,
         base_urls: settings.provider_base_urls.clone(),
         trace_requests: settings.otel_exporter_otlp_endpoint.is_some(),
+        circuits: CircuitOptions { failures_to_open: settings.circuit_failures, open_for: settings.circuit_open },
+        sentinel_interval: settings.sentinel_interval,
     };
     let edge = Arc::new(Edge::new(dependencies, &options));
     let follower = {

@@ -24,6 +24,15 @@ const DEFAULT_CACHE_TTL: Duration = Duration::from_secs(30);
 /// How long an agent JWT lives by default, and the accepted range.
 const DEFAULT_AGENT_TOKEN_TTL: Duration = Duration::from_secs(3600);
 const AGENT_TOKEN_TTL_SECONDS: std::ops::RangeInclusive<u64> = 60..=86_400;
+/// Consecutive provider failures that open a model's circuit: the default and the accepted range.
+const DEFAULT_CIRCUIT_FAILURES: u32 = 5;
+const CIRCUIT_FAILURES: std::ops::RangeInclusive<u64> = 1..=1_000;
+/// How long an open circuit refuses before a trial request: the default and the accepted range.
+const DEFAULT_CIRCUIT_OPEN: Duration = Duration::from_secs(30);
+const CIRCUIT_OPEN_MS: std::ops::RangeInclusive<u64> = 100..=3_600_000;
+/// How often the sentinel probes providers: the default and the accepted range.
+const DEFAULT_SENTINEL_INTERVAL: Duration = Duration::from_secs(30);
+const SENTINEL_INTERVAL_MS: std::ops::RangeInclusive<u64> = 1_000..=3_600_000;
 
 /// A configuration problem, naming the setting at fault.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -181,6 +190,12 @@ pub struct ConfigLayer {
     pub cache_ttl_ms: Option<u64>,
     /// Seconds an agent JWT minted by bootstrap lives (see `Settings::agent_token_ttl`).
     pub agent_token_ttl_seconds: Option<u64>,
+    /// Consecutive provider failures that open a model's circuit (see `Settings::circuit_failures`).
+    pub circuit_failures: Option<u64>,
+    /// Milliseconds an open circuit refuses before a trial request (see `Settings::circuit_open`).
+    pub circuit_open_ms: Option<u64>,
+    /// Milliseconds between two sentinel probes of a provider (see `Settings::sentinel_interval`).
+    pub sentinel_interval_ms: Option<u64>,
     /// A model catalog file replacing the bundled one (prices update without a rebuild).
     pub model_catalog: Option<PathBuf>,
     /// HTTP proxy for calls to providers (`HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY`; upper or lower case).
@@ -249,6 +264,19 @@ impl ConfigLayer {
                     })
                 })
                 .transpose()?,
+            circuit_failures: text("BR_CIRCUIT_FAILURES")
+                .map(|value| {
+                    value
+                        .parse()
+                        .map_err(|_| ConfigError::new("circuit_failures (BR_CIRCUIT_FAILURES)", format!("`{value}` is not a number")))
+                })
+                .transpose()?,
+            circuit_open_ms: text("BR_CIRCUIT_OPEN_MS")
+                .map(|value| parse_millis("circuit_open_ms (BR_CIRCUIT_OPEN_MS)", &value))
+                .transpose()?,
+            sentinel_interval_ms: text("BR_SENTINEL_INTERVAL_MS")
+                .map(|value| parse_millis("sentinel_interval_ms (BR_SENTINEL_INTERVAL_MS)", &value))
+                .transpose()?,
             model_catalog: text("BR_MODEL_CATALOG").map(PathBuf::from),
             https_proxy: text("HTTPS_PROXY").or_else(|| text("https_proxy")).map(Secret),
             http_proxy: text("HTTP_PROXY").or_else(|| text("http_proxy")).map(Secret),
@@ -296,6 +324,9 @@ impl ConfigLayer {
             write_linger_ms,
             cache_ttl_ms,
             agent_token_ttl_seconds,
+            circuit_failures,
+            circuit_open_ms,
+            sentinel_interval_ms,
             model_catalog,
             https_proxy,
             http_proxy,
@@ -354,6 +385,13 @@ pub struct Settings {
     pub cache_ttl: Duration,
     /// How long an agent JWT minted by bootstrap lives (default an hour; 60 s to a day).
     pub agent_token_ttl: Duration,
+    /// Consecutive provider failures (5xx, 408, timeouts, no connection) that open a model's circuit
+    /// in an edge (default 5).
+    pub circuit_failures: u32,
+    /// How long an open circuit refuses before it lets a trial request through (default 30 s).
+    pub circuit_open: Duration,
+    /// How often an edge's sentinel probes the providers it watches (default 30 s).
+    pub sentinel_interval: Duration,
     pub model_catalog: Option<PathBuf>,
     pub service_urls: BTreeMap<ServiceName, String>,
     pub provider_base_urls: BTreeMap<String, String>,
@@ -444,6 +482,24 @@ impl Settings {
                 ));
             }
         };
+        let circuit_failures = match layer.circuit_failures {
+            None => DEFAULT_CIRCUIT_FAILURES,
+            Some(count) if CIRCUIT_FAILURES.contains(&count) => u32::try_from(count).unwrap_or(DEFAULT_CIRCUIT_FAILURES),
+            Some(count) => {
+                return Err(ConfigError::new(
+                    "circuit_failures (BR_CIRCUIT_FAILURES)",
+                    format!("{count} is outside {}..={}", CIRCUIT_FAILURES.start(), CIRCUIT_FAILURES.end()),
+                ));
+            }
+        };
+        let circuit_open =
+            within_millis("circuit_open_ms (BR_CIRCUIT_OPEN_MS)", layer.circuit_open_ms, &CIRCUIT_OPEN_MS, DEFAULT_CIRCUIT_OPEN)?;
+        let sentinel_interval = within_millis(
+            "sentinel_interval_ms (BR_SENTINEL_INTERVAL_MS)",
+            layer.sentinel_interval_ms,
+            &SENTINEL_INTERVAL_MS,
+            DEFAULT_SENTINEL_INTERVAL,
+        )?;
         for (setting, proxy) in [
             ("https_proxy (HTTPS_PROXY)", &layer.https_proxy),
             ("http_proxy (HTTP_PROXY)", &layer.http_proxy),
@@ -486,6 +542,9 @@ impl Settings {
             write_linger,
             cache_ttl,
             agent_token_ttl,
+            circuit_failures,
+            circuit_open,
+            sentinel_interval,
             model_catalog: layer.model_catalog,
             service_urls,
             provider_base_urls,
@@ -515,6 +574,20 @@ fn parse_bool(setting: &str, value: &str) -> Result<bool, ConfigError> {
         "true" | "1" | "yes" | "on" => Ok(true),
         "false" | "0" | "no" | "off" => Ok(false),
         _ => Err(ConfigError::new(setting, format!("`{value}` is not a boolean (true or false)"))),
+    }
+}
+
+/// `millis` as a duration when inside `range`, `default` when unset.
+fn within_millis(
+    setting: &str,
+    millis: Option<u64>,
+    range: &std::ops::RangeInclusive<u64>,
+    default: Duration,
+) -> Result<Duration, ConfigError> {
+    match millis {
+        None => Ok(default),
+        Some(millis) if range.contains(&millis) => Ok(Duration::from_millis(millis)),
+        Some(millis) => Err(ConfigError::new(setting, format!("{millis} is outside {}..={} ms", range.start(), range.end()))),
     }
 }
 

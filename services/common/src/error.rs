@@ -163,6 +163,16 @@ impl ApiError {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", Some(code), message, recovery)
     }
 
+    /// 503 with `Retry-After`: every candidate model's circuit is open (its provider kept failing);
+    /// `wait_ms` until the first lets a trial request through.
+    pub fn circuit_open(message: impl Into<String>, wait_ms: u64) -> Self {
+        let recovery =
+            Recovery::retry("the model's provider is failing; retry after the wait, or name fallback models in route.models", wait_ms);
+        let mut error = Self::new(StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", Some("circuit_open"), message, recovery);
+        error.push_header(HeaderName::from_static("retry-after"), &wait_ms.div_ceil(1000).max(1).to_string());
+        error
+    }
+
     /// 429 with `Retry-After`.
     pub fn rate_limited(message: impl Into<String>, wait_ms: u64) -> Self {
         let recovery = Recovery::retry("wait, then retry the same request", wait_ms);

@@ -4,6 +4,7 @@
 
 mod auth;
 mod budget_cache;
+mod circuits;
 mod extract;
 mod header_value;
 mod pipeline;
@@ -12,6 +13,7 @@ mod request_span;
 mod routes;
 mod routing_cache;
 mod sandbox;
+mod sentinel;
 mod views;
 
 use std::collections::BTreeMap;
@@ -40,6 +42,7 @@ use brainstorm_providers::catalog::ModelCatalog;
 use brainstorm_providers::upstream::UpstreamClient;
 
 pub use auth::Authenticator;
+pub use circuits::CircuitOptions;
 pub use routing_cache::RoutingCache;
 
 /// Largest request body accepted (long prompts and tool schemas fit comfortably).
@@ -55,6 +58,10 @@ pub struct EdgeOptions {
     pub base_urls: BTreeMap<String, String>,
     /// One span per request, for trace export (`OTEL_EXPORTER_OTLP_ENDPOINT`).
     pub trace_requests: bool,
+    /// When models' circuits open and for how long.
+    pub circuits: CircuitOptions,
+    /// How often the sentinel probes the providers it watches.
+    pub sentinel_interval: Duration,
 }
 
 /// The services and data the edge works with.
@@ -118,6 +125,10 @@ pub struct EdgeShared {
     prompts: Option<PromptsEvalClient>,
     /// None when the edge runs without the observability-fanout service (`/v1/observability/*` then answers 503).
     observability: Option<ObservabilityFanoutClient>,
+    /// Every model's circuit breaker, in this edge's memory.
+    circuits: circuits::CircuitBreakers,
+    /// Probes of the providers' APIs.
+    sentinel: Arc<sentinel::Sentinel>,
 }
 
 /// The edge: its router, and the caches the bus keeps fresh.
@@ -134,6 +145,7 @@ impl Edge {
         let authenticator =
             Arc::new(Authenticator::new(dependencies.identity.clone(), options.platform_admin_key.as_ref(), options.cache_ttl));
         let routing = Arc::new(RoutingCache::new(dependencies.catalog.clone(), options.cache_ttl));
+        let base_urls = Arc::new(options.base_urls.clone());
         let shared = EdgeShared {
             identity: dependencies.identity,
             catalog: dependencies.catalog,
@@ -141,7 +153,9 @@ impl Edge {
             routing: routing.clone(),
             upstream: dependencies.upstream,
             models: dependencies.models,
-            base_urls: Arc::new(options.base_urls.clone()),
+            sentinel: sentinel::Sentinel::spawn(base_urls.clone(), options.sentinel_interval),
+            circuits: circuits::CircuitBreakers::new(options.circuits),
+            base_urls,
             budget_settings: Arc::new(budget_cache::BudgetSettingsCache::new(dependencies.budget.clone(), options.cache_ttl)),
             budget: dependencies.budget,
             guard: dependencies.guard,
@@ -173,7 +187,7 @@ impl Edge {
 fn router(state: EdgeState, trace_requests: bool) -> Router {
     use routes::{
         admin, agent_limits, agent_self, agents, budget, completions, datasets, governance, guardian, identity, mcp, mcp_connect, memory,
-        observability, prompts, providers,
+        observability, prompts, provider_health, providers,
     };
     let routes = Router::new()
         .route("/health", get(routes::health))
@@ -311,6 +325,7 @@ fn router(state: EdgeState, trace_requests: bool) -> Router {
         .route("/v1/messages/count_tokens", post(completions::count_tokens))
         .route("/v1/embeddings", post(completions::embeddings))
         .route("/v1/models", get(completions::list_models))
+        .route("/v1/health/providers", get(provider_health::providers))
         .route("/v1/catalog/runnable", get(completions::runnable))
         .fallback(route_not_found)
         .method_not_allowed_fallback(method_not_allowed)

@@ -25,6 +25,7 @@ use serde_json::{Value, json};
 
 use crate::EdgeState;
 use crate::auth::{Caller, CallerIdentity, Refused};
+use crate::circuits::Admission;
 use crate::extract::RequestId;
 use crate::header_value::{self, Millis};
 use crate::reply_guard::{GuardReport, ReplyGuard, ToolVerdict};
@@ -667,9 +668,15 @@ async fn complete_inner(
     let routing_overhead = started.elapsed();
 
     let mut failures: Vec<(String, UpstreamError)> = Vec::new();
+    // The soonest an open circuit among the candidates lets a trial through.
+    let mut circuit_wait: Option<std::time::Duration> = None;
     let last = route.candidates.len() - 1;
     for (index, candidate) in route.candidates.iter().enumerate() {
         let Some(api_key) = config.credential(candidate.provider.id) else { continue };
+        if let Admission::Skip(wait) = state.circuits.admit(candidate.id()) {
+            circuit_wait = Some(circuit_wait.map_or(wait, |soonest| soonest.min(wait)));
+            continue;
+        }
         let default_max_tokens =
             candidate.entry.as_ref().map_or(anthropic::DEFAULT_MAX_TOKENS, |entry| entry.max_output.min(anthropic::DEFAULT_MAX_TOKENS));
         let target = Target {
@@ -691,6 +698,14 @@ async fn complete_inner(
         facts.model_executed = candidate.id().to_string();
         facts.provider = candidate.provider.id.to_string();
         set_value!(&mut headers, "x-br-provider-latency-ms", header_value::shown(Millis(provider_latency)));
+        match &outcome {
+            Ok(_) => state.circuits.succeeded(candidate.id()),
+            Err(error) => {
+                if state.circuits.failed(candidate.id(), error) {
+                    tracing::warn!(model = candidate.id(), "circuit opened: the model's provider keeps failing");
+                }
+            }
+        }
         match outcome {
             Ok(Ok(events)) => {
                 budget_headers(&mut headers, reservation.remaining());
@@ -728,6 +743,13 @@ async fn complete_inner(
         tracing::warn!(%error, "releasing a reservation failed");
     }
     let Some((failed_model, error)) = failures.pop() else {
+        if let Some(wait) = circuit_wait {
+            let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1);
+            return Err(ApiError::circuit_open(
+                format!("every candidate model's circuit is open after repeated provider failures (the first of them: {})", chat.model),
+                wait_ms,
+            ));
+        }
         return Err(ApiError::model_unavailable("no candidate model has a usable provider key"));
     };
     let provider = failed_model.split('/').next().unwrap_or_default();

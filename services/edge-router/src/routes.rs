@@ -15,6 +15,7 @@ pub mod mcp_connect;
 pub mod memory;
 pub mod observability;
 pub mod prompts;
+pub mod provider_health;
 pub mod providers;
 
 use axum::Json;

@@ -2,7 +2,7 @@
 //! `POST /v1/embeddings`, `GET /v1/models` and `GET /v1/catalog/runnable`.
 
 use axum::Json;
-use axum::extract::{Extension, State};
+use axum::extract::{Extension, Query, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use brainstorm_common::ApiError;
@@ -14,8 +14,10 @@ use serde_json::{Value, json};
 
 use crate::EdgeState;
 use crate::auth::{Caller, CallerAttempt};
+use crate::circuits::CircuitState;
 use crate::extract::{JsonBytes, RequestId, json};
 use crate::pipeline::{self, ClientFormat, CompletionBody};
+use crate::sentinel::ProbeStatus;
 
 /// When the bundled catalog was published (the `created` of its models).
 const CATALOG_CREATED: i64 = 1_761_955_200;
@@ -119,10 +121,25 @@ fn model_entry(id: &str, owned_by: &str) -> Value {
     json!({"id": id, "object": "model", "created": CATALOG_CREATED, "owned_by": owned_by})
 }
 
+/// `GET /v1/models` query.
+#[derive(Debug, Default, serde::Deserialize)]
+pub struct ModelsQuery {
+    #[serde(default, rename = "includeUnhealthy")]
+    include_unhealthy: Option<String>,
+}
+
 /// `GET /v1/models` (router.read): the models this key can run: the catalog's models of the tenant's
-/// providers, or the sandbox model while it has none.
-pub async fn list_models(State(state): State<EdgeState>, caller: Caller) -> Result<Json<Value>, ApiError> {
+/// providers, or the sandbox model while it has none; models whose circuit is open are left out
+/// unless `?includeUnhealthy=true`.
+pub async fn list_models(State(state): State<EdgeState>, caller: Caller, query: Query<ModelsQuery>) -> Result<Json<Value>, ApiError> {
     caller.require("router.read")?;
+    let include_unhealthy = match query.include_unhealthy.as_deref() {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => {
+            return Err(ApiError::invalid_request("invalid_parameter", format!("includeUnhealthy must be true or false, not `{other}`")));
+        }
+    };
     let config = state.routing.get(caller.tenant_id()?).await?;
     let data: Vec<Value> = if config.routing.providers.is_empty() {
         vec![model_entry(SANDBOX_MODEL, "brainstorm")].into_iter().filter(|_| caller.may_use_model(SANDBOX_MODEL)).collect()
@@ -132,6 +149,7 @@ pub async fn list_models(State(state): State<EdgeState>, caller: Caller) -> Resu
             .models()
             .iter()
             .filter(|model| config.routing.providers.contains(&model.provider) && caller.may_use_model(&model.id()))
+            .filter(|model| include_unhealthy || state.circuits.state(&model.id()).0 != CircuitState::Open)
             .map(|model| model_entry(&model.id(), &model.provider))
             .collect()
     };
@@ -153,29 +171,34 @@ fn runnable_entry(model: &Model) -> Value {
     })
 }
 
-/// `GET /v1/catalog/runnable` (router.read): what can run now, and why the rest cannot. Circuit
-/// breakers, sentinel probes and budgets feed the other `filtered_out` lists as those subsystems land.
+/// `GET /v1/catalog/runnable` (router.read): what can run now, and why the rest cannot: no key for
+/// its provider, its circuit open, or its provider found down by the sentinel's last probe.
 pub async fn runnable(State(state): State<EdgeState>, caller: Caller) -> Result<Json<Value>, ApiError> {
     caller.require("router.read")?;
     let config = state.routing.get(caller.tenant_id()?).await?;
     let mut data = Vec::new();
-    let mut no_provider_key = Vec::new();
+    let (mut no_provider_key, mut circuit_open, mut sentinel_down) = (Vec::new(), Vec::new(), Vec::new());
     for model in state.models.models() {
-        if !caller.may_use_model(&model.id()) {
+        let id = model.id();
+        if !caller.may_use_model(&id) {
             continue;
         }
-        if config.routing.providers.contains(&model.provider) {
-            data.push(runnable_entry(model));
+        if !config.routing.providers.contains(&model.provider) {
+            no_provider_key.push(id);
+        } else if state.circuits.state(&id).0 == CircuitState::Open {
+            circuit_open.push(id);
+        } else if state.sentinel.last(&model.provider).is_some_and(|probe| probe.status == ProbeStatus::Down) {
+            sentinel_down.push(id);
         } else {
-            no_provider_key.push(model.id());
+            data.push(runnable_entry(model));
         }
     }
-    let total_filtered = no_provider_key.len();
+    let total_filtered = no_provider_key.len() + circuit_open.len() + sentinel_down.len();
     Ok(Json(json!({
         "object": "list",
         "total_available": data.len(),
         "total_filtered": total_filtered,
         "data": data,
-        "filtered_out": {"circuit_open": [], "no_provider_key": no_provider_key, "sentinel_down": [], "budget_exhausted": []},
+        "filtered_out": {"circuit_open": circuit_open, "no_provider_key": no_provider_key, "sentinel_down": sentinel_down, "budget_exhausted": []},
     })))
 }
