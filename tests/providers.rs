@@ -32,6 +32,7 @@ brainstorm_e2e::in_both_shapes!(
     embeddings_are_routed_priced_and_recorded,
     upstream_errors_are_forwarded_and_fallbacks_tried_in_order,
     circuits_open_on_repeated_provider_failures_and_health_shows_them,
+    the_self_view_adds_up_the_tenant_and_suggests_what_is_missing,
     aliases_presets_and_model_resolution_errors,
     models_runnable_allowlists_and_deprecations,
     a_client_disconnect_cancels_the_upstream_stream,
@@ -1137,6 +1138,62 @@ async fn circuits_open_on_repeated_provider_failures_and_health_shows_them(shape
     assert_eq!(trial.status, 200, "{}", trial.text);
     let health = gateway.call(Method::GET, "/v1/health/providers", Some(key), None).await?;
     assert_eq!(circuit_of(&provider_of(&health.body, "openai"), "openai/gpt-4o-mini")["circuit"], "closed");
+    Ok(())
+}
+
+fn actions(view: &Value) -> Vec<String> {
+    view["suggestions"]
+        .as_array()
+        .map_or_else(Vec::new, |list| list.iter().filter_map(|entry| entry["action"].as_str().map(str::to_string)).collect())
+}
+
+async fn the_self_view_adds_up_the_tenant_and_suggests_what_is_missing(shape: Shape) -> TestResult {
+    let setup = setup_with(shape, MockConfig::default(), &[("openai", OPENAI_KEY)]).await?;
+    let (gateway, key) = (&setup.gateway, setup.key.as_str());
+    // An error first, so the view has one to show.
+    let bad = gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(json!({"model": "openai/gpt-4o-mini"}))).await?;
+    assert_eq!(bad.status, 400, "{}", bad.text);
+
+    let view = gateway.call(Method::GET, "/v1/self", Some(key), None).await?;
+    assert_eq!(view.status, 200, "{}", view.text);
+    let body = &view.body;
+    assert_eq!((body["type"].as_str(), body["identity"]["auth_method"].as_str()), (Some("api_key"), Some("api_key")), "{}", view.text);
+    assert_eq!(body["identity"]["key_id"], body["key_id"]);
+    assert!(body["identity"]["roles"].as_array().is_some_and(|roles| !roles.is_empty()));
+    let granted = body["capabilities"]["granted"].as_array().cloned().unwrap_or_default();
+    assert!(granted.contains(&json!("router.write")), "{}", view.text);
+    assert_eq!(body["capabilities"]["role_hierarchy"].as_array().map(Vec::len), Some(5));
+    assert_eq!(body["health"]["providers"]["openai"]["status"], "healthy", "{}", view.text);
+    let breakers = &body["health"]["circuit_breakers"];
+    assert!(breakers["total"].as_u64() > Some(0) && breakers["open"] == 0, "{}", view.text);
+    assert_eq!(body["models_available"], breakers["total"]);
+    assert!(body["budget"]["daily"]["spent_usd"].is_number() && body["budget"]["monthly"].is_object(), "{}", view.text);
+    assert_eq!(body["configuration"]["guardrails"]["enabled"], false);
+    assert_eq!(body["configuration"]["kill_switch"]["active"], false);
+    let suggested = actions(body);
+    for expected in ["enable_guardrails", "bootstrap_agent", "configure_aliases"] {
+        assert!(suggested.contains(&expected.to_string()), "{expected}: {}", view.text);
+    }
+    for unexpected in ["register_provider", "deactivate_killswitch", "check_health", "increase_budget"] {
+        assert!(!suggested.contains(&unexpected.to_string()), "{unexpected}: {}", view.text);
+    }
+    if body["memory"].is_object() {
+        assert_eq!(body["memory"]["total_entries"], 0);
+        assert!(suggested.contains(&"store_memory".to_string()));
+    }
+    let errors = body["recent_errors"].as_array().cloned().unwrap_or_default();
+    assert_eq!(errors.len(), 1, "{}", view.text);
+    assert_eq!((errors[0]["status"].as_u64(), errors[0]["endpoint"].as_str()), (Some(400), Some("/v1/chat/completions")));
+    assert!(errors[0]["request_id"].as_str().is_some_and(|id| id.starts_with("req_")), "{}", view.text);
+    assert_eq!(body["endpoints"]["self"], "/v1/self");
+
+    // A tenant without a provider key is told to register one; only the sandbox model runs.
+    let (fresh, _) = gateway.register("self-view-fresh").await?;
+    let fresh_view = gateway.call(Method::GET, "/v1/self", Some(&fresh), None).await?;
+    assert_eq!(fresh_view.status, 200, "{}", fresh_view.text);
+    assert!(actions(&fresh_view.body).contains(&"register_provider".to_string()), "{}", fresh_view.text);
+    assert_eq!(fresh_view.body["models_available"], 1);
+    assert_eq!(fresh_view.body["recent_errors"], json!([]), "another key's errors are not shown");
     Ok(())
 }
 

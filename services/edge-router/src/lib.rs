@@ -13,6 +13,7 @@ mod request_span;
 mod routes;
 mod routing_cache;
 mod sandbox;
+mod self_view;
 mod sentinel;
 mod views;
 
@@ -129,6 +130,10 @@ pub struct EdgeShared {
     circuits: circuits::CircuitBreakers,
     /// Probes of the providers' APIs.
     sentinel: Arc<sentinel::Sentinel>,
+    /// `GET /v1/self`'s tenant parts, kept 30 s.
+    tenant_views: self_view::TenantViews,
+    /// The last errors answered to each API key and agent.
+    recent_errors: self_view::RecentErrors,
 }
 
 /// The edge: its router, and the caches the bus keeps fresh.
@@ -155,6 +160,8 @@ impl Edge {
             models: dependencies.models,
             sentinel: sentinel::Sentinel::spawn(base_urls.clone(), options.sentinel_interval),
             circuits: circuits::CircuitBreakers::new(options.circuits),
+            tenant_views: self_view::TenantViews::default(),
+            recent_errors: self_view::RecentErrors::default(),
             base_urls,
             budget_settings: Arc::new(budget_cache::BudgetSettingsCache::new(dependencies.budget.clone(), options.cache_ttl)),
             budget: dependencies.budget,

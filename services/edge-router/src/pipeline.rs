@@ -390,6 +390,7 @@ fn seal(
     result: Result<Response, ApiError>,
 ) -> Result<Response, ApiError> {
     let Attribution { tenant_id, key_id, owner_id } = attribution;
+    let (noted_key, noted_agent) = if result.is_err() { (key_id.clone(), facts.agent_id.clone()) } else { (None, None) };
     let (outcome, reason_code) = match &result {
         Ok(_) if facts.denial.is_some() => ("denied", facts.denial.unwrap_or_default().to_string()),
         Ok(_) => ("allowed", "ok".to_string()),
@@ -487,6 +488,22 @@ fn seal(
             Ok(response)
         }
         Err(mut error) => {
+            // Kept for the caller's `GET /v1/self` (`recent_errors`).
+            let noted = json!({
+                "request_id": request_id.0,
+                "endpoint": endpoint,
+                "status": error.status.as_u16(),
+                "type": error.error_type,
+                "code": error.code,
+                "message": error.message,
+                "occurred_at": brainstorm_common::time::now_timestamp(),
+            });
+            if let Some(agent_id) = &noted_agent {
+                state.recent_errors.record(agent_id, noted.clone());
+            }
+            if let Some(key_id) = &noted_key {
+                state.recent_errors.record(key_id, noted);
+            }
             for (name, value) in evidence {
                 if let Some(value) = value {
                     error.push_header_value(name, value);

@@ -23,7 +23,7 @@ use crate::auth::{self, AgentCaller, Caller};
 use crate::extract::JsonBody;
 use crate::routes::agents::nanos;
 use crate::routes::budget::optional_usd;
-use crate::views;
+use crate::{self_view, views};
 
 type Answer = Result<Json<Value>, ApiError>;
 
@@ -411,31 +411,80 @@ pub async fn my_profile(agent: AgentCaller) -> Answer {
     Ok(Json(json!({"profile": views::agent_profile(&agent.profile)})))
 }
 
-/// `GET /v1/self`: who the presented credential is, an agent (its JWT) or an API key.
+/// `GET /v1/self`: who the presented credential is, an agent (its JWT) or an API key, with the
+/// spec's one-call view (`self_view`): identity, capabilities, health, budget, memory,
+/// configuration, suggestions, recent errors, models available and endpoints. The platform
+/// administrator, who belongs to no tenant, gets only who it is.
 pub async fn whoami(State(state): State<EdgeState>, mut parts: Parts) -> Answer {
     if auth::presents_jwt(&parts.headers) {
         let agent = AgentCaller::from_request_parts(&mut parts, &state).await?;
         agent.require_owner()?;
         let profile = &agent.profile;
-        return Ok(Json(json!({
-            "type": "agent",
-            "tenant_id": agent.tenant.id,
-            "agent_id": profile.agent_id,
-            "role": profile.role,
-            "lifecycle_state": profile.lifecycle_state,
-            "owner_id": profile.owner_id,
-            "parent_agent_id": profile.parent_agent_id,
-            "jwt_expires_at": agent.token_expires_at,
-        })));
+        let principal = self_view::Principal {
+            tenant_id: &agent.tenant.id,
+            auth_method: "agent_jwt",
+            key_id: None,
+            agent_id: Some(&profile.agent_id),
+            roles: vec![profile.role.clone()],
+            scopes: Vec::new(),
+            permissions: AGENT_JWT_GRANTS.iter().map(|grant| grant.to_string()).collect(),
+        };
+        let mut view = self_view::render(&state, principal).await?;
+        merge(
+            &mut view,
+            json!({
+                "type": "agent",
+                "tenant_id": agent.tenant.id,
+                "agent_id": profile.agent_id,
+                "role": profile.role,
+                "lifecycle_state": profile.lifecycle_state,
+                "owner_id": profile.owner_id,
+                "parent_agent_id": profile.parent_agent_id,
+                "jwt_expires_at": agent.token_expires_at,
+            }),
+        );
+        return Ok(Json(view));
     }
     let caller = Caller::from_request_parts(&mut parts, &state).await?;
     let identity = &caller.identity;
-    Ok(Json(json!({
+    let who = json!({
         "type": if identity.tenant_id.is_some() { "api_key" } else { "platform_admin" },
         "tenant_id": identity.tenant_id,
         "key_id": identity.key_id,
         "role": identity.role,
         "scopes": identity.scopes,
         "permissions": identity.permissions,
-    })))
+    });
+    let Some(tenant_id) = identity.tenant_id.as_deref() else { return Ok(Json(who)) };
+    let principal = self_view::Principal {
+        tenant_id,
+        auth_method: "api_key",
+        key_id: Some(&identity.key_id),
+        agent_id: None,
+        roles: vec![identity.role.clone()],
+        scopes: identity.scopes.clone(),
+        permissions: identity.permissions.iter().cloned().collect(),
+    };
+    let mut view = self_view::render(&state, principal).await?;
+    merge(&mut view, who);
+    Ok(Json(view))
+}
+
+/// What an agent JWT reaches (API keys' routes need a key).
+const AGENT_JWT_GRANTS: [&str; 8] = [
+    "GET /v1/self",
+    "GET /v1/agent/status",
+    "GET /v1/agent/limits/me",
+    "GET /v1/agent/anomaly/me",
+    "GET /v1/agent/profiles/me",
+    "POST /v1/agent/delegate",
+    "GET /v1/agent/sub-agents",
+    "DELETE /v1/agent/sub-agents/{child_agent_id}",
+];
+
+/// `extra`'s members added to `view` (both objects).
+fn merge(view: &mut Value, extra: Value) {
+    if let (Some(view), Value::Object(extra)) = (view.as_object_mut(), extra) {
+        view.extend(extra);
+    }
 }

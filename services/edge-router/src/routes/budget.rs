@@ -14,7 +14,7 @@ use crate::extract::JsonBody;
 
 type Answer = Result<Json<Value>, ApiError>;
 
-fn usd(nanos: i64) -> Value {
+pub(crate) fn usd(nanos: i64) -> Value {
     Usd::from_nanos(nanos).to_json()
 }
 
