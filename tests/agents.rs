@@ -19,6 +19,7 @@ brainstorm_e2e::in_both_shapes!(
     an_ownerless_agent_is_held_to_the_switch_turned_on_later,
     agent_limits_cap_each_agents_budget_and_rate,
     parents_delegate_budget_to_sub_agents_and_get_the_unspent_back,
+    an_xdr_risk_score_restricts_an_agent_and_rides_in_its_token,
 );
 
 const ANTHROPIC_KEY: &str = "sk-ant-agents-test-0123456789abcdefghijkl";
@@ -582,5 +583,103 @@ async fn parents_delegate_budget_to_sub_agents_and_get_the_unspent_back(shape: S
     let lead_after =
         as_agent(&gateway, "/v1/agent/profiles/me", &lead_jwt).await?.body["profile"]["budgetDailyUsd"].as_f64().unwrap_or_default();
     assert!((lead_after - lead_budget).abs() < 1e-9, "the whole 0.1 came back: {lead_after} against {lead_budget}");
+    Ok(())
+}
+
+/// A completion as `agent` asking for Sonnet with Haiku as its fallback.
+async fn sonnet_or_haiku_as(gateway: &Gateway, key: &str, agent: &str) -> anyhow::Result<Reply> {
+    let completion = json!({
+        "model": "anthropic/claude-sonnet-4-6",
+        "max_tokens": 10,
+        "messages": [{"role": "user", "content": "hello"}],
+        "route": {"models": ["anthropic/claude-haiku-4-5"]},
+    });
+    let response =
+        gateway.request(Method::POST, "/v1/chat/completions", Some(key)).header("x-br-agent-id", agent).json(&completion).send().await?;
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let text = response.text().await?;
+    Ok(Reply { status, body: serde_json::from_str(&text).unwrap_or(Value::Null), text, headers })
+}
+
+/// The claims of a JWT, unverified.
+fn claims(jwt: &str) -> anyhow::Result<Value> {
+    use base64::Engine;
+    let payload = jwt.split('.').nth(1).ok_or_else(|| anyhow::anyhow!("not a JWT"))?;
+    Ok(serde_json::from_slice(&base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(payload)?)?)
+}
+
+async fn an_xdr_risk_score_restricts_an_agent_and_rides_in_its_token(shape: Shape) -> TestResult {
+    use brainstorm_e2e::PLATFORM_ADMIN_KEY as PLATFORM;
+    let push = json!({"tenant_id": "t", "agent_id": "researcher", "risk_score": 0.9, "source": "crowdstrike"});
+    // Off unless the gateway's bidirectional XDR switch is on.
+    let switched_off = Gateway::start(shape).await?;
+    let refused = switched_off.call(Method::POST, "/v1/admin/xdr/risk-push", Some(PLATFORM), Some(push)).await?;
+    assert_eq!((refused.status, code(&refused)), (403, "feature_disabled"), "{}", refused.text);
+    drop(switched_off);
+
+    let mock = MockUpstream::start(MockConfig::default()).await?;
+    let gateway =
+        Gateway::start_with(shape, &[("BR_PROVIDER_ANTHROPIC_BASE_URL", mock.base_url()), ("BR_XDR_BIDIRECTIONAL", "true")]).await?;
+    let (admin, registration) = gateway.register("Risky Agents").await?;
+    let tenant_id = registration["tenant"]["id"].as_str().unwrap_or_default().to_string();
+    let registered =
+        gateway.call(Method::POST, "/v1/providers", Some(&admin), Some(json!({"provider": "anthropic", "api_key": ANTHROPIC_KEY}))).await?;
+    assert_eq!(registered.status, 201, "{}", registered.text);
+    let boot = gateway.call(Method::POST, "/v1/agent/bootstrap", Some(&admin), Some(json!({"agent_id": "researcher"}))).await?;
+    assert_eq!(boot.status, 201, "{}", boot.text);
+    assert!(claims(boot.body["jwt"].as_str().unwrap_or_default())?.get("br_trust").is_none(), "no score, no trust envelope");
+    let before = sonnet_or_haiku_as(&gateway, &admin, "researcher").await?;
+    assert_eq!(before.header("x-br-routed-model"), Some("anthropic/claude-sonnet-4-6"), "{}", before.text);
+
+    // Only the platform administrator pushes; bad input is named.
+    let push = json!({"tenant_id": tenant_id, "agent_id": "researcher", "risk_score": 0.85, "source": "crowdstrike", "ttl_seconds": 600});
+    let by_tenant = gateway.call(Method::POST, "/v1/admin/xdr/risk-push", Some(&admin), Some(push.clone())).await?;
+    assert_eq!(by_tenant.status, 403, "{}", by_tenant.text);
+    for (field, bad) in [("risk_score", json!(1.5)), ("source", json!("")), ("ttl_seconds", json!(2_592_001)), ("agent_id", json!(null))] {
+        let mut body = push.clone();
+        body[field] = bad;
+        let reply = gateway.call(Method::POST, "/v1/admin/xdr/risk-push", Some(PLATFORM), Some(body)).await?;
+        assert_eq!(reply.status, 400, "{field}: {}", reply.text);
+    }
+    let mut unknown = push.clone();
+    unknown["tenant_id"] = json!("no-such-tenant");
+    assert_eq!(gateway.call(Method::POST, "/v1/admin/xdr/risk-push", Some(PLATFORM), Some(unknown)).await?.status, 404);
+
+    // A dry run says what would be set and sets nothing.
+    let dry = gateway.call(Method::POST, "/v1/admin/xdr/risk-push?dry_run=true", Some(PLATFORM), Some(push.clone())).await?;
+    assert_eq!((dry.status, dry.body["dry_run"].as_bool()), (200, Some(true)), "{}", dry.text);
+    assert_eq!((dry.body["would_set"]["risk_score"].as_f64(), dry.body["would_set"]["restricted"].as_bool()), (Some(0.85), Some(true)));
+    let jwt = boot.body["jwt"].as_str().unwrap_or_default().to_string();
+    assert_eq!(as_agent(&gateway, "/v1/agent/status", &jwt).await?.body["trust"], Value::Null);
+
+    let pushed = gateway.call(Method::POST, "/v1/admin/xdr/risk-push", Some(PLATFORM), Some(push)).await?;
+    assert_eq!(pushed.status, 200, "{}", pushed.text);
+    assert_eq!((pushed.body["risk"]["risk_score"].as_f64(), pushed.body["risk"]["restricted"].as_bool()), (Some(0.85), Some(true)));
+    // Its routing is restricted: the cheapest candidate first, whatever it asked for; others are not.
+    let restricted = sonnet_or_haiku_as(&gateway, &admin, "researcher").await?;
+    assert_eq!(restricted.status, 200, "{}", restricted.text);
+    assert_eq!(restricted.header("x-br-routed-model"), Some("anthropic/claude-haiku-4-5"), "{}", restricted.text);
+    assert_eq!(restricted.header("x-br-trust-restricted"), Some("xdr_risk"));
+    assert!(restricted.header("x-br-route-reason").is_some_and(|reason| reason.contains("XDR risk 0.85 from crowdstrike")));
+    let other = sonnet_or_haiku_as(&gateway, &admin, "writer").await?;
+    assert_eq!(other.header("x-br-routed-model"), Some("anthropic/claude-sonnet-4-6"), "{}", other.text);
+    // Its next token carries the score; its status shows it.
+    let again = gateway.call(Method::POST, "/v1/agent/bootstrap", Some(&admin), Some(json!({"agent_id": "researcher"}))).await?;
+    let trust = claims(again.body["jwt"].as_str().unwrap_or_default())?["br_trust"].clone();
+    assert_eq!((trust["xdr_risk"].as_f64(), trust["xdr_risk_source"].as_str()), (Some(0.85), Some("crowdstrike")), "{trust}");
+    let status = as_agent(&gateway, "/v1/agent/status", &jwt).await?;
+    assert_eq!((status.body["trust"]["xdr_risk"].as_f64(), status.body["trust"]["restricted"].as_bool()), (Some(0.85), Some(true)));
+
+    // Cleared (a dry run first): the agent routes as before.
+    let clear = json!({"tenant_id": tenant_id, "agent_id": "researcher"});
+    let dry_clear = gateway.call(Method::DELETE, "/v1/admin/xdr/risk-push?dry_run=true", Some(PLATFORM), Some(clear.clone())).await?;
+    assert_eq!(dry_clear.body["would_clear"]["risk_score"].as_f64(), Some(0.85), "{}", dry_clear.text);
+    let cleared = gateway.call(Method::DELETE, "/v1/admin/xdr/risk-push", Some(PLATFORM), Some(clear.clone())).await?;
+    assert_eq!((cleared.status, cleared.body["cleared"].as_bool()), (200, Some(true)), "{}", cleared.text);
+    let twice = gateway.call(Method::DELETE, "/v1/admin/xdr/risk-push", Some(PLATFORM), Some(clear)).await?;
+    assert_eq!(twice.body["cleared"].as_bool(), Some(false));
+    let after = sonnet_or_haiku_as(&gateway, &admin, "researcher").await?;
+    assert_eq!(after.header("x-br-routed-model"), Some("anthropic/claude-sonnet-4-6"), "{}", after.text);
     Ok(())
 }

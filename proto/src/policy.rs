@@ -94,6 +94,10 @@ crate::grpc::service_contract! {
         fn deny_approval(DenyApprovalRequest) -> Approval;
         /// One approval.
         fn get_approval(ApprovalRef) -> Approval;
+        /// Sets an agent's XDR risk score until its time to live lapses.
+        fn set_agent_risk(SetAgentRiskRequest) -> AgentRisk;
+        /// Clears an agent's XDR risk score.
+        fn clear_agent_risk(AgentRiskRef) -> ClearAgentRiskResponse;
         /// Guardrail and firewall configuration and the ruleset, for the edge's cache.
         fn get_guardian_config(TenantRef) -> GuardianConfig;
     }

@@ -729,6 +729,7 @@ async fn serve_edge(settings: &Settings, dependencies: EdgeDependencies, bus: Ar
         trace_requests: settings.otel_exporter_otlp_endpoint.is_some(),
         circuits: CircuitOptions { failures_to_open: settings.circuit_failures, open_for: settings.circuit_open },
         sentinel_interval: settings.sentinel_interval,
+        xdr_bidirectional: settings.xdr_bidirectional,
     };
     let edge = Arc::new(Edge::new(dependencies, &options));
     let follower = {

@@ -63,6 +63,8 @@ pub struct EdgeOptions {
     pub circuits: CircuitOptions,
     /// How often the sentinel probes the providers it watches.
     pub sentinel_interval: Duration,
+    /// Whether the platform administrator may push XDR risk scores (`BR_XDR_BIDIRECTIONAL`).
+    pub xdr_bidirectional: bool,
 }
 
 /// The services and data the edge works with.
@@ -134,6 +136,8 @@ pub struct EdgeShared {
     tenant_views: self_view::TenantViews,
     /// The last errors answered to each API key and agent.
     recent_errors: self_view::RecentErrors,
+    /// Whether `/v1/admin/xdr/risk-push` is on.
+    xdr_bidirectional: bool,
 }
 
 /// The edge: its router, and the caches the bus keeps fresh.
@@ -162,6 +166,7 @@ impl Edge {
             circuits: circuits::CircuitBreakers::new(options.circuits),
             tenant_views: self_view::TenantViews::default(),
             recent_errors: self_view::RecentErrors::default(),
+            xdr_bidirectional: options.xdr_bidirectional,
             base_urls,
             budget_settings: Arc::new(budget_cache::BudgetSettingsCache::new(dependencies.budget.clone(), options.cache_ttl)),
             budget: dependencies.budget,
@@ -217,6 +222,7 @@ fn router(state: EdgeState, trace_requests: bool) -> Router {
         .route("/v1/admin/invite-codes", post(admin::create_invite_code).get(admin::list_invite_codes))
         .route("/v1/admin/invite-codes/{id}", delete(admin::delete_invite_code))
         .route("/v1/admin/digest", get(admin::digest))
+        .route("/v1/admin/xdr/risk-push", post(admin::push_risk).delete(admin::clear_risk))
         .route("/v1/providers/catalog", get(providers::catalog))
         .route("/v1/providers/test", post(providers::test_key))
         .route("/v1/providers", post(providers::register_key).get(providers::list_keys))

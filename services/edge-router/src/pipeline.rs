@@ -647,6 +647,16 @@ async fn complete_inner(
     if !route.allow_fallback {
         route.candidates.truncate(1);
     }
+    // An agent an XDR scored as risky (`/v1/admin/xdr/risk-push`, 0.7 or more) is routed as a
+    // restricted one whatever its tier: cheapest candidates first.
+    if let Some(agent_id) = agent_id
+        && let Some(risk) = state.guardian.config(tenant_id).await?.agent_risk(agent_id)
+        && risk.risk_score >= brainstorm_policy_firewall::RESTRICTING_RISK
+    {
+        route.candidates.sort_by_key(|candidate| candidate.estimated_cost.map_or(i64::MAX, Usd::nanos));
+        route.reason = format!("{}; restricted: XDR risk {} from {}", route.reason, risk.risk_score, risk.source);
+        facts.guardian_headers.push((HeaderName::from_static("x-br-trust-restricted"), HeaderValue::from_static("xdr_risk")));
+    }
     if let Some(tool) = &downgrade_tool {
         // The request offers a tool the firewall downgrades on: cheapest candidates first.
         route.candidates.sort_by_key(|candidate| candidate.estimated_cost.map_or(i64::MAX, Usd::nanos));

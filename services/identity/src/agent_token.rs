@@ -23,8 +23,17 @@ const MAX_TOKEN_BYTES: usize = 4096;
 /// Clock skew allowed on `iat` (a token issued slightly in the future by another replica's clock).
 const LEEWAY_SECONDS: i64 = 60;
 
+/// The trust envelope a token carries: what the gateway knew about the agent's standing when it
+/// minted the token.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrustClaims {
+    /// An XDR's risk score for the agent (0 to 1), and who pushed it.
+    pub xdr_risk: f64,
+    pub xdr_risk_source: String,
+}
+
 /// What a token says about its agent.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AgentClaims {
     pub iss: String,
     pub aud: String,
@@ -38,6 +47,9 @@ pub struct AgentClaims {
     pub iat: i64,
     pub exp: i64,
     pub jti: String,
+    /// Present when the agent had an XDR risk score at minting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub br_trust: Option<TrustClaims>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -89,7 +101,15 @@ impl AgentTokenSigner {
     }
 
     /// A signed token for an agent, and when it expires.
-    pub fn mint(&self, tenant_id: &str, agent_id: &str, profile_id: &str, role: &str, now: DateTime<Utc>) -> (String, DateTime<Utc>) {
+    pub fn mint(
+        &self,
+        tenant_id: &str,
+        agent_id: &str,
+        profile_id: &str,
+        role: &str,
+        trust: Option<TrustClaims>,
+        now: DateTime<Utc>,
+    ) -> (String, DateTime<Utc>) {
         let lifetime = chrono::Duration::from_std(self.lifetime).unwrap_or(chrono::Duration::hours(1));
         let expires_at = now + lifetime;
         let claims = AgentClaims {
@@ -102,6 +122,7 @@ impl AgentTokenSigner {
             iat: now.timestamp(),
             exp: expires_at.timestamp(),
             jti: uuid::Uuid::now_v7().to_string(),
+            br_trust: trust,
         };
         let header = Header { alg: "HS256".to_string(), typ: "JWT".to_string(), kid: self.key_id.clone() };
         let signing_input = format!("{}.{}", encode_json(&header), encode_json(&claims));
@@ -174,7 +195,7 @@ mod tests {
 
     #[test]
     fn a_minted_token_verifies_with_its_claims() {
-        let (token, expires_at) = signer().mint("tenant-1", "planner", "profile-1", "agent", now());
+        let (token, expires_at) = signer().mint("tenant-1", "planner", "profile-1", "agent", None, now());
         assert_eq!(expires_at.timestamp(), 1_800_003_600);
         let claims = signer().verify(&token, now()).unwrap();
         assert_eq!(
@@ -182,13 +203,13 @@ mod tests {
             ("planner", "tenant-1", "profile-1", "agent")
         );
         assert_eq!((claims.iss.as_str(), claims.aud.as_str(), claims.exp), (ISSUER, AUDIENCE, 1_800_003_600));
-        let (again, _) = signer().mint("tenant-1", "planner", "profile-1", "agent", now());
+        let (again, _) = signer().mint("tenant-1", "planner", "profile-1", "agent", None, now());
         assert_ne!(token, again, "every token has its own id");
     }
 
     #[test]
     fn expired_tokens_are_refused() {
-        let (token, _) = signer().mint("t", "planner", "p", "agent", now());
+        let (token, _) = signer().mint("t", "planner", "p", "agent", None, now());
         let later = now() + chrono::Duration::seconds(3600);
         assert_eq!(signer().verify(&token, later), Err(TokenError::Expired));
         assert!(signer().verify(&token, later - chrono::Duration::seconds(1)).is_ok());
@@ -196,7 +217,7 @@ mod tests {
 
     #[test]
     fn tokens_from_another_secret_or_edited_are_refused() {
-        let (token, _) = signer().mint("t", "planner", "p", "agent", now());
+        let (token, _) = signer().mint("t", "planner", "p", "agent", None, now());
         let other = AgentTokenSigner::new([8; 32], Duration::from_secs(3600));
         // Another secret has another key id, so its tokens are not even this signer's shape.
         assert_eq!(other.verify(&token, now()), Err(TokenError::Malformed));
@@ -215,7 +236,7 @@ mod tests {
 
     #[test]
     fn unsigned_and_other_algorithm_headers_are_refused() {
-        let (token, _) = signer().mint("t", "planner", "p", "agent", now());
+        let (token, _) = signer().mint("t", "planner", "p", "agent", None, now());
         let parts: Vec<&str> = token.split('.').collect();
         let key_id = signer().key_id;
         for alg in ["none", "HS512", "RS256"] {
@@ -227,7 +248,7 @@ mod tests {
 
     #[test]
     fn tokens_claiming_a_future_issue_time_are_refused() {
-        let (token, _) = signer().mint("t", "planner", "p", "agent", now() + chrono::Duration::seconds(600));
+        let (token, _) = signer().mint("t", "planner", "p", "agent", None, now() + chrono::Duration::seconds(600));
         assert_eq!(signer().verify(&token, now()), Err(TokenError::Malformed));
     }
 }

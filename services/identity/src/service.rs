@@ -15,7 +15,7 @@ use brainstorm_proto::{ErrorKind, ServiceError, ServiceResult};
 use chrono::{Duration, Utc};
 use prost::Message;
 
-use crate::agent_token::{AgentTokenSigner, TokenError};
+use crate::agent_token::{AgentTokenSigner, TokenError, TrustClaims};
 use crate::agents::{self, AgentStore, Delegation};
 use crate::rbac::{self, ROLES};
 use crate::secrets::{self, CLAIM_TOKEN_PREFIX, LIVE_KEY_PREFIX};
@@ -775,7 +775,9 @@ impl IdentityService for IdentityServiceImpl {
                 }
             }
         };
-        let (token, token_expires_at) = token_for(signer, &profile, Utc::now());
+        let trust =
+            request.xdr_risk.map(|xdr_risk| TrustClaims { xdr_risk, xdr_risk_source: request.xdr_risk_source.clone().unwrap_or_default() });
+        let (token, token_expires_at) = token_for(signer, &profile, trust, Utc::now());
         Ok(BootstrappedAgent { profile: Some(profile), token, token_expires_at, created })
     }
 
@@ -816,7 +818,7 @@ impl IdentityService for IdentityServiceImpl {
                     ));
                 }
                 usable_agent(&existing)?;
-                let (token, token_expires_at) = token_for(signer, &existing, Utc::now());
+                let (token, token_expires_at) = token_for(signer, &existing, None, Utc::now());
                 return Ok(DelegatedAgent { profile: Some(existing), parent: Some(parent), token, token_expires_at, created: false });
             }
             let available = parent.budget_daily_nanos.unwrap_or(0);
@@ -855,7 +857,7 @@ impl IdentityService for IdentityServiceImpl {
                     tracing::info!(tenant_id = %child.tenant_id, parent = %parent.agent_id, child = %child.agent_id, "sub-agent delegated");
                     self.publish_agent_changed(&child, false).await;
                     let parent = AgentProfile { budget_daily_nanos: Some(after), updated_at: child.created_at.clone(), ..parent };
-                    let (token, token_expires_at) = token_for(signer, &child, now);
+                    let (token, token_expires_at) = token_for(signer, &child, None, now);
                     return Ok(DelegatedAgent { profile: Some(child), parent: Some(parent), token, token_expires_at, created: true });
                 }
                 // Another delegation moved the parent's budget, or took the child's id: judge again.
@@ -947,8 +949,13 @@ fn may_delegate(parent: &AgentProfile) -> ServiceResult<()> {
 }
 
 /// A fresh agent JWT for `profile`, and when it expires (RFC 3339).
-fn token_for(signer: &AgentTokenSigner, profile: &AgentProfile, now: chrono::DateTime<Utc>) -> (String, String) {
-    let (token, expires_at) = signer.mint(&profile.tenant_id, &profile.agent_id, &profile.id, &profile.role, now);
+fn token_for(
+    signer: &AgentTokenSigner,
+    profile: &AgentProfile,
+    trust: Option<TrustClaims>,
+    now: chrono::DateTime<Utc>,
+) -> (String, String) {
+    let (token, expires_at) = signer.mint(&profile.tenant_id, &profile.agent_id, &profile.id, &profile.role, trust, now);
     (token, format_timestamp(expires_at))
 }
 

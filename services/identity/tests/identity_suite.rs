@@ -225,7 +225,7 @@ async fn agents_bootstrap_once_and_authenticate_while_usable(database: Database)
 
     // Tokens of another gateway's secret, edited tokens and API keys are not agent tokens.
     let foreign = AgentTokenSigner::new([4; 32], std::time::Duration::from_secs(3600));
-    let (foreign_token, _) = foreign.mint(&tenant, "planner", "whatever", "agent", chrono::Utc::now());
+    let (foreign_token, _) = foreign.mint(&tenant, "planner", "whatever", "agent", None, chrono::Utc::now());
     let invalid = Some((ErrorKind::Unauthenticated, "invalid_agent_token".to_string()));
     for token in [foreign_token, format!("{}x", first.token), "br_live_notatoken".to_string()] {
         assert_eq!(reason(harness.identity.authenticate_agent(AuthenticateAgentRequest { token }).await.err()), invalid);

@@ -52,7 +52,12 @@ pub struct TenantGuardian {
     pub ruleset: Option<CompiledRuleset>,
     /// External guardrail providers registered and enabled in the configuration.
     pub external_providers: Vec<String>,
+    /// XDR risk scores in force when read, by agent id.
+    agent_risks: HashMap<String, proto::AgentRisk>,
 }
+
+/// A risk score at or above this restricts the agent's routing.
+pub const RESTRICTING_RISK: f64 = 0.7;
 
 impl TenantGuardian {
     /// Compiles the service's snapshot.
@@ -68,7 +73,17 @@ impl TenantGuardian {
             firewall: CompiledFirewall::compile(firewall)?,
             ruleset,
             external_providers: config.external_providers.clone(),
+            agent_risks: config.agent_risks.iter().map(|risk| (risk.agent_id.clone(), risk.clone())).collect(),
         })
+    }
+
+    /// The agent's XDR risk score, unless it lapsed (the copy may be older than the lapse).
+    pub fn agent_risk(&self, agent_id: &str) -> Option<&proto::AgentRisk> {
+        if self.agent_risks.is_empty() {
+            return None;
+        }
+        let now = brainstorm_common::time::now_timestamp();
+        self.agent_risks.get(agent_id).filter(|risk| risk.expires_at > now)
     }
 }
 

@@ -990,15 +990,63 @@ impl PolicyFirewallService for PolicyFirewallServiceImpl {
         let registered = self.store.guardrail_providers(tenant_id).await.map_err(store_failure)?;
         let external_providers =
             guardrails.enabled_external_ids().into_iter().filter(|id| registered.iter().any(|record| record.provider_id == *id)).collect();
+        let agent_risks = self.store.agent_risks(tenant_id, &self.now_text()).await.map_err(store_failure)?;
         Ok(GuardianConfig {
             tenant_id: tenant_id.to_string(),
             guardrails: Some(guardrails.to_proto(tenant_id, guardrails_updated)),
             firewall: Some(firewall.to_proto(tenant_id, firewall_updated)),
             ruleset,
             external_providers,
+            agent_risks,
         })
     }
+
+    async fn set_agent_risk(&self, request: SetAgentRiskRequest) -> ServiceResult<AgentRisk> {
+        let tenant_id = required("tenant_id", &request.tenant_id)?;
+        let agent_id = required("agent_id", &request.agent_id)?;
+        let source = required("source", request.source.trim())?;
+        if agent_id.chars().count() > MAX_RISK_FIELD_CHARS || source.chars().count() > MAX_RISK_FIELD_CHARS {
+            return Err(ServiceError::invalid(
+                "invalid_risk",
+                format!("agent_id and source are at most {MAX_RISK_FIELD_CHARS} characters"),
+            ));
+        }
+        if !(0.0..=1.0).contains(&request.risk_score) {
+            return Err(ServiceError::invalid("invalid_risk", "risk_score is a number from 0 to 1"));
+        }
+        if !(1..=MAX_RISK_TTL_SECONDS).contains(&request.ttl_seconds) {
+            return Err(ServiceError::invalid("invalid_risk", format!("ttl_seconds is from 1 to {MAX_RISK_TTL_SECONDS}")));
+        }
+        let now = self.now();
+        let ttl = chrono::Duration::seconds(i64::try_from(request.ttl_seconds).unwrap_or(i64::MAX));
+        let risk = AgentRisk {
+            tenant_id: tenant_id.to_string(),
+            agent_id: agent_id.to_string(),
+            risk_score: (request.risk_score * 1_000_000.0).round() / 1_000_000.0,
+            source: source.to_string(),
+            set_at: format_timestamp(now),
+            expires_at: format_timestamp(now + ttl),
+        };
+        self.store.put_agent_risk(&risk).await.map_err(store_failure)?;
+        self.publish_config_change(tenant_id, "agent_risks").await;
+        Ok(risk)
+    }
+
+    async fn clear_agent_risk(&self, request: AgentRiskRef) -> ServiceResult<ClearAgentRiskResponse> {
+        let tenant_id = required("tenant_id", &request.tenant_id)?;
+        let agent_id = required("agent_id", &request.agent_id)?;
+        let cleared = self.store.clear_agent_risk(tenant_id, agent_id, &self.now_text()).await.map_err(store_failure)?;
+        if cleared {
+            self.publish_config_change(tenant_id, "agent_risks").await;
+        }
+        Ok(ClearAgentRiskResponse { cleared })
+    }
 }
+
+/// Longest agent id and source of a risk score.
+const MAX_RISK_FIELD_CHARS: usize = 128;
+/// Longest life of a risk score: 30 days.
+const MAX_RISK_TTL_SECONDS: u64 = 2_592_000;
 
 fn store_failure(error: sqlx::Error) -> ServiceError {
     brainstorm_common::store::store_failure(SERVICE, error)

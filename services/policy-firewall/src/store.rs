@@ -4,7 +4,7 @@
 //! be ordered. Configurations are stored as the JSON of their validated domain types.
 
 use brainstorm_common::store::{Database, statement_chunks};
-use brainstorm_proto::policy::{Approval, Interception, KillSwitchHistoryEntry, ScopedSwitch, Verdict};
+use brainstorm_proto::policy::{AgentRisk, Approval, Interception, KillSwitchHistoryEntry, ScopedSwitch, Verdict};
 use sqlx::any::AnyRow;
 use sqlx::{Any, Row, Transaction};
 
@@ -368,6 +368,60 @@ impl PolicyStore {
         Ok(result.rows_affected() == 1)
     }
 
+    // ------------------------------------------------------------ XDR risk scores
+
+    /// Sets (or replaces) an agent's risk score.
+    pub async fn put_agent_risk(&self, risk: &AgentRisk) -> StoreResult<()> {
+        sqlx::query(
+            "INSERT INTO policy_agent_risks (tenant_id, agent_id, risk_micros, source, set_at, expires_at) VALUES ($1, $2, $3, $4, $5, $6) \
+             ON CONFLICT (tenant_id, agent_id) DO UPDATE SET risk_micros = excluded.risk_micros, source = excluded.source, \
+             set_at = excluded.set_at, expires_at = excluded.expires_at",
+        )
+        .bind(&risk.tenant_id)
+        .bind(&risk.agent_id)
+        .bind(risk_micros(risk.risk_score))
+        .bind(&risk.source)
+        .bind(&risk.set_at)
+        .bind(&risk.expires_at)
+        .execute(self.database.writer())
+        .await?;
+        Ok(())
+    }
+
+    /// Clears an agent's risk score; false when it had none in force at `now`.
+    pub async fn clear_agent_risk(&self, tenant_id: &str, agent_id: &str, now: &str) -> StoreResult<bool> {
+        let cleared = sqlx::query("DELETE FROM policy_agent_risks WHERE tenant_id = $1 AND agent_id = $2 RETURNING expires_at")
+            .bind(tenant_id)
+            .bind(agent_id)
+            .fetch_optional(self.database.writer())
+            .await?;
+        Ok(cleared.map(|row| row.try_get::<String, _>("expires_at")).transpose()?.is_some_and(|expires_at| expires_at.as_str() > now))
+    }
+
+    /// The tenant's risk scores still in force at `now`.
+    pub async fn agent_risks(&self, tenant_id: &str, now: &str) -> StoreResult<Vec<AgentRisk>> {
+        let rows = sqlx::query(
+            "SELECT agent_id, risk_micros, source, set_at, expires_at FROM policy_agent_risks \
+             WHERE tenant_id = $1 AND expires_at > $2 ORDER BY agent_id",
+        )
+        .bind(tenant_id)
+        .bind(now)
+        .fetch_all(self.database.pool())
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(AgentRisk {
+                    tenant_id: tenant_id.to_string(),
+                    agent_id: row.try_get("agent_id")?,
+                    risk_score: row.try_get::<i64, _>("risk_micros")? as f64 / 1_000_000.0,
+                    source: row.try_get("source")?,
+                    set_at: row.try_get("set_at")?,
+                    expires_at: row.try_get("expires_at")?,
+                })
+            })
+            .collect()
+    }
+
     // ------------------------------------------------------------ interceptions
 
     pub async fn insert_interception(&self, interception: &Interception) -> StoreResult<()> {
@@ -728,6 +782,11 @@ fn verdicts_from_json(text: &str) -> Vec<Verdict> {
             reason: field(value, "reason"),
         })
         .collect()
+}
+
+/// A score of 0 to 1 in millionths (stored as an integer: both engines compare and return it exactly).
+fn risk_micros(score: f64) -> i64 {
+    (score.clamp(0.0, 1.0) * 1_000_000.0).round() as i64
 }
 
 #[cfg(test)]

@@ -92,6 +92,7 @@ on_both_engines!(
     one_batch_feeds_each_tenant_however_many_observations_it_gives,
     the_interception_log_flushes_without_waiting_out_its_linger,
     a_burst_of_interceptions_is_stored_whole_after_the_linger,
+    agent_risk_scores_are_set_replaced_lapse_and_clear,
 );
 
 async fn the_tenant_switch_moves_between_states_keeps_fifty_activations_and_publishes_snapshots(database: Database) -> TestResult {
@@ -1139,5 +1140,44 @@ async fn a_burst_of_interceptions_is_stored_whole_after_the_linger(database: Dat
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(stored().await?, 600, "every interception of the burst is stored, once");
+    Ok(())
+}
+
+async fn agent_risk_scores_are_set_replaced_lapse_and_clear(database: Database) -> TestResult {
+    let harness = Harness::new(database)?;
+    let mut events = harness.bus.subscribe(POLICY_EVENTS_TOPIC, "test").await?;
+    let tenant = new_tenant();
+    let service = harness.client();
+    let set = |agent: &str, score: f64, ttl_seconds: u64| SetAgentRiskRequest {
+        tenant_id: tenant.clone(),
+        agent_id: agent.to_string(),
+        risk_score: score,
+        source: "sentinel-one".to_string(),
+        ttl_seconds,
+    };
+    for bad in [set("a", 1.2, 60), set("a", -0.1, 60), set("a", 0.5, 0), set("a", 0.5, 2_592_001), set("", 0.5, 60)] {
+        assert!(service.set_agent_risk(bad).await.is_err());
+    }
+    let first = service.set_agent_risk(set("planner", 0.4, 60)).await?;
+    assert_eq!((first.risk_score, first.source.as_str()), (0.4, "sentinel-one"));
+    assert!(matches!(next_event(&mut events).await?.kind, Some(policy_event::Kind::ConfigChanged(_))), "edges drop their copies");
+    // Replaced, not added; another agent's is its own.
+    service.set_agent_risk(set("planner", 0.9, 60)).await?;
+    service.set_agent_risk(set("writer", 0.2, 3_600)).await?;
+    let risks = service.get_guardian_config(tenant_ref(&tenant)).await?.agent_risks;
+    let scores: Vec<(String, f64)> = risks.iter().map(|risk| (risk.agent_id.clone(), risk.risk_score)).collect();
+    assert_eq!(scores, vec![("planner".to_string(), 0.9), ("writer".to_string(), 0.2)]);
+    assert!(service.get_guardian_config(tenant_ref(&new_tenant())).await?.agent_risks.is_empty(), "scores are per tenant");
+
+    // A lapsed score is no longer in force, and clearing it clears nothing in force.
+    harness.advance(ChronoDuration::seconds(61));
+    let risks = service.get_guardian_config(tenant_ref(&tenant)).await?.agent_risks;
+    assert_eq!(risks.iter().map(|risk| risk.agent_id.as_str()).collect::<Vec<_>>(), vec!["writer"]);
+    let planner = AgentRiskRef { tenant_id: tenant.clone(), agent_id: "planner".to_string() };
+    assert!(!service.clear_agent_risk(planner).await?.cleared);
+    let writer = AgentRiskRef { tenant_id: tenant.clone(), agent_id: "writer".to_string() };
+    assert!(service.clear_agent_risk(writer.clone()).await?.cleared);
+    assert!(!service.clear_agent_risk(writer).await?.cleared);
+    assert!(service.get_guardian_config(tenant_ref(&tenant)).await?.agent_risks.is_empty());
     Ok(())
 }

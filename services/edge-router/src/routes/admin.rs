@@ -111,3 +111,156 @@ pub async fn digest(State(state): State<EdgeState>, caller: Caller) -> Answer {
         "generated_at": digest.generated_at,
     }})))
 }
+
+/// `?dry_run=true` of the risk-push routes.
+#[derive(Deserialize, Default)]
+pub struct DryRun {
+    dry_run: Option<String>,
+}
+
+impl DryRun {
+    fn requested(&self) -> Result<bool, ApiError> {
+        match self.dry_run.as_deref() {
+            None | Some("false") => Ok(false),
+            Some("true") => Ok(true),
+            Some(other) => Err(ApiError::invalid_request("invalid_parameter", format!("dry_run must be true or false, not `{other}`"))),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RiskPushBody {
+    tenant_id: Option<String>,
+    agent_id: Option<String>,
+    risk_score: Option<Value>,
+    source: Option<String>,
+    ttl_seconds: Option<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RiskClearBody {
+    tenant_id: Option<String>,
+    agent_id: Option<String>,
+}
+
+/// Longest time to live of a pushed score (30 days) and the default (a day).
+const MAX_RISK_TTL_SECONDS: u64 = 2_592_000;
+const DEFAULT_RISK_TTL_SECONDS: u64 = 86_400;
+const MAX_RISK_SOURCE_CHARS: usize = 128;
+
+/// The risk-push routes answer only the platform administrator, and only with the gateway's
+/// bidirectional-XDR switch on (`BR_XDR_BIDIRECTIONAL`).
+fn risk_push_allowed(state: &EdgeState, caller: &Caller) -> Result<(), ApiError> {
+    caller.require("platform.admin")?;
+    if !state.xdr_bidirectional {
+        return Err(ApiError::forbidden(
+            "feature_disabled",
+            "pushing XDR risk scores is off: the gateway's bidirectional XDR switch (BR_XDR_BIDIRECTIONAL) is not enabled",
+        ));
+    }
+    Ok(())
+}
+
+/// A required, non-empty identifier of the body.
+fn identifier(name: &str, value: Option<String>) -> Result<String, ApiError> {
+    value
+        .map(|value| value.trim().to_string())
+        .filter(|value| !value.is_empty() && value.chars().count() <= MAX_RISK_SOURCE_CHARS)
+        .ok_or_else(|| ApiError::invalid_request("invalid_field", format!("{name} is required (1 to {MAX_RISK_SOURCE_CHARS} characters)")))
+}
+
+/// The tenant, which must exist (404 otherwise).
+async fn existing_tenant(state: &EdgeState, tenant_id: &str) -> Result<(), ApiError> {
+    state.identity.get_tenant(TenantRef { tenant_id: tenant_id.to_string() }).await?;
+    Ok(())
+}
+
+fn risk_view(risk: &brainstorm_proto::policy::AgentRisk) -> Value {
+    json!({
+        "tenant_id": risk.tenant_id,
+        "agent_id": risk.agent_id,
+        "risk_score": risk.risk_score,
+        "source": risk.source,
+        "set_at": risk.set_at,
+        "expires_at": risk.expires_at,
+        "restricted": risk.risk_score >= brainstorm_policy_firewall::RESTRICTING_RISK,
+    })
+}
+
+/// `POST /v1/admin/xdr/risk-push` (platform.admin; `BR_XDR_BIDIRECTIONAL`): `{tenant_id, agent_id,
+/// risk_score 0-1, source, ttl_seconds?}` sets the agent's score; `?dry_run=true` shows what would be
+/// set. A score of 0.7 or more restricts the agent's routing; its next token carries the score.
+pub async fn push_risk(
+    State(state): State<EdgeState>,
+    caller: Caller,
+    Query(dry_run): Query<DryRun>,
+    JsonBody(body): JsonBody<RiskPushBody>,
+) -> Answer {
+    risk_push_allowed(&state, &caller)?;
+    let dry_run = dry_run.requested()?;
+    let tenant_id = identifier("tenant_id", body.tenant_id)?;
+    let agent_id = identifier("agent_id", body.agent_id)?;
+    let source = identifier("source", body.source)?;
+    let risk_score = body
+        .risk_score
+        .as_ref()
+        .and_then(Value::as_f64)
+        .filter(|score| (0.0..=1.0).contains(score))
+        .ok_or_else(|| ApiError::invalid_request("invalid_field", "risk_score is required: a number from 0 to 1"))?;
+    let ttl_seconds = match &body.ttl_seconds {
+        None | Some(Value::Null) => DEFAULT_RISK_TTL_SECONDS,
+        Some(value) => value.as_u64().filter(|ttl| (1..=MAX_RISK_TTL_SECONDS).contains(ttl)).ok_or_else(|| {
+            ApiError::invalid_request("invalid_field", format!("ttl_seconds is an integer from 1 to {MAX_RISK_TTL_SECONDS}"))
+        })?,
+    };
+    existing_tenant(&state, &tenant_id).await?;
+    if dry_run {
+        let expires_at = brainstorm_common::time::format_timestamp(
+            chrono::Utc::now() + chrono::Duration::seconds(i64::try_from(ttl_seconds).unwrap_or(i64::MAX)),
+        );
+        return Ok(Json(json!({
+            "dry_run": true,
+            "would_set": {
+                "tenant_id": tenant_id,
+                "agent_id": agent_id,
+                "risk_score": risk_score,
+                "source": source,
+                "ttl_seconds": ttl_seconds,
+                "expires_at": expires_at,
+                "restricted": risk_score >= brainstorm_policy_firewall::RESTRICTING_RISK,
+            },
+        })));
+    }
+    let request = brainstorm_proto::policy::SetAgentRiskRequest { tenant_id: tenant_id.clone(), agent_id, risk_score, source, ttl_seconds };
+    let risk = state.policy.set_agent_risk(request).await?;
+    // This edge applies it at once; others hear the policy event (or read it within the cache's life).
+    state.guardian.evict(&tenant_id);
+    Ok(Json(json!({"ok": true, "risk": risk_view(&risk)})))
+}
+
+/// `DELETE /v1/admin/xdr/risk-push` (platform.admin; `BR_XDR_BIDIRECTIONAL`): `{tenant_id, agent_id}`
+/// clears the agent's score; `?dry_run=true` shows what would be cleared.
+pub async fn clear_risk(
+    State(state): State<EdgeState>,
+    caller: Caller,
+    Query(dry_run): Query<DryRun>,
+    JsonBody(body): JsonBody<RiskClearBody>,
+) -> Answer {
+    risk_push_allowed(&state, &caller)?;
+    let dry_run = dry_run.requested()?;
+    let tenant_id = identifier("tenant_id", body.tenant_id)?;
+    let agent_id = identifier("agent_id", body.agent_id)?;
+    existing_tenant(&state, &tenant_id).await?;
+    if dry_run {
+        state.guardian.evict(&tenant_id);
+        let guardian = state.guardian.config(&tenant_id).await?;
+        let current = guardian.agent_risk(&agent_id).map(risk_view);
+        return Ok(Json(json!({"dry_run": true, "would_clear": current})));
+    }
+    let request = brainstorm_proto::policy::AgentRiskRef { tenant_id: tenant_id.clone(), agent_id: agent_id.clone() };
+    let cleared = state.policy.clear_agent_risk(request).await?.cleared;
+    state.guardian.evict(&tenant_id);
+    Ok(Json(json!({"ok": true, "cleared": cleared, "tenant_id": tenant_id, "agent_id": agent_id})))
+}

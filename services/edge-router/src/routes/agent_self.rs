@@ -66,6 +66,8 @@ pub async fn bootstrap(
         .map(|id| id.trim().to_string())
         .filter(|id| !id.is_empty())
         .ok_or_else(|| ApiError::invalid_request("agent_id_required", "agent_id is required"))?;
+    // The token's trust envelope carries an XDR's risk score in force for the agent.
+    let risk = state.guardian.config(&tenant_id).await?.agent_risk(&agent_id).cloned();
     let request = BootstrapAgentRequest {
         tenant_id: tenant_id.clone(),
         agent_id: agent_id.clone(),
@@ -77,6 +79,8 @@ pub async fn bootstrap(
         metadata_json: body.metadata.map(|metadata| metadata.to_string()),
         // Keys belong to the tenant, not to a user: the key that brings the agent up answers for it.
         key_owner_id: Some(format!("key:{}", caller.identity.key_id)),
+        xdr_risk: risk.as_ref().map(|risk| risk.risk_score),
+        xdr_risk_source: risk.map(|risk| risk.source),
     };
     let bootstrapped = state.identity.bootstrap_agent(request).await?;
     let profile = bootstrapped.profile.ok_or_else(ApiError::internal)?;
@@ -386,11 +390,21 @@ fn governance(profile: &AgentProfile) -> Value {
 pub async fn status(State(state): State<EdgeState>, agent: AgentCaller) -> Answer {
     let limits = limits(&state, &agent).await?;
     let recent_events = anomalies(&state, &agent).await?;
+    let guardian = state.guardian.config(&agent.tenant.id).await?;
+    let trust = guardian.agent_risk(&agent.profile.agent_id).map_or(Value::Null, |risk| {
+        json!({
+            "xdr_risk": risk.risk_score,
+            "source": risk.source,
+            "expires_at": risk.expires_at,
+            "restricted": risk.risk_score >= brainstorm_policy_firewall::RESTRICTING_RISK,
+        })
+    });
     Ok(Json(json!({
         "profile": views::agent_profile(&agent.profile),
         "limits": limits,
         "anomaly": {"recent_events": recent_events},
         "governance": governance(&agent.profile),
+        "trust": trust,
     })))
 }
 
