@@ -33,6 +33,7 @@ brainstorm_e2e::in_both_shapes!(
     upstream_errors_are_forwarded_and_fallbacks_tried_in_order,
     circuits_open_on_repeated_provider_failures_and_health_shows_them,
     the_self_view_adds_up_the_tenant_and_suggests_what_is_missing,
+    the_leaderboard_ranks_models_by_the_tenants_own_traffic,
     aliases_presets_and_model_resolution_errors,
     models_runnable_allowlists_and_deprecations,
     a_client_disconnect_cancels_the_upstream_stream,
@@ -1194,6 +1195,58 @@ async fn the_self_view_adds_up_the_tenant_and_suggests_what_is_missing(shape: Sh
     assert!(actions(&fresh_view.body).contains(&"register_provider".to_string()), "{}", fresh_view.text);
     assert_eq!(fresh_view.body["models_available"], 1);
     assert_eq!(fresh_view.body["recent_errors"], json!([]), "another key's errors are not shown");
+    Ok(())
+}
+
+async fn the_leaderboard_ranks_models_by_the_tenants_own_traffic(shape: Shape) -> TestResult {
+    let setup = setup(shape).await?;
+    let (gateway, key) = (&setup.gateway, setup.key.as_str());
+    for _ in 0..3 {
+        let served =
+            gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(completion("openai/gpt-4o-mini", "rank me"))).await?;
+        assert_eq!(served.status, 200, "{}", served.text);
+    }
+    // Settlements reach the ledger after the writers' linger.
+    let entry_of = |board: &Value, id: &str| -> Value {
+        board["data"].as_array().and_then(|data| data.iter().find(|entry| entry["id"] == id)).cloned().unwrap_or_default()
+    };
+    let mut board = Value::Null;
+    for _ in 0..100 {
+        board = gateway.call(Method::GET, "/v1/models/leaderboard?sort=reliability", Some(key), None).await?.body;
+        if entry_of(&board, "openai/gpt-4o-mini")["sample_count"] == 3 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!((board["object"].as_str(), board["sort_by"].as_str()), (Some("list"), Some("reliability")), "{board}");
+    let used = entry_of(&board, "openai/gpt-4o-mini");
+    assert_eq!(
+        (used["sample_count"].as_u64(), used["success_rate"].as_f64(), used["error_rate"].as_f64()),
+        (Some(3), Some(1.0), Some(0.0)),
+        "{used}"
+    );
+    assert_eq!((used["validity"].as_f64(), used["days_active"].as_u64()), (Some(1.0), Some(1)), "{used}");
+    assert!(used["latency_ms"].is_number() && used["pricing"]["input"].is_number(), "{used}");
+    assert!(used["reward_score"].as_f64() > used["quality"].as_f64(), "three successes lift the prior: {used}");
+    assert_eq!(board["data"][0]["id"], "openai/gpt-4o-mini", "the only model with a success rate leads on reliability");
+    let unused = entry_of(&board, "openai/gpt-4o");
+    assert_eq!((unused["sample_count"].as_u64(), unused["success_rate"].clone()), (Some(0), Value::Null), "{unused}");
+    assert_eq!(unused["reward_score"], unused["quality"], "an unused model ranks by its prior");
+    let total = board["model_count"].as_u64().unwrap_or_default();
+    assert!(total > 3 && board["data"].as_array().map(Vec::len) == Some(total as usize));
+
+    // Paging, the provider filter and bad parameters.
+    let page = gateway.call(Method::GET, "/v1/models/leaderboard?limit=2&offset=1", Some(key), None).await?;
+    assert_eq!((page.body["model_count"].as_u64(), page.body["data"].as_array().map(Vec::len)), (Some(total), Some(2)), "{}", page.text);
+    let anthropic = gateway.call(Method::GET, "/v1/models/leaderboard?provider=anthropic", Some(key), None).await?;
+    let providers: Vec<&str> = anthropic.body["data"]
+        .as_array()
+        .map_or_else(Vec::new, |data| data.iter().filter_map(|entry| entry["provider"].as_str()).collect());
+    assert!(!providers.is_empty() && providers.iter().all(|provider| *provider == "anthropic"), "{}", anthropic.text);
+    for bad in ["sort=fastest", "limit=-1", "offset=x"] {
+        let reply = gateway.call(Method::GET, &format!("/v1/models/leaderboard?{bad}"), Some(key), None).await?;
+        assert_eq!(reply.status, 400, "{bad}: {}", reply.text);
+    }
     Ok(())
 }
 

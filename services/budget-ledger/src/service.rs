@@ -544,6 +544,18 @@ impl BudgetLedgerService for BudgetLedgerServiceImpl {
         Ok(UsageSummary { group_by: request.group_by.clone(), groups, total_requests, total_cost_nanos, since, until })
     }
 
+    async fn get_model_stats(&self, request: ModelStatsRequest) -> ServiceResult<ModelStatsList> {
+        let tenant_id = required("tenant_id", &request.tenant_id)?;
+        let since = match request.since.as_deref() {
+            None => format_timestamp(self.now() - Duration::days(7)),
+            Some(text) => {
+                normalise_timestamp(text).ok_or_else(|| ServiceError::invalid("invalid_timestamp", "since is not an RFC 3339 instant"))?
+            }
+        };
+        let models = self.store.model_stats(tenant_id, &since).await.map_err(store_failure)?;
+        Ok(ModelStatsList { models, since })
+    }
+
     async fn get_current_totals(&self, request: CurrentTotalsRequest) -> ServiceResult<CurrentTotals> {
         let now = self.now();
         let day_key = request.day_key.unwrap_or_else(|| Period::Daily.key_at(now));

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashSet};
 use brainstorm_common::store::{Database, statement_chunks};
 use brainstorm_common::time::{format_timestamp, parse_timestamp};
 use brainstorm_proto::budget::{
-    AgentBudget, AgentBudgetExhausted, AlertConfig, AlertRecord, CounterTotal, Settlement, TenantLimits, UsageGroup,
+    AgentBudget, AgentBudgetExhausted, AlertConfig, AlertRecord, CounterTotal, ModelStats, Settlement, TenantLimits, UsageGroup,
 };
 use chrono::{DateTime, Utc};
 use sqlx::Row;
@@ -555,6 +555,38 @@ impl BudgetStore {
                     input_tokens: row.try_get("input_tokens")?,
                     output_tokens: row.try_get("output_tokens")?,
                     cost_nanos: row.try_get("cost")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Per-model figures of the tenant's settlements since `since` (through the tenant's time index).
+    pub async fn model_stats(&self, tenant_id: &str, since: &str) -> StoreResult<Vec<ModelStats>> {
+        let rows = sqlx::query(
+            "SELECT model, COUNT(*) AS requests, \
+             CAST(COALESCE(SUM(CASE WHEN outcome = $3 THEN 1 ELSE 0 END), 0) AS BIGINT) AS succeeded, \
+             CAST(COALESCE(SUM(CASE WHEN outcome = $3 AND output_tokens > 0 THEN 1 ELSE 0 END), 0) AS BIGINT) AS answered, \
+             CAST(COALESCE(SUM(CASE WHEN outcome = $3 THEN latency_ms ELSE 0 END), 0) AS BIGINT) AS total_latency, \
+             CAST(COALESCE(SUM(CASE WHEN outcome = $3 THEN output_tokens ELSE 0 END), 0) AS BIGINT) AS total_output, \
+             COUNT(DISTINCT day_key) AS days \
+             FROM budget_settlements WHERE tenant_id = $1 AND occurred_at >= $2 GROUP BY model ORDER BY model",
+        )
+        .bind(tenant_id)
+        .bind(since)
+        .bind("succeeded")
+        .fetch_all(self.database.pool())
+        .await?;
+        let count = |row: &AnyRow, column: &str| -> StoreResult<u64> { Ok(u64::try_from(row.try_get::<i64, _>(column)?).unwrap_or(0)) };
+        rows.iter()
+            .map(|row| {
+                Ok(ModelStats {
+                    model: row.try_get("model")?,
+                    requests: count(row, "requests")?,
+                    succeeded: count(row, "succeeded")?,
+                    answered: count(row, "answered")?,
+                    total_latency_ms: row.try_get("total_latency")?,
+                    total_output_tokens: row.try_get("total_output")?,
+                    days_active: count(row, "days")?,
                 })
             })
             .collect()

@@ -198,8 +198,8 @@ impl Edge {
 
 fn router(state: EdgeState, trace_requests: bool) -> Router {
     use routes::{
-        admin, agent_limits, agent_self, agents, budget, completions, datasets, governance, guardian, identity, mcp, mcp_connect, memory,
-        observability, prompts, provider_health, providers,
+        admin, agent_limits, agent_self, agents, budget, completions, datasets, governance, guardian, identity, leaderboard, mcp,
+        mcp_connect, memory, observability, prompts, provider_health, providers,
     };
     let routes = Router::new()
         .route("/health", get(routes::health))
@@ -339,6 +339,7 @@ fn router(state: EdgeState, trace_requests: bool) -> Router {
         .route("/v1/embeddings", post(completions::embeddings))
         .route("/v1/models", get(completions::list_models))
         .route("/v1/health/providers", get(provider_health::providers))
+        .route("/v1/models/leaderboard", get(leaderboard::leaderboard))
         .route("/v1/catalog/runnable", get(completions::runnable))
         .fallback(route_not_found)
         .method_not_allowed_fallback(method_not_allowed)

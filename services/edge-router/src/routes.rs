@@ -10,6 +10,7 @@ pub mod datasets;
 pub mod governance;
 pub mod guardian;
 pub mod identity;
+pub mod leaderboard;
 pub mod mcp;
 pub mod mcp_connect;
 pub mod memory;
