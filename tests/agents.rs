@@ -360,8 +360,13 @@ async fn an_ownerless_agent_is_held_to_the_switch_turned_on_later(shape: Shape) 
 
 async fn completion_as(gateway: &Gateway, key: &str, agent: &str) -> anyhow::Result<Reply> {
     let completion = json!({"model": "anthropic/claude-haiku-4-5", "max_tokens": 10, "messages": [{"role": "user", "content": "hello"}]});
+    post_as(gateway, key, agent, &completion).await
+}
+
+/// `completion` sent with `key` on behalf of `agent` (`X-BR-Agent-Id`).
+async fn post_as(gateway: &Gateway, key: &str, agent: &str, completion: &Value) -> anyhow::Result<Reply> {
     let response =
-        gateway.request(Method::POST, "/v1/chat/completions", Some(key)).header("x-br-agent-id", agent).json(&completion).send().await?;
+        gateway.request(Method::POST, "/v1/chat/completions", Some(key)).header("x-br-agent-id", agent).json(completion).send().await?;
     let status = response.status().as_u16();
     let headers = response.headers().clone();
     let text = response.text().await?;
@@ -594,12 +599,7 @@ async fn sonnet_or_haiku_as(gateway: &Gateway, key: &str, agent: &str) -> anyhow
         "messages": [{"role": "user", "content": "hello"}],
         "route": {"models": ["anthropic/claude-haiku-4-5"]},
     });
-    let response =
-        gateway.request(Method::POST, "/v1/chat/completions", Some(key)).header("x-br-agent-id", agent).json(&completion).send().await?;
-    let status = response.status().as_u16();
-    let headers = response.headers().clone();
-    let text = response.text().await?;
-    Ok(Reply { status, body: serde_json::from_str(&text).unwrap_or(Value::Null), text, headers })
+    post_as(gateway, key, agent, &completion).await
 }
 
 /// The claims of a JWT, unverified.

@@ -9,6 +9,7 @@ type TestResult = anyhow::Result<()>;
 
 brainstorm_e2e::in_both_shapes!(
     registration_returns_tenant_key_and_claim,
+    oauth_apps_trade_a_pkce_code_for_a_scoped_key,
     registration_rejects_bad_bodies_with_the_envelope,
     missing_malformed_unknown_revoked_and_expired_keys_get_401,
     roles_and_permissions_are_enforced,
@@ -493,5 +494,94 @@ async fn errors_always_carry_the_envelope(shape: Shape) -> TestResult {
     assert!(wrong_method.body["recovery"].is_object());
     let health = gateway.call(Method::GET, "/health", None, None).await?;
     assert_eq!(health.status, 200);
+    Ok(())
+}
+
+/// RFC 7636's example verifier and its S256 challenge.
+const PKCE_VERIFIER: &str = "dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk";
+const PKCE_CHALLENGE: &str = "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM";
+const CALLBACK: &str = "http://127.0.0.1:8976/callback";
+
+/// Approves `client_id` with `key` and returns the code from the redirect (the client does not follow it).
+async fn approve(gateway: &Gateway, key: &str, client_id: &str) -> anyhow::Result<String> {
+    let client = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build()?;
+    let url = format!(
+        "{}/auth/oauth/authorize?client_id={client_id}&redirect_uri={CALLBACK}&code_challenge={PKCE_CHALLENGE}&code_challenge_method=S256&scope=completions+models&state=x%20y",
+        gateway.base_url
+    );
+    let response = client.post(url).bearer_auth(key).send().await?;
+    anyhow::ensure!(response.status().as_u16() == 302, "approval answered {}", response.status());
+    let location = response.headers().get("location").and_then(|value| value.to_str().ok()).unwrap_or_default().to_string();
+    anyhow::ensure!(location.starts_with(&format!("{CALLBACK}?code=brac_")) && location.ends_with("&state=x%20y"), "{location}");
+    Ok(location.split("code=").nth(1).and_then(|rest| rest.split('&').next()).unwrap_or_default().to_string())
+}
+
+async fn oauth_apps_trade_a_pkce_code_for_a_scoped_key(shape: Shape) -> TestResult {
+    let gateway = Gateway::start(shape).await?;
+    let (admin, _) = gateway.register("OAuth Works").await?;
+    for bad in [
+        json!({"name": "x", "callback_urls": ["http://evil.example/cb"]}),
+        json!({"name": "x", "callback_urls": [CALLBACK], "scopes": ["admin"]}),
+        json!({"name": "x", "callback_urls": []}),
+    ] {
+        let refused = gateway.call(Method::POST, "/v1/oauth/apps", Some(&admin), Some(bad.clone())).await?;
+        assert_eq!(refused.status, 400, "{bad}: {}", refused.text);
+    }
+    let app = gateway
+        .call(
+            Method::POST,
+            "/v1/oauth/apps",
+            Some(&admin),
+            Some(json!({"name": "Notebook", "callback_urls": [CALLBACK], "scopes": ["completions", "models", "usage"]})),
+        )
+        .await?;
+    assert_eq!(app.status, 201, "{}", app.text);
+    let client_id = app.body["client_id"].as_str().unwrap_or_default().to_string();
+    assert!(client_id.starts_with("br_app_") && app.body.get("client_secret").is_none(), "{}", app.text);
+    let listed = gateway.call(Method::GET, "/v1/oauth/apps", Some(&admin), None).await?;
+    assert_eq!(listed.body["total"], 1, "{}", listed.text);
+
+    // The consent view; S256 only; a key is needed.
+    let query = format!(
+        "client_id={client_id}&redirect_uri={CALLBACK}&code_challenge={PKCE_CHALLENGE}&code_challenge_method=S256&scope=completions+models"
+    );
+    let view = gateway.call(Method::GET, &format!("/auth/oauth/authorize?{query}"), Some(&admin), None).await?;
+    assert_eq!((view.status, view.body["app"]["name"].as_str()), (200, Some("Notebook")), "{}", view.text);
+    assert_eq!(view.body["scopes"], json!(["completions", "models"]));
+    let plain = gateway.call(Method::GET, &format!("/auth/oauth/authorize?{}", query.replace("S256", "plain")), Some(&admin), None).await?;
+    assert_eq!(plain.status, 400, "{}", plain.text);
+    assert_eq!(gateway.call(Method::GET, &format!("/auth/oauth/authorize?{query}"), None, None).await?.status, 401);
+
+    // A code presented with the wrong verifier is spent.
+    let token = |code: &str, verifier: &str| json!({"grant_type": "authorization_code", "code": code, "redirect_uri": CALLBACK, "code_verifier": verifier, "client_id": client_id});
+    let first = approve(&gateway, &admin, &client_id).await?;
+    let wrong = gateway.call(Method::POST, "/auth/oauth/token", None, Some(token(&first, &PKCE_VERIFIER.replace('d', "e")))).await?;
+    assert_eq!((wrong.status, wrong.body["error"]["code"].as_str()), (400, Some("invalid_grant")), "{}", wrong.text);
+    let spent = gateway.call(Method::POST, "/auth/oauth/token", None, Some(token(&first, PKCE_VERIFIER))).await?;
+    assert_eq!(spent.status, 400, "{}", spent.text);
+
+    // The right verifier buys a 90-day key with the granted scopes, once.
+    let code = approve(&gateway, &admin, &client_id).await?;
+    let issued = gateway.call(Method::POST, "/auth/oauth/token", None, Some(token(&code, PKCE_VERIFIER))).await?;
+    assert_eq!(issued.status, 200, "{}", issued.text);
+    assert_eq!(issued.body["scopes"], json!(["completions", "models"]));
+    let key = issued.body["key"].as_str().unwrap_or_default().to_string();
+    assert!(key.starts_with("br_live_"), "{}", issued.text);
+    let expires_at = chrono::DateTime::parse_from_rfc3339(issued.body["expires_at"].as_str().unwrap_or_default())?;
+    assert_eq!(expires_at.signed_duration_since(chrono::Utc::now()).num_days(), 89, "90 days less the seconds gone");
+    let again = gateway.call(Method::POST, "/auth/oauth/token", None, Some(token(&code, PKCE_VERIFIER))).await?;
+    assert_eq!(again.status, 400, "a code is used once: {}", again.text);
+    // The key holds what the scopes grant and nothing more.
+    assert_eq!(gateway.call(Method::GET, "/v1/models", Some(&key), None).await?.status, 200);
+    let completion = json!({"model": "brainstorm/sandbox", "messages": [{"role": "user", "content": "hi"}]});
+    assert_eq!(gateway.call(Method::POST, "/v1/chat/completions", Some(&key), Some(completion)).await?.status, 200);
+    assert_eq!(gateway.call(Method::GET, "/v1/budget/status", Some(&key), None).await?.status, 403);
+    assert_eq!(gateway.call(Method::POST, "/v1/api-keys", Some(&key), Some(json!({"name": "more"}))).await?.status, 403);
+    let bad_grant = gateway.call(Method::POST, "/auth/oauth/token", None, Some(json!({"grant_type": "password"}))).await?;
+    assert_eq!(bad_grant.status, 400, "{}", bad_grant.text);
+
+    let deleted = gateway.call(Method::DELETE, &format!("/v1/oauth/apps/{client_id}"), Some(&admin), None).await?;
+    assert_eq!((deleted.status, deleted.body["deleted"].as_bool()), (200, Some(true)), "{}", deleted.text);
+    assert_eq!(gateway.call(Method::GET, "/v1/oauth/apps", Some(&admin), None).await?.body["total"], 0);
     Ok(())
 }

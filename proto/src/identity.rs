@@ -70,5 +70,17 @@ crate::grpc::service_contract! {
         fn delegate_agent(DelegateAgentRequest) -> DelegatedAgent;
         /// Terminates a parent's sub-agent and refunds its unspent budget; repeating changes nothing.
         fn end_sub_agent(EndSubAgentRequest) -> EndedSubAgent;
+        /// Registers an OAuth app.
+        fn create_oauth_app(CreateOAuthAppRequest) -> OAuthApp;
+        /// The tenant's OAuth apps.
+        fn list_oauth_apps(TenantRef) -> OAuthAppList;
+        /// Deletes one of the tenant's OAuth apps.
+        fn delete_oauth_app(OAuthAppRef) -> OAuthApp;
+        /// An OAuth app by client id (for the consent view).
+        fn get_oauth_app(OAuthClientRef) -> OAuthApp;
+        /// A single-use authorization code for an approval.
+        fn issue_oauth_code(IssueOAuthCodeRequest) -> IssuedOAuthCode;
+        /// An API key for a code and its PKCE verifier.
+        fn redeem_oauth_code(RedeemOAuthCodeRequest) -> OAuthToken;
     }
 }

@@ -199,7 +199,7 @@ impl Edge {
 fn router(state: EdgeState, trace_requests: bool) -> Router {
     use routes::{
         admin, agent_limits, agent_self, agents, budget, completions, datasets, governance, guardian, identity, leaderboard, mcp,
-        mcp_connect, memory, observability, prompts, provider_health, providers,
+        mcp_connect, memory, oauth, observability, prompts, provider_health, providers,
     };
     let routes = Router::new()
         .route("/health", get(routes::health))
@@ -223,6 +223,10 @@ fn router(state: EdgeState, trace_requests: bool) -> Router {
         .route("/v1/admin/invite-codes/{id}", delete(admin::delete_invite_code))
         .route("/v1/admin/digest", get(admin::digest))
         .route("/v1/admin/xdr/risk-push", post(admin::push_risk).delete(admin::clear_risk))
+        .route("/v1/oauth/apps", post(oauth::create_app).get(oauth::list_apps))
+        .route("/v1/oauth/apps/{id}", delete(oauth::delete_app))
+        .route("/auth/oauth/authorize", get(oauth::authorize_view).post(oauth::authorize))
+        .route("/auth/oauth/token", post(oauth::token))
         .route("/v1/providers/catalog", get(providers::catalog))
         .route("/v1/providers/test", post(providers::test_key))
         .route("/v1/providers", post(providers::register_key).get(providers::list_keys))

@@ -14,6 +14,7 @@ pub mod leaderboard;
 pub mod mcp;
 pub mod mcp_connect;
 pub mod memory;
+pub mod oauth;
 pub mod observability;
 pub mod prompts;
 pub mod provider_health;

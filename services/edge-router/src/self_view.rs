@@ -45,22 +45,30 @@ pub struct Principal<'a> {
 /// The last errors answered to each caller (an API key or an agent), newest first, in memory.
 #[derive(Default)]
 pub struct RecentErrors {
-    callers: Mutex<HashMap<String, (u64, VecDeque<Value>)>>,
+    inner: Mutex<ErrorLog>,
+}
+
+#[derive(Default)]
+struct ErrorLog {
+    /// Bumped by every error: a caller's stamp says how recently it had one.
+    stamp: u64,
+    callers: HashMap<String, (u64, VecDeque<Value>)>,
 }
 
 impl RecentErrors {
     /// Notes an error answered to `caller`.
     pub fn record(&self, caller: &str, error: Value) {
-        let mut callers = self.callers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if callers.len() >= MAX_CALLERS && !callers.contains_key(caller) {
-            // Forget the callers whose last error is oldest.
-            let mut stamps: Vec<u64> = callers.values().map(|(stamp, _)| *stamp).collect();
+        let mut log = self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if log.callers.len() >= MAX_CALLERS && !log.callers.contains_key(caller) {
+            // Forget the half of the callers whose last error is oldest (rare: one pass per 5,000 new callers).
+            let mut stamps: Vec<u64> = log.callers.values().map(|(stamp, _)| *stamp).collect();
             stamps.sort_unstable();
             let cut = stamps[stamps.len() / 2];
-            callers.retain(|_, (stamp, _)| *stamp > cut);
+            log.callers.retain(|_, (stamp, _)| *stamp > cut);
         }
-        let stamp = callers.values().map(|(stamp, _)| *stamp).max().unwrap_or(0) + 1;
-        let entry = callers.entry(caller.to_string()).or_default();
+        log.stamp += 1;
+        let stamp = log.stamp;
+        let entry = log.callers.entry(caller.to_string()).or_default();
         entry.0 = stamp;
         entry.1.push_front(error);
         entry.1.truncate(RECENT_ERRORS);
@@ -68,8 +76,8 @@ impl RecentErrors {
 
     /// The caller's recent errors, newest first.
     pub fn of(&self, caller: &str) -> Vec<Value> {
-        let callers = self.callers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        callers.get(caller).map(|(_, errors)| errors.iter().cloned().collect()).unwrap_or_default()
+        let log = self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        log.callers.get(caller).map(|(_, errors)| errors.iter().cloned().collect()).unwrap_or_default()
     }
 }
 

@@ -17,11 +17,12 @@ use prost::Message;
 
 use crate::agent_token::{AgentTokenSigner, TokenError, TrustClaims};
 use crate::agents::{self, AgentStore, Delegation};
+use crate::oauth;
 use crate::rbac::{self, ROLES};
 use crate::secrets::{self, CLAIM_TOKEN_PREFIX, LIVE_KEY_PREFIX};
 use crate::store::{
-    ApiKeyRecord, ClaimTokenRecord, EmailVerificationRecord, IdentityStore, PLANS, SANDBOX_PLAN, STANDARD_PLAN, TenantGrouping,
-    tier_of_plan,
+    ApiKeyRecord, ClaimTokenRecord, EmailVerificationRecord, IdentityStore, OAuthCodeRecord, PLANS, SANDBOX_PLAN, STANDARD_PLAN,
+    TenantGrouping, tier_of_plan,
 };
 
 const REGISTRATION_CLAIM_DAYS: i64 = 7;
@@ -894,6 +895,146 @@ impl IdentityService for IdentityServiceImpl {
         Err(ServiceError::conflict("concurrent_change", "the sub-agent kept changing meanwhile; try again"))
     }
 
+    async fn create_oauth_app(&self, request: CreateOAuthAppRequest) -> ServiceResult<OAuthApp> {
+        let name = validated_name("name", &request.name)?;
+        if request.callback_urls.is_empty() || request.callback_urls.len() > oauth::MAX_CALLBACK_URLS {
+            return Err(ServiceError::invalid(
+                "invalid_callback_urls",
+                format!("callback_urls holds 1 to {} URLs", oauth::MAX_CALLBACK_URLS),
+            ));
+        }
+        if let Some(bad) = request.callback_urls.iter().find(|url| !oauth::valid_callback_url(url)) {
+            return Err(ServiceError::invalid(
+                "invalid_callback_urls",
+                format!("callback URL `{bad}` must be https:// (or http:// to localhost), without a fragment or user part"),
+            ));
+        }
+        let scopes = oauth::checked_scopes(&request.scopes, &oauth::DEFAULT_SCOPES)
+            .map_err(|error| ServiceError::invalid("invalid_scope", error))?;
+        self.tenant_or_not_found(&request.tenant_id).await?;
+        let app = OAuthApp {
+            client_id: format!("{}{}", oauth::CLIENT_ID_PREFIX, uuid::Uuid::new_v4().simple()),
+            tenant_id: request.tenant_id.clone(),
+            name,
+            callback_urls: request.callback_urls.clone(),
+            scopes,
+            created_at: format_timestamp(Utc::now()),
+        };
+        self.store.insert_oauth_app(&app, &request.created_by).await.map_err(store_failure)?;
+        Ok(app)
+    }
+
+    async fn list_oauth_apps(&self, request: TenantRef) -> ServiceResult<OAuthAppList> {
+        Ok(OAuthAppList { apps: self.store.oauth_apps(&request.tenant_id).await.map_err(store_failure)? })
+    }
+
+    async fn delete_oauth_app(&self, request: OAuthAppRef) -> ServiceResult<OAuthApp> {
+        let app = self
+            .store
+            .oauth_app(&request.client_id)
+            .await
+            .map_err(store_failure)?
+            .filter(|app| app.tenant_id == request.tenant_id)
+            .ok_or_else(|| ServiceError::not_found("oauth_app_not_found", format!("no OAuth app `{}`", request.client_id)))?;
+        self.store.delete_oauth_app(&request.tenant_id, &request.client_id).await.map_err(store_failure)?;
+        Ok(app)
+    }
+
+    async fn get_oauth_app(&self, request: OAuthClientRef) -> ServiceResult<OAuthApp> {
+        self.store
+            .oauth_app(&request.client_id)
+            .await
+            .map_err(store_failure)?
+            .ok_or_else(|| ServiceError::not_found("oauth_app_not_found", format!("no OAuth app `{}`", request.client_id)))
+    }
+
+    async fn issue_oauth_code(&self, request: IssueOAuthCodeRequest) -> ServiceResult<IssuedOAuthCode> {
+        let app = self.get_oauth_app(OAuthClientRef { client_id: request.client_id.clone() }).await?;
+        if !app.callback_urls.contains(&request.redirect_uri) {
+            return Err(ServiceError::invalid("invalid_redirect_uri", "redirect_uri is not one of the app's callback URLs"));
+        }
+        if !oauth::valid_challenge(&request.code_challenge) {
+            return Err(ServiceError::invalid(
+                "invalid_code_challenge",
+                "code_challenge must be an S256 challenge: 43 base64url characters",
+            ));
+        }
+        let app_scopes: Vec<&str> = app.scopes.iter().map(String::as_str).collect();
+        let scopes = oauth::checked_scopes(&request.scopes, &app_scopes).map_err(|error| ServiceError::invalid("invalid_scope", error))?;
+        if let Some(beyond) = scopes.iter().find(|scope| !app.scopes.contains(scope)) {
+            return Err(ServiceError::invalid("invalid_scope", format!("the app did not register scope `{beyond}`")));
+        }
+        if oauth::granted_permissions(&scopes, &request.authorizer_permissions).is_empty() {
+            return Err(ServiceError::permission_denied(
+                "insufficient_permissions",
+                "the approving key holds none of the permissions these scopes grant",
+            ));
+        }
+        let tenant = self.tenant_or_not_found(&request.tenant_id).await?;
+        usable_tenant(&tenant)?;
+        let code = secrets::mint(oauth::CODE_PREFIX);
+        let now = Utc::now();
+        let record = OAuthCodeRecord {
+            code_hash: secrets::digest(&code),
+            client_id: app.client_id.clone(),
+            tenant_id: request.tenant_id.clone(),
+            redirect_uri: request.redirect_uri.clone(),
+            code_challenge: request.code_challenge.clone(),
+            scopes: scopes.clone(),
+            permissions: request.authorizer_permissions.clone(),
+            authorized_by: request.authorized_by.clone(),
+            created_at: format_timestamp(now),
+            expires_at: format_timestamp(now + Duration::minutes(OAUTH_CODE_MINUTES)),
+        };
+        self.store.insert_oauth_code(&record).await.map_err(store_failure)?;
+        Ok(IssuedOAuthCode { code, expires_at: record.expires_at, scopes })
+    }
+
+    async fn redeem_oauth_code(&self, request: RedeemOAuthCodeRequest) -> ServiceResult<OAuthToken> {
+        let invalid_grant = |why: &str| ServiceError::invalid("invalid_grant", why.to_string());
+        if !oauth::valid_verifier(&request.code_verifier) {
+            return Err(ServiceError::invalid("invalid_request", "code_verifier must be 43 to 128 characters of A-Z a-z 0-9 - . _ ~"));
+        }
+        // Taken once, whatever follows: a code presented with a wrong verifier is spent (RFC 6749 10.5).
+        let now = Utc::now();
+        let record = self
+            .store
+            .redeem_oauth_code(&secrets::digest(request.code.trim()), &format_timestamp(now))
+            .await
+            .map_err(store_failure)?
+            .ok_or_else(|| invalid_grant("the code is unknown, expired or already used"))?;
+        if record.client_id != request.client_id || record.redirect_uri != request.redirect_uri {
+            return Err(invalid_grant("client_id or redirect_uri is not the one the code was issued for"));
+        }
+        if !oauth::verifier_matches(&request.code_verifier, &record.code_challenge) {
+            return Err(invalid_grant("code_verifier does not match the code_challenge"));
+        }
+        let app = self
+            .get_oauth_app(OAuthClientRef { client_id: record.client_id.clone() })
+            .await
+            .map_err(|_| invalid_grant("the app was deleted"))?;
+        let permissions = oauth::granted_permissions(&record.scopes, &record.permissions);
+        if permissions.is_empty() {
+            // An empty scope list would mean the role's permissions: never issue that.
+            return Err(invalid_grant("the approval grants no permission"));
+        }
+        let expires_at = format_timestamp(now + Duration::days(OAUTH_KEY_DAYS));
+        let created = self
+            .create_api_key(CreateApiKeyRequest {
+                tenant_id: record.tenant_id.clone(),
+                name: format!("oauth: {}", app.name),
+                role: "developer".to_string(),
+                scopes: permissions,
+                expires_at: Some(expires_at.clone()),
+                created_by: format!("oauth:{}", app.client_id),
+                creator_permissions: record.permissions.clone(),
+                ..CreateApiKeyRequest::default()
+            })
+            .await?;
+        let key_id = created.key.map(|key| key.id).unwrap_or_default();
+        Ok(OAuthToken { key: created.plaintext, scopes: record.scopes, expires_at, key_id })
+    }
+
     async fn authenticate_agent(&self, request: AuthenticateAgentRequest) -> ServiceResult<AgentPrincipal> {
         let signer = self.agent_tokens()?;
         let claims = signer.verify(request.token.trim(), Utc::now()).map_err(|error| match error {
@@ -1005,6 +1146,11 @@ fn validated_plan(plan: &str) -> ServiceResult<&str> {
         .find(|known| *known == plan)
         .ok_or_else(|| ServiceError::invalid("invalid_plan", format!("plan must be one of {}", PLANS.join(", "))))
 }
+
+/// How long an authorization code is redeemable.
+const OAUTH_CODE_MINUTES: i64 = 10;
+/// How long a key issued for a code lives.
+const OAUTH_KEY_DAYS: i64 = 90;
 
 fn validated_name(field: &str, name: &str) -> ServiceResult<String> {
     let trimmed = name.trim();

@@ -1,7 +1,7 @@
 //! Identity's tables, read and written with bound parameters on SQLite or PostgreSQL.
 
 use brainstorm_common::store::Database;
-use brainstorm_proto::identity::{ApiKey, InviteCode, Tenant, User};
+use brainstorm_proto::identity::{ApiKey, InviteCode, OAuthApp, Tenant, User};
 use sqlx::any::AnyRow;
 use sqlx::{Any, Row, Transaction};
 
@@ -473,6 +473,132 @@ fn user_from_row(row: &AnyRow) -> StoreResult<User> {
         email: row.try_get("email")?,
         role: row.try_get("role")?,
         status: row.try_get("status")?,
+        created_at: row.try_get("created_at")?,
+    })
+}
+
+/// An authorization code as stored (its digest, never the code).
+#[derive(Debug, Clone)]
+pub struct OAuthCodeRecord {
+    pub code_hash: String,
+    pub client_id: String,
+    pub tenant_id: String,
+    pub redirect_uri: String,
+    pub code_challenge: String,
+    pub scopes: Vec<String>,
+    pub permissions: Vec<String>,
+    pub authorized_by: String,
+    pub created_at: String,
+    pub expires_at: String,
+}
+
+impl IdentityStore {
+    pub async fn insert_oauth_app(&self, app: &OAuthApp, created_by: &str) -> StoreResult<()> {
+        sqlx::query(
+            "INSERT INTO oauth_apps (client_id, tenant_id, name, callback_urls, scopes, created_by, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        )
+        .bind(&app.client_id)
+        .bind(&app.tenant_id)
+        .bind(&app.name)
+        .bind(json_list(&app.callback_urls))
+        .bind(json_list(&app.scopes))
+        .bind(created_by)
+        .bind(&app.created_at)
+        .execute(self.database.pool())
+        .await?;
+        Ok(())
+    }
+
+    /// The app with this client id, whichever tenant registered it.
+    pub async fn oauth_app(&self, client_id: &str) -> StoreResult<Option<OAuthApp>> {
+        let row = sqlx::query("SELECT client_id, tenant_id, name, callback_urls, scopes, created_at FROM oauth_apps WHERE client_id = $1")
+            .bind(client_id)
+            .fetch_optional(self.database.pool())
+            .await?;
+        row.as_ref().map(oauth_app_from_row).transpose()
+    }
+
+    /// The tenant's apps, oldest first.
+    pub async fn oauth_apps(&self, tenant_id: &str) -> StoreResult<Vec<OAuthApp>> {
+        let rows = sqlx::query(
+            "SELECT client_id, tenant_id, name, callback_urls, scopes, created_at FROM oauth_apps WHERE tenant_id = $1 ORDER BY created_at, client_id",
+        )
+        .bind(tenant_id)
+        .fetch_all(self.database.pool())
+        .await?;
+        rows.iter().map(oauth_app_from_row).collect()
+    }
+
+    /// Deletes the tenant's app and its unredeemed codes; false when the tenant has no such app.
+    pub async fn delete_oauth_app(&self, tenant_id: &str, client_id: &str) -> StoreResult<bool> {
+        let mut transaction = self.begin().await?;
+        let deleted = sqlx::query("DELETE FROM oauth_apps WHERE tenant_id = $1 AND client_id = $2")
+            .bind(tenant_id)
+            .bind(client_id)
+            .execute(&mut *transaction)
+            .await?
+            .rows_affected();
+        sqlx::query("DELETE FROM oauth_codes WHERE client_id = $1 AND redeemed_at IS NULL")
+            .bind(client_id)
+            .execute(&mut *transaction)
+            .await?;
+        transaction.commit().await?;
+        Ok(deleted > 0)
+    }
+
+    pub async fn insert_oauth_code(&self, code: &OAuthCodeRecord) -> StoreResult<()> {
+        sqlx::query(
+            "INSERT INTO oauth_codes (code_hash, client_id, tenant_id, redirect_uri, code_challenge, scopes, permissions, authorized_by, \
+             created_at, expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+        )
+        .bind(&code.code_hash)
+        .bind(&code.client_id)
+        .bind(&code.tenant_id)
+        .bind(&code.redirect_uri)
+        .bind(&code.code_challenge)
+        .bind(json_list(&code.scopes))
+        .bind(json_list(&code.permissions))
+        .bind(&code.authorized_by)
+        .bind(&code.created_at)
+        .bind(&code.expires_at)
+        .execute(self.database.pool())
+        .await?;
+        Ok(())
+    }
+
+    /// Takes an unredeemed, unexpired code once: of two redemptions racing, one gets the record.
+    pub async fn redeem_oauth_code(&self, code_hash: &str, now: &str) -> StoreResult<Option<OAuthCodeRecord>> {
+        let taken = sqlx::query(
+            "UPDATE oauth_codes SET redeemed_at = $2 WHERE code_hash = $1 AND redeemed_at IS NULL AND expires_at > $2 \
+             RETURNING client_id, tenant_id, redirect_uri, code_challenge, scopes, permissions, authorized_by, created_at, expires_at",
+        )
+        .bind(code_hash)
+        .bind(now)
+        .fetch_optional(self.database.pool())
+        .await?;
+        let Some(row) = taken else { return Ok(None) };
+        Ok(Some(OAuthCodeRecord {
+            code_hash: code_hash.to_string(),
+            client_id: row.try_get("client_id")?,
+            tenant_id: row.try_get("tenant_id")?,
+            redirect_uri: row.try_get("redirect_uri")?,
+            code_challenge: row.try_get("code_challenge")?,
+            scopes: parse_json_list(&row.try_get::<String, _>("scopes")?),
+            permissions: parse_json_list(&row.try_get::<String, _>("permissions")?),
+            authorized_by: row.try_get("authorized_by")?,
+            created_at: row.try_get("created_at")?,
+            expires_at: row.try_get("expires_at")?,
+        }))
+    }
+}
+
+fn oauth_app_from_row(row: &AnyRow) -> StoreResult<OAuthApp> {
+    Ok(OAuthApp {
+        client_id: row.try_get("client_id")?,
+        tenant_id: row.try_get("tenant_id")?,
+        name: row.try_get("name")?,
+        callback_urls: parse_json_list(&row.try_get::<String, _>("callback_urls")?),
+        scopes: parse_json_list(&row.try_get::<String, _>("scopes")?),
         created_at: row.try_get("created_at")?,
     })
 }

@@ -163,6 +163,19 @@ fn risk_push_allowed(state: &EdgeState, caller: &Caller) -> Result<(), ApiError>
     Ok(())
 }
 
+/// Whether the caller may push (see `risk_push_allowed`), whether it asked for a dry run, and the
+/// tenant and agent the body names.
+fn risk_target(
+    state: &EdgeState,
+    caller: &Caller,
+    dry_run: &DryRun,
+    tenant_id: Option<String>,
+    agent_id: Option<String>,
+) -> Result<(bool, String, String), ApiError> {
+    risk_push_allowed(state, caller)?;
+    Ok((dry_run.requested()?, identifier("tenant_id", tenant_id)?, identifier("agent_id", agent_id)?))
+}
+
 /// A required, non-empty identifier of the body.
 fn identifier(name: &str, value: Option<String>) -> Result<String, ApiError> {
     value
@@ -198,10 +211,7 @@ pub async fn push_risk(
     Query(dry_run): Query<DryRun>,
     JsonBody(body): JsonBody<RiskPushBody>,
 ) -> Answer {
-    risk_push_allowed(&state, &caller)?;
-    let dry_run = dry_run.requested()?;
-    let tenant_id = identifier("tenant_id", body.tenant_id)?;
-    let agent_id = identifier("agent_id", body.agent_id)?;
+    let (dry_run, tenant_id, agent_id) = risk_target(&state, &caller, &dry_run, body.tenant_id, body.agent_id)?;
     let source = identifier("source", body.source)?;
     let risk_score = body
         .risk_score
@@ -248,10 +258,7 @@ pub async fn clear_risk(
     Query(dry_run): Query<DryRun>,
     JsonBody(body): JsonBody<RiskClearBody>,
 ) -> Answer {
-    risk_push_allowed(&state, &caller)?;
-    let dry_run = dry_run.requested()?;
-    let tenant_id = identifier("tenant_id", body.tenant_id)?;
-    let agent_id = identifier("agent_id", body.agent_id)?;
+    let (dry_run, tenant_id, agent_id) = risk_target(&state, &caller, &dry_run, body.tenant_id, body.agent_id)?;
     existing_tenant(&state, &tenant_id).await?;
     if dry_run {
         state.guardian.evict(&tenant_id);
