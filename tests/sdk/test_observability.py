@@ -95,6 +95,20 @@ def test_destinations_receive_the_tenants_events(gateway, receiver):
     usage = next(event for event in events_of(hook) if event["request_id"] == first and event["event_type"] == "usage")
     assert usage["data"]["model"] and usage["data"]["input_tokens"] > 0 and usage["severity"] == 1
 
+    # An evaluation's outcome is a quality event, for destinations that take them.
+    quality_hook = f"/quality-{shape}"
+    call(gateway, "POST", "/v1/observability/destinations", {"name": "quality", "type": "webhook", "config": {"url": receiver + quality_hook},
+        "event_types": ["quality"], "batch": {"max_size": 1, "flush_interval_ms": 100}}, expect=201, key=key)
+    prompt_id = f"fanned-{shape}"
+    call(gateway, "POST", "/v1/prompts", {"id": prompt_id, "template": "Hello {{name}}"}, expect=201, key=key)
+    run = call(gateway, "POST", f"/v1/prompts/{prompt_id}/evaluate", {"test_cases": [
+        {"input": {"name": "Ada"}, "expected_output": "Hello Ada"}, {"input": {"name": "Bob"}, "expected_output": "Bye"}]}, key=key)
+    assert wait_for(lambda: any(event["request_id"] == run["run_id"] for event in events_of(quality_hook)))
+    quality = next(event for event in events_of(quality_hook) if event["request_id"] == run["run_id"])
+    assert quality["event"] == "quality.evaluation.failed" and quality["event_type"] == "quality" and quality["severity"] == 3
+    assert quality["data"]["prompt_id"] == prompt_id and (quality["data"]["pass_count"], quality["data"]["fail_count"]) == (1, 1)
+    assert all(event["event_type"] != "quality" for event in events_of(hook)), "the first destination did not subscribe to quality"
+
     # The tenant's switch stops its observability destinations.
     assert call(gateway, "PUT", "/v1/observability/config", {"enabled": False}, key=key) == {"enabled": False}
     quiet = complete(gateway, key)

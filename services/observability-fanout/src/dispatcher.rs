@@ -51,6 +51,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 pub enum Source {
     Budget(Arc<BudgetEvent>),
     Audit(Arc<AuditRecord>),
+    Quality(brainstorm_proto::observability::QualityEvent),
 }
 
 impl Source {
@@ -61,6 +62,7 @@ impl Source {
                 _ => None,
             },
             Source::Audit(record) => Some(&record.tenant_id),
+            Source::Quality(event) => Some(&event.tenant_id),
         }
     }
 
@@ -68,6 +70,7 @@ impl Source {
         match self {
             Source::Budget(event) => events::from_budget_event(&event),
             Source::Audit(record) => Some(events::from_audit(&record)),
+            Source::Quality(event) => Some(events::from_quality(&event)),
         }
     }
 }

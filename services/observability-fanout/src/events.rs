@@ -73,6 +73,32 @@ pub fn from_settlement(settlement: &Settlement) -> Event {
     }
 }
 
+/// An evaluation run as a `quality` event: `quality.evaluation.passed` when every case passed,
+/// `quality.evaluation.failed` (severity 3) when some did not.
+pub fn from_quality(event: &brainstorm_proto::observability::QualityEvent) -> Event {
+    let outcome = if event.fail_count == 0 { "passed" } else { "failed" };
+    Event {
+        tenant_id: event.tenant_id.clone(),
+        event_type: "quality",
+        name: format!("quality.evaluation.{outcome}"),
+        severity: if event.fail_count == 0 { 1 } else { 3 },
+        timestamp: event.occurred_at.clone(),
+        request_id: event.run_id.clone(),
+        data: json!({
+            "run_id": event.run_id,
+            "prompt_id": event.prompt_id,
+            "version": event.version,
+            "scorer": event.scorer,
+            "model": (!event.model.is_empty()).then_some(&event.model),
+            "test_case_count": event.test_case_count,
+            "pass_count": event.pass_count,
+            "fail_count": event.fail_count,
+            "avg_score": event.avg_score,
+            "key_id": event.key_id,
+        }),
+    }
+}
+
 /// The settlement in a budget event, as an event (other budget events are not fanned out).
 pub fn from_budget_event(event: &brainstorm_proto::budget::BudgetEvent) -> Option<Event> {
     match &event.kind {

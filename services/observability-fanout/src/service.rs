@@ -307,6 +307,7 @@ impl ObservabilityFanoutService for ObservabilityFanoutServiceImpl {
                 .map_err(|error| ServiceError::invalid("invalid_event", format!("an audit record does not decode: {error}")))?;
             fanned.push(Source::Audit(Arc::new(record)));
         }
+        fanned.extend(request.quality_events.into_iter().map(Source::Quality));
         let count = u32::try_from(fanned.len()).unwrap_or(u32::MAX);
         self.submit(fanned).await;
         Ok(RecordEventsResponse { events: count })

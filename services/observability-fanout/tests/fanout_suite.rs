@@ -120,9 +120,20 @@ async fn destinations_seal_secrets_batch_and_count(database: Database) -> TestRe
     let events = FanoutEvents {
         budget_events: vec![settlement("req_1"), settlement("req_2"), settlement("req_3")],
         audit_records: vec![record.encode_to_vec(), other_tenant.encode_to_vec()],
+        quality_events: vec![QualityEvent {
+            tenant_id: "t1".into(),
+            run_id: "run_1".into(),
+            prompt_id: "prompt_1".into(),
+            test_case_count: 2,
+            pass_count: 1,
+            fail_count: 1,
+            avg_score: 0.5,
+            occurred_at: "2026-11-29T10:00:00.000Z".into(),
+            ..QualityEvent::default()
+        }],
     };
-    assert_eq!(service.record_events(events).await?.events, 5);
-    let bodies = wait_for(&received, "/hook", 4).await;
+    assert_eq!(service.record_events(events).await?.events, 6);
+    let bodies = wait_for(&received, "/hook", 5).await;
     let names: Vec<String> = bodies
         .iter()
         .flat_map(|body| body["events"].as_array().cloned().unwrap_or_default())
@@ -130,6 +141,7 @@ async fn destinations_seal_secrets_batch_and_count(database: Database) -> TestRe
         .collect();
     assert_eq!(names.iter().filter(|name| *name == "usage.succeeded").count(), 3);
     assert_eq!(names.iter().filter(|name| *name == "audit.allowed").count(), 1, "t2's record is not t1's");
+    assert_eq!(names.iter().filter(|name| *name == "quality.evaluation.failed").count(), 1, "an evaluation with a failed case");
 
     // Merging config: a member set to null goes, the secret stays sealed.
     let update = UpdateDestinationRequest {
@@ -193,7 +205,7 @@ async fn transient_failures_are_retried(database: Database) -> TestResult {
     let service = service(database)?;
     let flaky = service.create_destination(create("observability", "webhook", json!({"url": format!("{base}/flaky")}))).await?;
     let rejecting = service.create_destination(create("observability", "webhook", json!({"url": format!("{base}/reject")}))).await?;
-    let events = FanoutEvents { budget_events: vec![settlement("req_9")], audit_records: Vec::new() };
+    let events = FanoutEvents { budget_events: vec![settlement("req_9")], audit_records: Vec::new(), quality_events: Vec::new() };
     assert_eq!(service.record_events(events).await?.events, 1);
     let reference = |id: &str| DestinationRef { tenant_id: "t1".into(), id: id.into(), kind: "observability".into() };
     let mut flaky_stats = DeliveryStats::default();
@@ -222,7 +234,11 @@ async fn a_stop_sends_what_waits(database: Database) -> TestResult {
         ..create("observability", "webhook", json!({"url": format!("{base}/later")}))
     };
     service.create_destination(patient).await?;
-    let events = FanoutEvents { budget_events: vec![settlement("req_20"), settlement("req_21")], audit_records: Vec::new() };
+    let events = FanoutEvents {
+        budget_events: vec![settlement("req_20"), settlement("req_21")],
+        audit_records: Vec::new(),
+        quality_events: Vec::new(),
+    };
     assert_eq!(service.record_events(events).await?.events, 2);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(requests_to(&received, "/later"), 0, "the batch waits for its interval");

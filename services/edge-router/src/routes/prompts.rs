@@ -490,7 +490,34 @@ pub async fn evaluate(
         rendered: prepared.rendered,
         answers,
     };
-    Ok(Json(run_view(&prompts.record_evaluation(request).await?, true)))
+    let run = prompts.record_evaluation(request).await?;
+    announce_quality(&state, &caller, &run);
+    Ok(Json(run_view(&run, true)))
+}
+
+/// Hands the run's outcome to the fan-out as a `quality` event (when the edge has it), off the answer.
+fn announce_quality(state: &EdgeState, caller: &Caller, run: &EvaluationRun) {
+    let (Some(observability), Ok(tenant_id)) = (state.observability.clone(), caller.tenant_id()) else { return };
+    let event = brainstorm_proto::observability::QualityEvent {
+        tenant_id: tenant_id.to_string(),
+        run_id: run.run_id.clone(),
+        prompt_id: run.prompt_id.clone(),
+        version: run.version,
+        scorer: run.scorer.clone(),
+        model: run.model.clone(),
+        test_case_count: run.test_case_count,
+        pass_count: run.pass_count,
+        fail_count: run.fail_count,
+        avg_score: f64::from(run.avg_score_micros) / 1_000_000.0,
+        occurred_at: run.created_at.clone(),
+        key_id: caller.identity.key_id.clone(),
+    };
+    tokio::spawn(async move {
+        let events = brainstorm_proto::observability::FanoutEvents { quality_events: vec![event], ..Default::default() };
+        if let Err(error) = observability.record_events(events).await {
+            tracing::warn!(%error, "an evaluation's quality event could not be handed to the fan-out");
+        }
+    });
 }
 
 /// `GET /v1/prompts/{id}/evaluate/results` (router.read): the newest 20 runs, without cases.
