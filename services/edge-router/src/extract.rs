@@ -120,6 +120,15 @@ impl<S: Send + Sync> FromRequest<S> for JsonBytes {
 }
 
 /// Parses a required JSON body, with the envelope's errors for an empty or invalid one.
+/// A boolean query parameter: absent or `false` is false, `true` true, anything else a 400 naming it.
+pub fn query_flag(name: &str, value: Option<&str>) -> Result<bool, ApiError> {
+    match value {
+        None | Some("false") => Ok(false),
+        Some("true") => Ok(true),
+        Some(other) => Err(ApiError::invalid_request("invalid_parameter", format!("{name} must be true or false, not `{other}`"))),
+    }
+}
+
 pub fn json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Err(ApiError::invalid_request("missing_body", "a JSON body is required"));

@@ -579,8 +579,9 @@ async fn complete_inner(
     let mut reply_guard = None;
     let mut downgrade_tool = None;
     let mut output_scanned = false;
-    if !guardian_off {
-        let tenant_guardian = state.guardian.config(tenant_id).await?;
+    // Read once: the guardian's stages and an agent's XDR risk score (below) both come from it.
+    let tenant_guardian = if guardian_off && agent_id.is_none() { None } else { Some(state.guardian.config(tenant_id).await?) };
+    if let Some(tenant_guardian) = tenant_guardian.as_ref().filter(|_| !guardian_off) {
         if tenant_guardian.guardrails.config().enabled {
             // The system prompt and every message's text, newline-separated, copied once.
             let texts: Vec<std::borrow::Cow<'_, str>> = chat
@@ -649,18 +650,16 @@ async fn complete_inner(
     }
     // An agent an XDR scored as risky (`/v1/admin/xdr/risk-push`, 0.7 or more) is routed as a
     // restricted one whatever its tier: cheapest candidates first.
-    if let Some(agent_id) = agent_id
-        && let Some(risk) = state.guardian.config(tenant_id).await?.agent_risk(agent_id)
+    if let (Some(agent_id), Some(tenant_guardian)) = (agent_id, &tenant_guardian)
+        && let Some(risk) = tenant_guardian.agent_risk(agent_id)
         && risk.risk_score >= brainstorm_policy_firewall::RESTRICTING_RISK
     {
-        route.candidates.sort_by_key(|candidate| candidate.estimated_cost.map_or(i64::MAX, Usd::nanos));
-        route.reason = format!("{}; restricted: XDR risk {} from {}", route.reason, risk.risk_score, risk.source);
+        cheapest_first(&mut route, &format!("restricted: XDR risk {} from {}", risk.risk_score, risk.source));
         facts.guardian_headers.push((HeaderName::from_static("x-br-trust-restricted"), HeaderValue::from_static("xdr_risk")));
     }
     if let Some(tool) = &downgrade_tool {
         // The request offers a tool the firewall downgrades on: cheapest candidates first.
-        route.candidates.sort_by_key(|candidate| candidate.estimated_cost.map_or(i64::MAX, Usd::nanos));
-        route.reason = format!("{}; downgraded: the request offers tool `{tool}`", route.reason);
+        cheapest_first(&mut route, &format!("downgraded: the request offers tool `{tool}`"));
         facts.guardian_headers.push((HeaderName::from_static("x-br-tool-firewall-status"), HeaderValue::from_static("downgrade")));
         if let Ok(reason) = HeaderValue::try_from(format!("deny_list: `{tool}` downgrades the request")) {
             facts.guardian_headers.push((HeaderName::from_static("x-br-tool-firewall-reason"), reason));
@@ -686,8 +685,7 @@ async fn complete_inner(
         Ok(reservation) => reservation,
         Err(BudgetDenial::Downgrade(_)) => {
             // The agent's budget is spent and it asked to be downgraded: cheapest candidates first.
-            route.candidates.sort_by_key(|candidate| candidate.estimated_cost.map_or(i64::MAX, Usd::nanos));
-            route.reason = format!("{}; downgraded: the agent's daily budget is spent", route.reason);
+            cheapest_first(&mut route, "downgraded: the agent's daily budget is spent");
             state.guard.reserve_downgraded(&context, &estimate_of(&route)).await.map_err(|denial| denial.to_api_error())?
         }
         Err(denial) => return Err(denial.to_api_error()),
@@ -781,6 +779,12 @@ async fn complete_inner(
     };
     let provider = failed_model.split('/').next().unwrap_or_default();
     Err(ApiError::provider_error(error.status(), provider, format!("{failed_model}: {error}")))
+}
+
+/// Orders the route's candidates cheapest first (unpriced ones last) and says why in its reason.
+fn cheapest_first(route: &mut Route, why: &str) {
+    route.candidates.sort_by_key(|candidate| candidate.estimated_cost.map_or(i64::MAX, Usd::nanos));
+    route.reason = format!("{}; {why}", route.reason);
 }
 
 /// The guardian on a whole reply: the tool firewall and approvals on its tool calls, then the output

@@ -10,12 +10,12 @@ use brainstorm_common::ApiError;
 use brainstorm_proto::budget::GetStatusRequest;
 use brainstorm_proto::policy::TenantRef as PolicyTenantRef;
 use brainstorm_proto::prompts::{MemoryKey, MemoryQuery};
-use brainstorm_providers::catalog::{PROVIDERS, Provider};
 use serde_json::{Map, Value, json};
 
 use crate::EdgeState;
 use crate::circuits::CircuitState;
 use crate::routes::budget::{optional_usd, usd};
+use crate::sentinel::{Probe, providers_among};
 
 /// How long a tenant's part of the view is reused.
 const TENANT_VIEW_TTL: Duration = Duration::from_secs(30);
@@ -144,23 +144,13 @@ fn period_view(status: Option<&brainstorm_proto::budget::PeriodStatus>) -> (Valu
 
 async fn tenant_view(state: &EdgeState, tenant_id: &str) -> Result<TenantView, ApiError> {
     let config = state.routing.get(tenant_id).await?;
-    let keyed: Vec<&'static Provider> =
-        PROVIDERS.iter().filter(|provider| config.routing.providers.iter().any(|id| id == provider.id)).collect();
+    let keyed = providers_among(&config.routing.providers);
     state.sentinel.watch(&keyed).await;
 
     // Health: the keyed providers' probes and their models' circuits.
     let mut providers = Map::new();
     for provider in &keyed {
-        let probe = state.sentinel.last(provider.id);
-        providers.insert(
-            provider.id.to_string(),
-            match probe {
-                Some(probe) => {
-                    json!({"status": probe.status.as_str(), "latency_ms": probe.latency_ms, "last_probe_at": probe.last_probe_at})
-                }
-                None => json!({"status": "not_probed", "latency_ms": null, "last_probe_at": null}),
-            },
-        );
+        providers.insert(provider.id.to_string(), Probe::view(state.sentinel.last(provider.id).as_ref()));
     }
     let models: Vec<String> =
         state.models.models().iter().filter(|model| config.routing.providers.contains(&model.provider)).map(|model| model.id()).collect();

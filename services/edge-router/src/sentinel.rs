@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock, Weak};
 use std::time::{Duration, Instant};
 
-use brainstorm_providers::catalog::{Provider, base_url};
+use brainstorm_providers::catalog::{PROVIDERS, Provider, base_url};
 
 /// Longest wait for a probe's answer.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -42,6 +42,23 @@ pub struct Probe {
     pub latency_ms: u64,
     /// RFC 3339, UTC.
     pub last_probe_at: String,
+}
+
+impl Probe {
+    /// The probe as the API shows it; `not_probed` when there is none.
+    pub fn view(probe: Option<&Probe>) -> serde_json::Value {
+        match probe {
+            Some(probe) => {
+                serde_json::json!({"status": probe.status.as_str(), "latency_ms": probe.latency_ms, "last_probe_at": probe.last_probe_at})
+            }
+            None => serde_json::json!({"status": "not_probed", "latency_ms": null, "last_probe_at": null}),
+        }
+    }
+}
+
+/// The catalog's providers among `ids` (a tenant's keyed providers), in catalog order.
+pub fn providers_among(ids: &[String]) -> Vec<&'static Provider> {
+    PROVIDERS.iter().filter(|provider| ids.iter().any(|id| id == provider.id)).collect()
 }
 
 /// The probes of one edge.

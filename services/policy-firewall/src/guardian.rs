@@ -58,6 +58,10 @@ pub struct TenantGuardian {
 
 /// A risk score at or above this restricts the agent's routing.
 pub const RESTRICTING_RISK: f64 = 0.7;
+/// Longest agent id and source of a risk score.
+pub const MAX_RISK_FIELD_CHARS: usize = 128;
+/// Longest life of a risk score: 30 days.
+pub const MAX_RISK_TTL_SECONDS: u64 = 2_592_000;
 
 impl TenantGuardian {
     /// Compiles the service's snapshot.

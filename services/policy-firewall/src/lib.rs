@@ -26,7 +26,9 @@ pub use firewall::{
 };
 pub use gate::{GateOptions, GateView, KILL_SWITCH_TTL, KillSwitchGate, KillSwitchSource};
 pub use glob::glob_matches;
-pub use guardian::{ApprovalContext, Guardian, GuardianOptions, RESTRICTING_RISK, TenantGuardian};
+pub use guardian::{
+    ApprovalContext, Guardian, GuardianOptions, MAX_RISK_FIELD_CHARS, MAX_RISK_TTL_SECONDS, RESTRICTING_RISK, TenantGuardian,
+};
 pub use guardrails::{CompiledGuardrails, GuardrailConfig, GuardrailMode, ScanAction, ScanResult, scan};
 pub use killswitch::{
     BlockScope, KillSwitchDecision, KillSwitchState, RequestFacts, check, is_exempt_path, mcp_tool_allowed_during_activation,

@@ -19,6 +19,7 @@ use serde_json::{Map, Value, json};
 use crate::anomaly::{Detector, SeriesKey};
 use crate::approvals::{ALLOWANCE_LIFETIME, APPROVED, ApprovalScope, DENIED, PENDING, is_high_risk_tool};
 use crate::firewall::{CompiledFirewall, FirewallConfig, FirewallMode, ToolCall, ToolCaller};
+use crate::guardian::{MAX_RISK_FIELD_CHARS, MAX_RISK_TTL_SECONDS};
 use crate::guardrails::external::{self, ExternalProvider, Mapping};
 use crate::guardrails::{
     self, BUILTIN_SCANNERS, CompiledGuardrails, GuardrailConfig, GuardrailMode, ProviderFailure, ScanMatch, ScanResult,
@@ -1042,11 +1043,6 @@ impl PolicyFirewallService for PolicyFirewallServiceImpl {
         Ok(ClearAgentRiskResponse { cleared })
     }
 }
-
-/// Longest agent id and source of a risk score.
-const MAX_RISK_FIELD_CHARS: usize = 128;
-/// Longest life of a risk score: 30 days.
-const MAX_RISK_TTL_SECONDS: u64 = 2_592_000;
 
 fn store_failure(error: sqlx::Error) -> ServiceError {
     brainstorm_common::store::store_failure(SERVICE, error)

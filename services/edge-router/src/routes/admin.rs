@@ -8,9 +8,11 @@ use brainstorm_proto::identity::*;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use brainstorm_policy_firewall::{MAX_RISK_FIELD_CHARS, MAX_RISK_TTL_SECONDS};
+
 use crate::EdgeState;
 use crate::auth::Caller;
-use crate::extract::JsonBody;
+use crate::extract::{JsonBody, query_flag};
 use crate::views;
 
 type Answer = Result<Json<Value>, ApiError>;
@@ -120,11 +122,7 @@ pub struct DryRun {
 
 impl DryRun {
     fn requested(&self) -> Result<bool, ApiError> {
-        match self.dry_run.as_deref() {
-            None | Some("false") => Ok(false),
-            Some("true") => Ok(true),
-            Some(other) => Err(ApiError::invalid_request("invalid_parameter", format!("dry_run must be true or false, not `{other}`"))),
-        }
+        query_flag("dry_run", self.dry_run.as_deref())
     }
 }
 
@@ -145,10 +143,8 @@ pub struct RiskClearBody {
     agent_id: Option<String>,
 }
 
-/// Longest time to live of a pushed score (30 days) and the default (a day).
-const MAX_RISK_TTL_SECONDS: u64 = 2_592_000;
+/// The time to live of a pushed score when the body gives none: a day.
 const DEFAULT_RISK_TTL_SECONDS: u64 = 86_400;
-const MAX_RISK_SOURCE_CHARS: usize = 128;
 
 /// The risk-push routes answer only the platform administrator, and only with the gateway's
 /// bidirectional-XDR switch on (`BR_XDR_BIDIRECTIONAL`).
@@ -180,8 +176,8 @@ fn risk_target(
 fn identifier(name: &str, value: Option<String>) -> Result<String, ApiError> {
     value
         .map(|value| value.trim().to_string())
-        .filter(|value| !value.is_empty() && value.chars().count() <= MAX_RISK_SOURCE_CHARS)
-        .ok_or_else(|| ApiError::invalid_request("invalid_field", format!("{name} is required (1 to {MAX_RISK_SOURCE_CHARS} characters)")))
+        .filter(|value| !value.is_empty() && value.chars().count() <= MAX_RISK_FIELD_CHARS)
+        .ok_or_else(|| ApiError::invalid_request("invalid_field", format!("{name} is required (1 to {MAX_RISK_FIELD_CHARS} characters)")))
 }
 
 /// The tenant, which must exist (404 otherwise).

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use crate::EdgeState;
 use crate::auth::{Caller, CallerAttempt};
 use crate::circuits::CircuitState;
-use crate::extract::{JsonBytes, RequestId, json};
+use crate::extract::{JsonBytes, RequestId, json, query_flag};
 use crate::pipeline::{self, ClientFormat, CompletionBody};
 use crate::sentinel::ProbeStatus;
 
@@ -133,13 +133,7 @@ pub struct ModelsQuery {
 /// unless `?includeUnhealthy=true`.
 pub async fn list_models(State(state): State<EdgeState>, caller: Caller, query: Query<ModelsQuery>) -> Result<Json<Value>, ApiError> {
     caller.require("router.read")?;
-    let include_unhealthy = match query.include_unhealthy.as_deref() {
-        None | Some("false") => false,
-        Some("true") => true,
-        Some(other) => {
-            return Err(ApiError::invalid_request("invalid_parameter", format!("includeUnhealthy must be true or false, not `{other}`")));
-        }
-    };
+    let include_unhealthy = query_flag("includeUnhealthy", query.include_unhealthy.as_deref())?;
     let config = state.routing.get(caller.tenant_id()?).await?;
     let data: Vec<Value> = if config.routing.providers.is_empty() {
         vec![model_entry(SANDBOX_MODEL, "brainstorm")].into_iter().filter(|_| caller.may_use_model(SANDBOX_MODEL)).collect()

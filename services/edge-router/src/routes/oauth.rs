@@ -78,6 +78,11 @@ pub struct AuthorizeQuery {
     state: Option<String>,
 }
 
+/// A required, non-empty parameter (OAuth's `invalid_request` when missing).
+fn required(name: &str, value: Option<String>) -> Result<String, ApiError> {
+    value.filter(|value| !value.is_empty()).ok_or_else(|| ApiError::invalid_request("invalid_request", format!("{name} is required")))
+}
+
 /// The authorization request's parameters, checked: S256 only, scopes space- or plus-separated.
 struct Authorization {
     client_id: String,
@@ -89,11 +94,6 @@ struct Authorization {
 
 impl AuthorizeQuery {
     fn checked(self) -> Result<Authorization, ApiError> {
-        let required = |name: &str, value: Option<String>| {
-            value
-                .filter(|value| !value.is_empty())
-                .ok_or_else(|| ApiError::invalid_request("invalid_request", format!("{name} is required")))
-        };
         let method = self.code_challenge_method.unwrap_or_default();
         if method != "S256" {
             return Err(ApiError::invalid_request("invalid_request", "code_challenge_method must be S256 (plain is not accepted)"));
@@ -197,9 +197,6 @@ pub async fn token(State(state): State<EdgeState>, JsonBody(body): JsonBody<Toke
     if body.grant_type.as_deref() != Some("authorization_code") {
         return Err(ApiError::invalid_request("unsupported_grant_type", "grant_type must be authorization_code"));
     }
-    let required = |name: &str, value: Option<String>| {
-        value.filter(|value| !value.is_empty()).ok_or_else(|| ApiError::invalid_request("invalid_request", format!("{name} is required")))
-    };
     let request = RedeemOAuthCodeRequest {
         client_id: required("client_id", body.client_id)?,
         code: required("code", body.code)?,

@@ -4,13 +4,13 @@
 use axum::Json;
 use axum::extract::State;
 use brainstorm_common::ApiError;
-use brainstorm_providers::catalog::{PROVIDERS, Provider};
+use brainstorm_providers::catalog::PROVIDERS;
 use serde_json::{Value, json};
 
 use crate::EdgeState;
 use crate::auth::Caller;
 use crate::circuits::CircuitState;
-use crate::sentinel::ProbeStatus;
+use crate::sentinel::{Probe, ProbeStatus, providers_among};
 
 /// A provider's health from its probe and its models' circuits: `down` when the probe found no API
 /// or every model's circuit is open, `degraded` when the probe was slow or answered 5xx or some
@@ -31,8 +31,7 @@ fn provider_health(probe: Option<ProbeStatus>, total_models: usize, circuits_ope
 pub async fn providers(State(state): State<EdgeState>, caller: Caller) -> Result<Json<Value>, ApiError> {
     caller.require("router.read")?;
     let config = state.routing.get(caller.tenant_id()?).await?;
-    let keyed: Vec<&'static Provider> =
-        PROVIDERS.iter().filter(|provider| config.routing.providers.iter().any(|id| id == provider.id)).collect();
+    let keyed = providers_among(&config.routing.providers);
     state.sentinel.watch(&keyed).await;
     let (mut healthy, mut degraded, mut down) = (0, 0, 0);
     let mut providers = Vec::with_capacity(PROVIDERS.len());
@@ -59,13 +58,9 @@ pub async fn providers(State(state): State<EdgeState>, caller: Caller) -> Result
             "down" => down += 1,
             _ => {}
         }
-        let sentinel = match probe {
-            Some(probe) => json!({"status": probe.status.as_str(), "latency_ms": probe.latency_ms, "last_probe_at": probe.last_probe_at}),
-            None => json!({"status": "not_probed", "latency_ms": null, "last_probe_at": null}),
-        };
         providers.push(json!({
             "id": provider.id,
-            "sentinel": sentinel,
+            "sentinel": Probe::view(probe.as_ref()),
             "models": models,
             "aggregate": {
                 "total_models": models.len(),
