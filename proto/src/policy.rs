@@ -98,6 +98,22 @@ crate::grpc::service_contract! {
         fn set_agent_risk(SetAgentRiskRequest) -> AgentRisk;
         /// Clears an agent's XDR risk score.
         fn clear_agent_risk(AgentRiskRef) -> ClearAgentRiskResponse;
+        /// Opens a liaison session; its id comes back signed.
+        fn open_liaison(OpenLiaisonRequest) -> LiaisonSession;
+        /// A liaison session by its signed id.
+        fn get_liaison(LiaisonRef) -> LiaisonSession;
+        /// Signs and stores a plan the edge priced.
+        fn mint_plan(MintPlanRequest) -> LiaisonPlan;
+        /// A plan, its signature verified, for a commit to be judged against.
+        fn get_plan(PlanRef) -> LiaisonPlan;
+        /// Judges a completion against its plan and claims the plan when it passes.
+        fn commit_plan(CommitPlanRequest) -> PlanCommit;
+        /// Settles a claimed plan: committed, or released when the completion failed.
+        fn settle_plan(SettlePlanRequest) -> SettlePlanResponse;
+        /// A session's events after a sequence number.
+        fn list_liaison_events(ListLiaisonEventsRequest) -> LiaisonEventList;
+        /// Closes a session: its cost summary and trace digest.
+        fn close_liaison(LiaisonRef) -> LiaisonSession;
         /// Guardrail and firewall configuration and the ruleset, for the edge's cache.
         fn get_guardian_config(TenantRef) -> GuardianConfig;
     }

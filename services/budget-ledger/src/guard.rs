@@ -339,6 +339,7 @@ fn budget_exceeded_error(exceeded: &BudgetExceeded) -> ApiError {
         body_template: json!({"agent:<agent id>": {"maxBudgetUsd": "<new limit>"}}),
         message: "raise the budget (PUT /v1/budget/limits for tenant limits), or wait for the next period".to_string(),
         wait_ms: None,
+        reason: None,
     };
     for (name, value) in exceeded.headers() {
         error.push_header(http::HeaderName::from_static(name), &value);

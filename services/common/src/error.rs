@@ -8,7 +8,7 @@ use serde_json::{Map, Value, json};
 const DOCS_BASE_URL: &str = "https://docs.brainstorm.dev/errors";
 
 /// What a client can do about an error: present on every error body.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Recovery {
     pub action: &'static str,
     pub endpoint: String,
@@ -16,6 +16,8 @@ pub struct Recovery {
     pub body_template: Value,
     pub message: String,
     pub wait_ms: Option<u64>,
+    /// Why the action is needed, where a refusal names one (`renegotiate`'s `model_outside_grant`).
+    pub reason: Option<String>,
 }
 
 /// An error as the REST edge answers it: status, `error{...}`, `recovery{...}` and headers. Boxed, so
@@ -67,6 +69,7 @@ impl ApiError {
             body_template: json!({"tenant_name": "<name>", "accept_tos": true}),
             message: "send a valid key as `Authorization: Bearer br_live_...`, or register to get one".to_string(),
             wait_ms: None,
+            reason: None,
         };
         Self::new(StatusCode::UNAUTHORIZED, "authentication_error", Some(code), message, recovery)
     }
@@ -81,6 +84,7 @@ impl ApiError {
             message: "bootstrap with the tenant API key to get a fresh agent JWT, then send it as `Authorization: Bearer <jwt>`"
                 .to_string(),
             wait_ms: None,
+            reason: None,
         };
         Self::new(StatusCode::UNAUTHORIZED, "authentication_error", Some(code), message, recovery)
     }
@@ -102,6 +106,7 @@ impl ApiError {
             body_template: json!({"name": "<name>", "role": "<role with the permission>"}),
             message: "use a key whose role grants the permission, or ask a tenant admin for one".to_string(),
             wait_ms: None,
+            reason: None,
         };
         Self::new(StatusCode::FORBIDDEN, "forbidden", Some(code), message, recovery)
     }
@@ -129,6 +134,7 @@ impl ApiError {
             body_template: Value::Null,
             message: "see the API reference for the available endpoints".to_string(),
             wait_ms: None,
+            reason: None,
         };
         error
     }
@@ -218,6 +224,7 @@ impl ApiError {
             body_template: serde_json::json!({"provider": provider, "api_key": "<your provider key>"}),
             message: format!("register a {provider} key, then retry"),
             wait_ms: None,
+            reason: None,
         };
         Self::new(StatusCode::BAD_REQUEST, "byok_required", Some("byok_required"), message, recovery)
     }
@@ -226,6 +233,37 @@ impl ApiError {
     pub fn internal() -> Self {
         let recovery = Recovery::retry("an unexpected error occurred; retry in a few seconds", 5000);
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", Some("internal_error"), "internal server error", recovery)
+    }
+
+    /// 403 `plan_scope_exceeded` (`permission_error`): a completion asks for more than its liaison
+    /// plan grants; `reason` says what (`model_outside_grant`, ...).
+    pub fn plan_scope_exceeded(reason: &str, message: impl Into<String>, liaison_id: &str) -> Self {
+        let mut error = Self::new(StatusCode::FORBIDDEN, "permission_error", Some("plan_scope_exceeded"), message, Recovery::default());
+        error.details.insert("reason".to_string(), json!(reason));
+        error.renegotiate(liaison_id, Some(reason))
+    }
+
+    /// 402 `ceiling_exceeds_max`: a plan's estimate is above the caller's `max_cost_usd`.
+    pub fn ceiling_exceeds_max(message: impl Into<String>) -> Self {
+        let recovery = Recovery::same_endpoint(
+            "reduce_scope",
+            "raise max_cost_usd, lower max_tokens, shorten the conversation or name a cheaper model",
+        );
+        Self::new(StatusCode::PAYMENT_REQUIRED, "budget_exceeded", Some("ceiling_exceeds_max"), message, recovery)
+    }
+
+    /// This error's recovery made `renegotiate`: mint a new plan in the liaison session.
+    pub fn renegotiate(mut self, liaison_id: &str, reason: Option<&str>) -> Self {
+        self.recovery = Recovery {
+            action: "renegotiate",
+            endpoint: format!("/v1/liaison/{liaison_id}/plan"),
+            method: "POST",
+            body_template: json!({"messages": "<the conversation>", "model": "<model>", "allowed_models": ["<model>"], "allowed_tools": []}),
+            message: "mint a new plan whose grant covers the request, then retry with its X-BR-Plan-Id and X-BR-Liaison".to_string(),
+            wait_ms: None,
+            reason: reason.map(str::to_string),
+        };
+        self
     }
 
     /// Adds a response header (ignored if the value is not a valid header value).
@@ -262,8 +300,13 @@ impl ApiError {
             "docs_url": self.docs_url(),
             "message": self.recovery.message,
         });
-        if let (Some(wait_ms), Some(object)) = (self.recovery.wait_ms, recovery.as_object_mut()) {
-            object.insert("wait_ms".to_string(), json!(wait_ms));
+        if let Some(object) = recovery.as_object_mut() {
+            if let Some(wait_ms) = self.recovery.wait_ms {
+                object.insert("wait_ms".to_string(), json!(wait_ms));
+            }
+            if let Some(reason) = &self.recovery.reason {
+                object.insert("reason".to_string(), json!(reason));
+            }
         }
         json!({"error": Value::Object(error), "recovery": recovery})
     }
@@ -297,6 +340,7 @@ impl Recovery {
             body_template: Value::Null,
             message: message.into(),
             wait_ms: None,
+            reason: None,
         }
     }
 
@@ -309,6 +353,7 @@ impl Recovery {
             body_template: Value::Null,
             message: message.to_string(),
             wait_ms: None,
+            reason: None,
         }
     }
 

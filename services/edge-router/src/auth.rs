@@ -110,6 +110,7 @@ impl AgentStanding {
             body_template: serde_json::Value::Null,
             message: "an admin or operator moves the agent back to active (PATCH /v1/agent/profiles/lifecycle/{agentId})".to_string(),
             wait_ms: None,
+            reason: None,
         };
         Some(error)
     }
@@ -316,6 +317,7 @@ impl AgentCaller {
             body_template: serde_json::json!({"ownerId": "<user id>"}),
             message: "ask an admin or operator to set the agent's ownerId, then call again".to_string(),
             wait_ms: None,
+            reason: None,
         };
         Err(error)
     }

@@ -7,6 +7,7 @@ mod budget_cache;
 mod circuits;
 mod extract;
 mod header_value;
+mod liaison;
 mod pipeline;
 mod reply_guard;
 mod request_span;
@@ -198,7 +199,7 @@ impl Edge {
 
 fn router(state: EdgeState, trace_requests: bool) -> Router {
     use routes::{
-        admin, agent_limits, agent_self, agents, budget, completions, datasets, governance, guardian, identity, leaderboard, mcp,
+        admin, agent_limits, agent_self, agents, budget, completions, datasets, governance, guardian, identity, leaderboard, liaison, mcp,
         mcp_connect, memory, oauth, observability, prompts, provider_health, providers,
     };
     let routes = Router::new()
@@ -227,6 +228,11 @@ fn router(state: EdgeState, trace_requests: bool) -> Router {
         .route("/v1/oauth/apps/{id}", delete(oauth::delete_app))
         .route("/auth/oauth/authorize", get(oauth::authorize_view).post(oauth::authorize))
         .route("/auth/oauth/token", post(oauth::token))
+        .route("/v1/liaison/open", post(liaison::open))
+        .route("/v1/liaison/{liaison_id}", get(liaison::get))
+        .route("/v1/liaison/{liaison_id}/plan", post(liaison::plan))
+        .route("/v1/liaison/{liaison_id}/events", get(liaison::events))
+        .route("/v1/liaison/{liaison_id}/close", post(liaison::close))
         .route("/v1/providers/catalog", get(providers::catalog))
         .route("/v1/providers/test", post(providers::test_key))
         .route("/v1/providers", post(providers::register_key).get(providers::list_keys))

@@ -28,6 +28,7 @@ use crate::auth::{Caller, CallerIdentity, Refused};
 use crate::circuits::Admission;
 use crate::extract::RequestId;
 use crate::header_value::{self, Millis};
+use crate::liaison::{self, PlanOutcome, PlanSettler};
 use crate::reply_guard::{GuardReport, ReplyGuard, ToolVerdict};
 use crate::routing_cache::route_options;
 use crate::sandbox;
@@ -69,8 +70,9 @@ pub enum CompletionBody {
 
 impl CompletionBody {
     /// Reads a body's bytes: typed when the format and shape allow, else as a tree (with the
-    /// envelope's errors for an empty or invalid body).
-    pub fn parse(bytes: &[u8], format: ClientFormat) -> Result<Self, ApiError> {
+    /// envelope's errors for an empty or invalid body). A body committing a liaison plan
+    /// (`under_plan`) may omit `model`: it then stands for the plan's (`liaison::OMITTED_MODEL`).
+    pub fn parse(bytes: &[u8], format: ClientFormat, under_plan: bool) -> Result<Self, ApiError> {
         let read = match format {
             ClientFormat::OpenAi => openai::read_request(bytes),
             ClientFormat::Anthropic => anthropic::read_request(bytes),
@@ -78,7 +80,14 @@ impl CompletionBody {
         if let Some(chat) = read {
             return Ok(CompletionBody::Read(Box::new(chat)));
         }
-        crate::extract::json(bytes).map(CompletionBody::Tree)
+        let mut tree: Value = crate::extract::json(bytes)?;
+        if under_plan
+            && let Some(members) = tree.as_object_mut()
+            && members.get("model").is_none_or(Value::is_null)
+        {
+            members.insert("model".to_string(), Value::String(liaison::OMITTED_MODEL.to_string()));
+        }
+        Ok(CompletionBody::Tree(tree))
     }
 
     /// The `model` member as sent.
@@ -208,6 +217,8 @@ pub struct AuditFacts {
     denial: Option<&'static str>,
     /// A streamed answer's record waits for the stream's end (tokens, cost) and is submitted there.
     stream_evidence: Option<tokio::sync::oneshot::Sender<PendingEvidence>>,
+    /// The liaison plan the request claimed, settled once its outcome is known.
+    plan: Option<PlanSettler>,
     input_tokens: u64,
     output_tokens: u64,
     cost: Option<Usd>,
@@ -310,7 +321,41 @@ pub async fn serve(
         ClientFormat::OpenAi => "/v1/chat/completions",
         ClientFormat::Anthropic => "/v1/messages",
     };
-    seal(state, attribution, request_id, request_headers, endpoint, started, facts, result)
+    // A claimed plan is settled here, unless a stream answers: then with the stream's evidence.
+    let streams = facts.stream_evidence.is_some() && result.is_ok();
+    let plan = if streams { None } else { facts.plan.take() };
+    let Some(plan) = plan else {
+        return seal(state, attribution, request_id, request_headers, endpoint, started, facts, result);
+    };
+    // Answered: the provider answered (an answer the guardian then withheld was still paid for).
+    let answered = result.is_ok() || facts.cost.is_some_and(|cost| cost > Usd::ZERO);
+    let (cost, input_tokens, output_tokens) = (facts.cost, facts.input_tokens, facts.output_tokens);
+    let (provider, strategy, method) = (facts.provider.clone(), facts.strategy.clone(), facts.selection_method.clone());
+    let sealed = seal(state, attribution, request_id, request_headers, endpoint, started, facts, result);
+    // (Read in a block: the answer's body is not `Sync`, so no borrow of it may live across an await.)
+    let (commitment, traceparent, error_code) = {
+        let text = |name: &str| match &sealed {
+            Ok(response) => response.headers().get(name).and_then(|value| value.to_str().ok()).unwrap_or_default().to_string(),
+            Err(error) => liaison::header_text(&error.headers, name).to_string(),
+        };
+        let error_code = sealed.as_ref().err().and_then(|error| error.code.clone()).unwrap_or_default();
+        (text("x-br-audit-hash"), text("traceparent"), error_code)
+    };
+    plan.settle(PlanOutcome {
+        answered,
+        provider: &provider,
+        strategy: &strategy,
+        selection_method: &method,
+        cost,
+        input_tokens,
+        output_tokens,
+        latency_ms: i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX),
+        audit_commitment: &commitment,
+        traceparent: &traceparent,
+        error_code: &error_code,
+    })
+    .await;
+    sealed
 }
 
 /// Whether the caller switched the guardian off for this request (`X-BR-Guardian: off`), honoured
@@ -456,7 +501,7 @@ fn seal(
         // A stream's record is completed (tokens, cost, how it ended) and submitted when the stream
         // ends; its commitment then travels as a trailing SSE comment.
         Some(pending) if result.is_ok() => {
-            let _ = pending.send(PendingEvidence { record, publisher: state.audit_publisher.clone() });
+            let _ = pending.send(PendingEvidence { record, publisher: state.audit_publisher.clone(), plan: facts.plan.take() });
         }
         _ => {
             let (commitment, coverage) = match state.audit_publisher.submit(record) {
@@ -537,14 +582,32 @@ async fn complete_inner(
     let Incoming { headers: request_headers, body, agent_id } = request;
     let started = Instant::now();
     let (chat, tree) = body.into_parts(format);
-    let chat = chat.map_err(invalid)?;
+    let mut chat = chat.map_err(invalid)?;
     // The pipeline's own members; a body read typed holds none of them.
     let member = |name: &str| tree.as_ref().and_then(|tree| tree.get(name));
-    let options = route_options(member("route").unwrap_or(&Value::Null)).map_err(|message| {
+    let mut options = route_options(member("route").unwrap_or(&Value::Null)).map_err(|message| {
         let code = if message.starts_with("route.strategy") { "invalid_strategy" } else { "invalid_route" };
         ApiError::invalid_request(code, message)
     })?;
     let tenant_id = caller.tenant_id()?;
+    // A liaison plan the request commits: its model stands for an omitted one, its token budget for
+    // an unset one, and fallback is off (the grant is checked against the model executed).
+    let plan_headers = liaison::plan_headers(request_headers)?;
+    let plan = match &plan_headers {
+        Some(headers) => {
+            let plan = liaison::fetch(state, tenant_id, headers).await?;
+            if chat.model == liaison::OMITTED_MODEL {
+                chat.model.clone_from(&plan.model);
+            }
+            if chat.max_tokens.is_none() {
+                chat.max_tokens = u32::try_from(plan.max_tokens).ok();
+            }
+            options.models.clear();
+            options.allow_fallback = Some(false);
+            Some(plan)
+        }
+        None => None,
+    };
     // Guardian, before anything is spent: scoped kill switches (agent, tool, provider) ...
     let guardian_started = Instant::now();
     let tool_names: Vec<&str> = chat.tools.iter().map(|tool| tool.name.as_str()).collect();
@@ -621,7 +684,36 @@ async fn complete_inner(
     let config = state.routing.get(tenant_id).await?;
     let context = budget_context(state, caller, agent_id, request_headers, member("conversation_id").and_then(Value::as_str)).await?;
     let reply_id = reply_id(request_id, format);
-    let resolution = routing::resolve(&chat.model, &config.routing, &state.models, &chat, &options).map_err(route_error)?;
+    let resolution = routing::resolve(&chat.model, &config.routing, &state.models, &chat, &options);
+    let mut resolution = match (&plan, resolution) {
+        (Some(_), Err(error)) => return Err(liaison::unresolved(&chat.model, error)),
+        (None, resolution) => resolution.map_err(route_error)?,
+        (Some(_), Ok(resolution)) => resolution,
+    };
+    if let (Some(plan), Some(headers)) = (&plan, &plan_headers) {
+        let worst_case = match &mut resolution {
+            Resolution::Sandbox => Usd::ZERO,
+            Resolution::Route(route) => {
+                route.candidates.retain(|candidate| caller.may_use_model(candidate.id()));
+                if route.candidates.is_empty() {
+                    return Err(model_not_allowed(&chat.model));
+                }
+                route.candidates.first().and_then(|candidate| candidate.estimated_cost).unwrap_or(Usd::ZERO)
+            }
+        };
+        let commit = liaison::Commit {
+            headers,
+            plan,
+            label: liaison::executed_label(&resolution, &chat.model, &config.routing)?,
+            chat: &chat,
+            worst_case,
+            tenant_has_provider_keys: !config.routing.providers.is_empty(),
+        };
+        facts.plan = Some(liaison::commit(state, caller, &request_id.0, commit).await?);
+        if let Resolution::Route(route) = &mut resolution {
+            route.reason = format!("{}; liaison plan {}", route.reason, plan.plan_id);
+        }
+    }
     let mut route = match resolution {
         Resolution::Sandbox => {
             if !caller.may_use_model(&chat.model) {
@@ -1117,13 +1209,15 @@ struct StreamSettlement {
 struct PendingEvidence {
     record: AuditRecord,
     publisher: brainstorm_audit_lineage::AuditPublisher,
+    /// The liaison plan the stream's request claimed: committed once the stream's evidence is.
+    plan: Option<PlanSettler>,
 }
 
 impl StreamSettlement {
     /// Completes the stream's audit record with what the stream used and submits it; returns the
     /// commitment and coverage for the trailer.
     fn submit_evidence(&mut self, outcome: Outcome, cost: Option<Usd>) -> Option<(String, &'static str)> {
-        let PendingEvidence { mut record, publisher } = self.evidence.take()?.try_recv().ok()?;
+        let PendingEvidence { mut record, publisher, plan } = self.evidence.take()?.try_recv().ok()?;
         record.input_tokens = i64::try_from(self.usage.input_tokens).unwrap_or(i64::MAX);
         record.output_tokens = i64::try_from(self.usage.output_tokens).unwrap_or(i64::MAX);
         record.cost_nanos = cost.map_or(0, Usd::nanos);
@@ -1136,14 +1230,43 @@ impl StreamSettlement {
             }
             Outcome::ClientDisconnected => record.reason_code = "client_disconnected".to_string(),
         }
-        match publisher.submit(record) {
+        let settled_plan = plan.map(|plan| {
+            let trace = record.trace.as_ref().map(|trace| format!("00-{}-{}-01", trace.trace_id, trace.span_id)).unwrap_or_default();
+            let method = record.decision.as_ref().map(|decision| decision.selection_method.clone()).unwrap_or_default();
+            (plan, trace, method, record.provider.clone(), record.strategy.clone(), record.latency_ms)
+        });
+        let submitted = match publisher.submit(record) {
             Ok(Submitted::Queued { commitment }) => Some((commitment, "captured")),
             Ok(Submitted::Dropped { commitment }) => Some((commitment, "dropped")),
             Err(error) => {
                 tracing::error!(%error, "a stream's audit record could not be recorded");
                 None
             }
+        };
+        if let Some((plan, traceparent, method, provider, strategy, latency_ms)) = settled_plan
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            // The stream was answered: its plan is committed with the stream's cost and evidence.
+            let commitment = submitted.as_ref().map(|(commitment, _)| commitment.clone()).unwrap_or_default();
+            let usage = self.usage;
+            runtime.spawn(async move {
+                plan.settle(PlanOutcome {
+                    answered: true,
+                    provider: &provider,
+                    strategy: &strategy,
+                    selection_method: &method,
+                    cost,
+                    input_tokens: usage.input_tokens,
+                    output_tokens: usage.output_tokens,
+                    latency_ms,
+                    audit_commitment: &commitment,
+                    traceparent: &traceparent,
+                    error_code: "",
+                })
+                .await;
+            });
         }
+        submitted
     }
 
     /// Settles (once), records the stream's evidence, and returns the exact cost and the evidence

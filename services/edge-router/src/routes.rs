@@ -11,6 +11,7 @@ pub mod governance;
 pub mod guardian;
 pub mod identity;
 pub mod leaderboard;
+pub mod liaison;
 pub mod mcp;
 pub mod mcp_connect;
 pub mod memory;

@@ -175,6 +175,7 @@ pub fn approval_required_error(approval: &Approval) -> ApiError {
         body_template: json!({"scope": "exact", "note": "<review note>"}),
         message: "ask a reviewer with approvals.write to approve the call, then retry the same request within 15 minutes".to_string(),
         wait_ms: None,
+        reason: None,
     };
     error.push_header(HeaderName::from_static("x-br-approval-id"), &approval.id);
     error

@@ -435,6 +435,7 @@ impl ScanResult {
             body_template: Value::Null,
             message: "remove the flagged content, or review the tenant's guardrail configuration".to_string(),
             wait_ms: None,
+            reason: None,
         };
         for (name, value) in self.headers() {
             error.push_header_value(name, value);

@@ -176,6 +176,7 @@ impl KillSwitchDecision {
             body_template: Value::Null,
             message: "an operator stopped this traffic; check the kill switch status and deactivate it when safe".to_string(),
             wait_ms: None,
+            reason: None,
         };
         error.push_header(HeaderName::from_static(KILL_SWITCH_HEADER), "active");
         if *scope != BlockScope::Tenant {

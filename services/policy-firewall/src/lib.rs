@@ -13,6 +13,9 @@ pub mod glob;
 pub mod guardian;
 pub mod guardrails;
 pub mod killswitch;
+pub mod liaison;
+mod liaison_service;
+pub mod liaison_store;
 pub mod policy;
 pub mod recorder;
 mod service;
@@ -33,5 +36,6 @@ pub use guardrails::{CompiledGuardrails, GuardrailConfig, GuardrailMode, ScanAct
 pub use killswitch::{
     BlockScope, KillSwitchDecision, KillSwitchState, RequestFacts, check, is_exempt_path, mcp_tool_allowed_during_activation,
 };
+pub use liaison_service::summary_json as liaison_summary_json;
 pub use policy::{CompiledRuleset, PolicyDecision, Rule, RuleAction};
 pub use service::{Clock, PolicyFirewallOptions, PolicyFirewallServiceImpl};

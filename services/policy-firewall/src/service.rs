@@ -25,6 +25,8 @@ use crate::guardrails::{
     self, BUILTIN_SCANNERS, CompiledGuardrails, GuardrailConfig, GuardrailMode, ProviderFailure, ScanMatch, ScanResult,
 };
 use crate::killswitch::{ScopeType, canonical_provider};
+use crate::liaison::LiaisonKey;
+use crate::liaison_service::LiaisonService;
 use crate::policy::{CompiledRuleset, PRESETS, Rule, RuleAction, rules_from_proto};
 use crate::store::{PolicyStore, ProviderRecord, SealedKey, StoredRuleset};
 
@@ -73,6 +75,7 @@ pub struct PolicyFirewallServiceImpl {
     options: Arc<PolicyFirewallOptions>,
     http: reqwest::Client,
     detectors: Arc<Mutex<HashMap<String, Detector>>>,
+    liaison: LiaisonService,
 }
 
 impl PolicyFirewallServiceImpl {
@@ -97,7 +100,9 @@ impl PolicyFirewallServiceImpl {
 
     /// The service over a migrated database, publishing its changes on `bus`.
     pub fn new(database: Database, bus: Arc<dyn EventBus>, options: PolicyFirewallOptions) -> Self {
+        let liaison_key = options.master_key.as_ref().map(|key| LiaisonKey::new(key.liaison_secret()));
         PolicyFirewallServiceImpl {
+            liaison: LiaisonService::new(database.clone(), liaison_key, options.clock.clone()),
             store: PolicyStore::new(database),
             bus,
             options: Arc::new(options),
@@ -1041,6 +1046,38 @@ impl PolicyFirewallService for PolicyFirewallServiceImpl {
             self.publish_config_change(tenant_id, "agent_risks").await;
         }
         Ok(ClearAgentRiskResponse { cleared })
+    }
+
+    async fn open_liaison(&self, request: OpenLiaisonRequest) -> ServiceResult<LiaisonSession> {
+        self.liaison.open(request).await
+    }
+
+    async fn get_liaison(&self, request: LiaisonRef) -> ServiceResult<LiaisonSession> {
+        self.liaison.get(request).await
+    }
+
+    async fn mint_plan(&self, request: MintPlanRequest) -> ServiceResult<LiaisonPlan> {
+        self.liaison.mint(request).await
+    }
+
+    async fn get_plan(&self, request: PlanRef) -> ServiceResult<LiaisonPlan> {
+        self.liaison.get_plan(request).await
+    }
+
+    async fn commit_plan(&self, request: CommitPlanRequest) -> ServiceResult<PlanCommit> {
+        self.liaison.commit(request).await
+    }
+
+    async fn settle_plan(&self, request: SettlePlanRequest) -> ServiceResult<SettlePlanResponse> {
+        self.liaison.settle(request).await
+    }
+
+    async fn list_liaison_events(&self, request: ListLiaisonEventsRequest) -> ServiceResult<LiaisonEventList> {
+        self.liaison.events(request).await
+    }
+
+    async fn close_liaison(&self, request: LiaisonRef) -> ServiceResult<LiaisonSession> {
+        self.liaison.close(request).await
     }
 }
 

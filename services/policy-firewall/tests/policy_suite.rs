@@ -93,6 +93,7 @@ on_both_engines!(
     the_interception_log_flushes_without_waiting_out_its_linger,
     a_burst_of_interceptions_is_stored_whole_after_the_linger,
     agent_risk_scores_are_set_replaced_lapse_and_clear,
+    a_liaison_plan_is_claimed_by_one_of_concurrent_commits_released_on_failure_and_lapses,
 );
 
 async fn the_tenant_switch_moves_between_states_keeps_fifty_activations_and_publishes_snapshots(database: Database) -> TestResult {
@@ -1179,5 +1180,146 @@ async fn agent_risk_scores_are_set_replaced_lapse_and_clear(database: Database) 
     assert!(service.clear_agent_risk(writer.clone()).await?.cleared);
     assert!(!service.clear_agent_risk(writer).await?.cleared);
     assert!(service.get_guardian_config(tenant_ref(&tenant)).await?.agent_risks.is_empty());
+    Ok(())
+}
+
+/// A plan for `tenant` in `liaison`, minted through the service.
+async fn minted_plan(
+    service: &PolicyFirewallClient,
+    tenant: &str,
+    liaison: &str,
+    ttl_seconds: i64,
+) -> Result<LiaisonPlan, Box<dyn std::error::Error + Send + Sync>> {
+    Ok(service.mint_plan(mint_request(tenant, liaison, ttl_seconds)).await?)
+}
+
+fn mint_request(tenant: &str, liaison: &str, ttl_seconds: i64) -> MintPlanRequest {
+    MintPlanRequest {
+        tenant_id: tenant.to_string(),
+        liaison_id: liaison.to_string(),
+        model: "openai/gpt-4o-mini".to_string(),
+        ceiling_nanos: 2_000,
+        estimated_nanos: 1_800,
+        allowed_models: vec!["openai/gpt-4o-mini".to_string()],
+        allowed_tools: vec!["search_*".to_string()],
+        prompt_digest: "ab".repeat(32),
+        ttl_seconds,
+        max_tokens: 50,
+    }
+}
+
+fn commit_request(plan: &LiaisonPlan, request_id: &str) -> CommitPlanRequest {
+    CommitPlanRequest {
+        tenant_id: plan.tenant_id.clone(),
+        liaison_id: plan.liaison_id.clone(),
+        plan_id: plan.plan_id.clone(),
+        request_id: request_id.to_string(),
+        model_label: "openai/gpt-4o-mini".to_string(),
+        prompt_digest: "ab".repeat(32),
+        tool_names: vec!["search_docs".to_string()],
+        worst_case_nanos: 1_900,
+        tenant_has_provider_keys: true,
+    }
+}
+
+async fn a_liaison_plan_is_claimed_by_one_of_concurrent_commits_released_on_failure_and_lapses(database: Database) -> TestResult {
+    let without_key = Harness::with(database.clone(), false)?.client();
+    let refused = without_key.open_liaison(OpenLiaisonRequest { tenant_id: new_tenant(), ..OpenLiaisonRequest::default() }).await;
+    assert_eq!(refused.err().map(|error| (error.kind, error.reason)), Some((ErrorKind::Unavailable, "liaison_unavailable".to_string())));
+
+    let harness = Harness::new(database)?;
+    let service = harness.client();
+    let tenant = new_tenant();
+    let session = service
+        .open_liaison(OpenLiaisonRequest { tenant_id: tenant.clone(), label: "triage".to_string(), ..OpenLiaisonRequest::default() })
+        .await?;
+    assert_eq!(session.status, "open");
+    let other = LiaisonRef { tenant_id: new_tenant(), liaison_id: session.liaison_id.clone() };
+    assert_eq!(service.get_liaison(other).await.err().map(|error| error.kind), Some(ErrorKind::NotFound), "bound to its tenant");
+    let plan = minted_plan(&service, &tenant, &session.liaison_id, 60).await?;
+    assert_eq!((plan.v, plan.state.as_str(), plan.prompt_fingerprint.len()), (2, "minted", 64));
+
+    // Scope denials come back as verdicts, counted; the plan stays committable.
+    let mut outside = commit_request(&plan, "req_denied");
+    outside.tool_names = vec!["shell".to_string()];
+    let verdict = service.commit_plan(outside).await?;
+    assert_eq!((verdict.committed, verdict.denial_reason.as_str()), (false, "tool_outside_grant"));
+    let mut reworded = commit_request(&plan, "req_reworded");
+    reworded.prompt_digest = "cd".repeat(32);
+    let mismatch = service.commit_plan(reworded).await.err().map(|error| (error.kind, error.reason));
+    assert_eq!(mismatch, Some((ErrorKind::InvalidArgument, "plan_fingerprint_mismatch".to_string())));
+
+    // Eight concurrent commits: one claims the plan, the others are told it is in flight.
+    let mut tasks = Vec::new();
+    for index in 0..8 {
+        let (service, request) = (service.clone(), commit_request(&plan, &format!("req_{index}")));
+        tasks.push(tokio::spawn(async move { service.commit_plan(request).await }));
+    }
+    let mut winners = Vec::new();
+    for (index, task) in tasks.into_iter().enumerate() {
+        match task.await? {
+            Ok(commit) if commit.committed => winners.push(format!("req_{index}")),
+            Ok(commit) => return Err(format!("unexpected denial {}", commit.denial_reason).into()),
+            Err(error) => assert_eq!(error.reason, "plan_in_flight", "{error:?}"),
+        }
+    }
+    assert_eq!(winners.len(), 1, "{winners:?}");
+    // Its completion failed before any answer: released, and committable again.
+    let settle = |request_id: &str, answered: bool| SettlePlanRequest {
+        tenant_id: tenant.clone(),
+        liaison_id: session.liaison_id.clone(),
+        plan_id: plan.plan_id.clone(),
+        request_id: request_id.to_string(),
+        answered,
+        cost_nanos: 1_500,
+        audit_commitment: "ee".repeat(32),
+        ..SettlePlanRequest::default()
+    };
+    assert!(service.settle_plan(settle("req_other", false)).await.is_err(), "only the claiming request settles");
+    assert_eq!(service.settle_plan(settle(&winners[0], false)).await?.state, "minted");
+    assert!(service.commit_plan(commit_request(&plan, "req_retry")).await?.committed);
+    assert_eq!(service.settle_plan(settle("req_retry", true)).await?.state, "committed");
+    let twice = service.commit_plan(commit_request(&plan, "req_twice")).await.err().map(|error| error.reason);
+    assert_eq!(twice.as_deref(), Some("plan_already_committed"));
+
+    // A plan lapses with its time to live (the service's clock).
+    let short = minted_plan(&service, &tenant, &session.liaison_id, 5).await?;
+    harness.advance(ChronoDuration::seconds(6));
+    let lapsed = service.commit_plan(commit_request(&short, "req_late")).await.err().map(|error| error.reason);
+    assert_eq!(lapsed.as_deref(), Some("plan_expired"));
+
+    // Events are numbered without gaps; the close sums the committed plan and digests its evidence.
+    let closed = service.close_liaison(LiaisonRef { tenant_id: tenant.clone(), liaison_id: session.liaison_id.clone() }).await?;
+    let summary = closed.summary.unwrap_or_default();
+    assert_eq!((closed.status.as_str(), summary.plans_minted, summary.plans_committed, summary.plans_expired), ("closed", 2, 1, 1));
+    assert_eq!((summary.committed_cost_nanos, summary.denials, summary.request_ids), (1_500, 2, vec!["req_retry".to_string()]));
+    assert_eq!(summary.trace_digest, brainstorm_policy_firewall::liaison::trace_digest(["ee".repeat(32).as_str()]));
+    let events = service
+        .list_liaison_events(ListLiaisonEventsRequest {
+            tenant_id: tenant.clone(),
+            liaison_id: session.liaison_id.clone(),
+            after_seq: 0,
+            limit: 0,
+        })
+        .await?;
+    let kinds: Vec<&str> = events.events.iter().map(|event| event.kind.as_str()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "liaison.opened",
+            "plan.minted",
+            "plan.denied",
+            "plan.denied",
+            "plan.released",
+            "routing.decision",
+            "trace.envelope",
+            "plan.minted",
+            "liaison.closed"
+        ]
+    );
+    assert!(events.events.iter().enumerate().all(|(index, event)| event.seq == index as i64 + 1));
+    assert_eq!(events.status, "closed");
+    let minted_after = service.mint_plan(mint_request(&tenant, &session.liaison_id, 60)).await.err().map(|error| error.reason);
+    assert_eq!(minted_after.as_deref(), Some("liaison_closed"));
     Ok(())
 }

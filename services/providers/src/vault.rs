@@ -35,22 +35,28 @@ impl MasterKey {
         Ok(MasterKey(bytes.into()))
     }
 
-    /// A secret for signing evidence artifacts, derived from (and not revealing) the master key.
-    pub fn artifact_secret(&self) -> [u8; 32] {
+    /// A secret for one purpose, derived from (and not revealing) the master key.
+    fn derived_secret(&self, purpose: &[u8]) -> [u8; 32] {
         use sha2::Digest;
         let mut hasher = sha2::Sha256::new();
-        hasher.update(b"brainstorm/artifact-signing/v1\0");
+        hasher.update(purpose);
         hasher.update(self.0.as_slice());
         hasher.finalize().into()
     }
 
-    /// A secret for signing agent JWTs, derived from (and not revealing) the master key.
+    /// A secret for signing evidence artifacts.
+    pub fn artifact_secret(&self) -> [u8; 32] {
+        self.derived_secret(b"brainstorm/artifact-signing/v1\0")
+    }
+
+    /// A secret for signing agent JWTs.
     pub fn agent_token_secret(&self) -> [u8; 32] {
-        use sha2::Digest;
-        let mut hasher = sha2::Sha256::new();
-        hasher.update(b"brainstorm/agent-jwt/v1\0");
-        hasher.update(self.0.as_slice());
-        hasher.finalize().into()
+        self.derived_secret(b"brainstorm/agent-jwt/v1\0")
+    }
+
+    /// A secret for signing liaison session ids and plans.
+    pub fn liaison_secret(&self) -> [u8; 32] {
+        self.derived_secret(b"brainstorm/liaison/v2\0")
     }
 
     /// A fresh random key, as hex (for embedded mode's generated key file).

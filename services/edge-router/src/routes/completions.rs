@@ -16,6 +16,7 @@ use crate::EdgeState;
 use crate::auth::{Caller, CallerAttempt};
 use crate::circuits::CircuitState;
 use crate::extract::{JsonBytes, RequestId, json, query_flag};
+use crate::liaison;
 use crate::pipeline::{self, ClientFormat, CompletionBody};
 use crate::sentinel::ProbeStatus;
 
@@ -30,7 +31,7 @@ pub async fn chat_completions(
     headers: HeaderMap,
     body: Result<JsonBytes, ApiError>,
 ) -> Result<Response, ApiError> {
-    let body = body.and_then(|JsonBytes(bytes)| CompletionBody::parse(&bytes, ClientFormat::OpenAi));
+    let body = body.and_then(|JsonBytes(bytes)| CompletionBody::parse(&bytes, ClientFormat::OpenAi, liaison::names_a_plan(&headers)));
     // Boxed: the pipeline's future is large, and each layer around the handler moves its
     // future; boxed, they move a pointer.
     Box::pin(pipeline::serve(&state, attempt, &request_id, &headers, body, ClientFormat::OpenAi)).await
@@ -44,7 +45,7 @@ pub async fn messages(
     headers: HeaderMap,
     body: Result<JsonBytes, ApiError>,
 ) -> Result<Response, ApiError> {
-    let body = body.and_then(|JsonBytes(bytes)| CompletionBody::parse(&bytes, ClientFormat::Anthropic));
+    let body = body.and_then(|JsonBytes(bytes)| CompletionBody::parse(&bytes, ClientFormat::Anthropic, liaison::names_a_plan(&headers)));
     // Boxed, as above.
     Box::pin(pipeline::serve(&state, attempt, &request_id, &headers, body, ClientFormat::Anthropic)).await
 }

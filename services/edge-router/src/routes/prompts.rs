@@ -356,7 +356,7 @@ fn cases(test_cases: Vec<Value>) -> Result<Vec<EvaluationCase>, ApiError> {
 /// One completion through the edge's own pipeline, as the caller: the reply's text, or why not.
 pub(crate) async fn complete_text(state: &EdgeState, caller: &Caller, model: &str, prompt: &str) -> Result<String, String> {
     let body = json!({"model": model, "messages": [{"role": "user", "content": prompt}]}).to_string();
-    let parsed = CompletionBody::parse(body.as_bytes(), ClientFormat::OpenAi);
+    let parsed = CompletionBody::parse(body.as_bytes(), ClientFormat::OpenAi, false);
     let request_id = RequestId(brainstorm_common::text::prefixed_uuid("req_", uuid::Uuid::now_v7()));
     let response =
         match Box::pin(pipeline::serve(state, Ok(caller.clone()), &request_id, &HeaderMap::new(), parsed, ClientFormat::OpenAi)).await {
