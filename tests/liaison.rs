@@ -211,12 +211,16 @@ async fn plans_are_minted_under_their_grant_rules_and_committed_once(shape: Shap
     let variant = commit(&gateway, &key, Some(&pinned_id), Some(&liaison), &completion(Some("openai/gpt-4o-mini:fast"), PROMPT)).await?;
     assert_eq!(variant.status, 200, "{}", variant.text);
 
-    // `*` grants any model (the body may also omit it: the plan's own then).
-    let any = mint(&gateway, &key, &liaison, json!({"messages": messages(PROMPT), "model": "openai/gpt-4o-mini", "allowed_models": ["*"]}))
-        .await?;
+    // `*` grants any model within the ceiling (a pricier one breaks it); the body may also omit the
+    // model: the plan's own then.
+    let any = mint(&gateway, &key, &liaison, json!({"messages": messages(PROMPT), "model": "openai/gpt-4o", "allowed_models": ["*"]})).await?;
+    assert_eq!(any.body["allowed_models"], json!(["*"]), "{}", any.text);
     let any_id = text(&any.body["plan_id"]);
-    let other_model = commit(&gateway, &key, Some(&any_id), Some(&liaison), &completion(Some("openai/gpt-4o"), PROMPT)).await?;
-    assert_eq!((other_model.status, other_model.header("x-br-routed-model")), (200, Some("openai/gpt-4o")), "{}", other_model.text);
+    let cheaper = commit(&gateway, &key, Some(&any_id), Some(&liaison), &completion(Some("openai/gpt-4o-mini"), PROMPT)).await?;
+    assert_eq!((cheaper.status, cheaper.header("x-br-routed-model")), (200, Some("openai/gpt-4o-mini")), "{}", cheaper.text);
+    let cheap = mint(&gateway, &key, &liaison, json!({"messages": messages(PROMPT), "model": "openai/gpt-4o-mini", "allowed_models": ["*"]})).await?;
+    let pricier = commit(&gateway, &key, Some(&text(&cheap.body["plan_id"])), Some(&liaison), &completion(Some("openai/gpt-4o"), PROMPT)).await?;
+    assert_eq!((pricier.status, pricier.body["error"]["reason"].as_str()), (403, Some("ceiling_exceeded")), "{}", pricier.text);
     let omitted = mint(&gateway, &key, &liaison, json!({"messages": messages(PROMPT), "model": "openai/gpt-4o-mini"})).await?;
     let omitted_reply = commit(&gateway, &key, Some(&text(&omitted.body["plan_id"])), Some(&liaison), &completion(None, PROMPT)).await?;
     assert_eq!(
@@ -239,7 +243,7 @@ async fn plans_are_minted_under_their_grant_rules_and_committed_once(shape: Shap
     assert_eq!(gateway.call(Method::GET, &format!("/v1/liaison/{liaison}"), Some(&stranger), None).await?.status, 404);
     let session = gateway.call(Method::GET, &format!("/v1/liaison/{liaison}"), Some(&key), None).await?;
     assert_eq!(session.body["cost_summary"]["plans_committed"], 4, "{}", session.text);
-    assert_eq!(session.body["cost_summary"]["denials"], 4, "{}", session.text);
+    assert_eq!(session.body["cost_summary"]["denials"], 6, "{}", session.text);
     Ok(())
 }
 

@@ -61,7 +61,9 @@ pub async fn fetch(state: &EdgeState, tenant_id: &str, headers: &PlanHeaders) ->
 /// is 400 `plan_model_ambiguous` (fallback is off under a plan).
 pub fn executed_label(resolution: &Resolution, requested: &str, routing: &TenantRouting) -> Result<String, ApiError> {
     let route = match resolution {
-        Resolution::Sandbox => return Ok(SANDBOX_LABEL.to_string()),
+        // A tenant without keys is answered by the sandbox whatever it names; the label is what it
+        // named, so a sandbox plan commits only the sandbox (or an omitted model, the plan's own).
+        Resolution::Sandbox => return Ok(requested.to_string()),
         Resolution::Route(route) => route,
     };
     let [candidate] = route.candidates.as_slice() else {
