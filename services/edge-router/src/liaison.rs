@@ -6,7 +6,7 @@
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use brainstorm_common::ApiError;
 use brainstorm_common::money::Usd;
-use brainstorm_policy_firewall::liaison::{self, SANDBOX_LABEL};
+use brainstorm_policy_firewall::liaison;
 use brainstorm_proto::ServiceError;
 use brainstorm_proto::policy::{CommitPlanRequest, LiaisonPlan, PlanRef, PolicyFirewallClient, SettlePlanRequest};
 use brainstorm_providers::chat::ChatRequest;

@@ -217,8 +217,9 @@ pub struct AuditFacts {
     denial: Option<&'static str>,
     /// A streamed answer's record waits for the stream's end (tokens, cost) and is submitted there.
     stream_evidence: Option<tokio::sync::oneshot::Sender<PendingEvidence>>,
-    /// The liaison plan the request claimed, settled once its outcome is known.
-    plan: Option<PlanSettler>,
+    /// The liaison plan the request claimed, settled once its outcome is known (boxed: most requests
+    /// carry none, and the facts are moved along the request path).
+    plan: Option<Box<PlanSettler>>,
     input_tokens: u64,
     output_tokens: u64,
     cost: Option<Usd>,
@@ -709,7 +710,7 @@ async fn complete_inner(
             worst_case,
             tenant_has_provider_keys: !config.routing.providers.is_empty(),
         };
-        facts.plan = Some(liaison::commit(state, caller, &request_id.0, commit).await?);
+        facts.plan = Some(Box::new(liaison::commit(state, caller, &request_id.0, commit).await?));
         if let Resolution::Route(route) = &mut resolution {
             route.reason = format!("{}; liaison plan {}", route.reason, plan.plan_id);
         }
@@ -1210,7 +1211,7 @@ struct PendingEvidence {
     record: AuditRecord,
     publisher: brainstorm_audit_lineage::AuditPublisher,
     /// The liaison plan the stream's request claimed: committed once the stream's evidence is.
-    plan: Option<PlanSettler>,
+    plan: Option<Box<PlanSettler>>,
 }
 
 impl StreamSettlement {
