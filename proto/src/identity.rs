@@ -82,5 +82,15 @@ crate::grpc::service_contract! {
         fn issue_oauth_code(IssueOAuthCodeRequest) -> IssuedOAuthCode;
         /// An API key for a code and its PKCE verifier.
         fn redeem_oauth_code(RedeemOAuthCodeRequest) -> OAuthToken;
+        /// Redeems a claim token for an identity provider's user: a user and a membership.
+        fn redeem_claim(RedeemClaimRequest) -> IdpMembership;
+        /// The tenants an identity has claimed.
+        fn list_idp_memberships(IdpSubject) -> IdpMembershipList;
+        /// Starts a device authorization.
+        fn start_device_authorization(StartDeviceAuthorizationRequest) -> DeviceAuthorization;
+        /// Confirms a device's user code for one of the identity's tenants.
+        fn confirm_device(ConfirmDeviceRequest) -> DeviceConfirmation;
+        /// A device's poll: pending, slow down, or linked with a key.
+        fn poll_device_token(PollDeviceTokenRequest) -> DeviceTokenResult;
     }
 }

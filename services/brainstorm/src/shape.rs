@@ -730,6 +730,8 @@ async fn serve_edge(settings: &Settings, dependencies: EdgeDependencies, bus: Ar
         circuits: CircuitOptions { failures_to_open: settings.circuit_failures, open_for: settings.circuit_open },
         sentinel_interval: settings.sentinel_interval,
         xdr_bidirectional: settings.xdr_bidirectional,
+        idp: settings.idp.clone(),
+        dashboard_url: settings.dashboard_url.clone(),
     };
     let edge = Arc::new(Edge::new(dependencies, &options));
     let follower = {

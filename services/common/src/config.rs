@@ -179,6 +179,11 @@ pub struct ConfigLayer {
     pub require_agent_owner: Option<bool>,
     pub mcp_allow_private_urls: Option<bool>,
     pub xdr_bidirectional: Option<bool>,
+    /// The identity provider whose JWTs the `/auth/*` bridge routes accept (see `Settings::idp`).
+    pub idp_issuer: Option<String>,
+    pub idp_audience: Option<String>,
+    pub idp_jwks_url: Option<String>,
+    pub idp_jwks_file: Option<PathBuf>,
     pub otel_exporter_otlp_endpoint: Option<String>,
     pub public_url: Option<String>,
     pub dashboard_url: Option<String>,
@@ -245,6 +250,10 @@ impl ConfigLayer {
             require_agent_owner: flag("BR_REQUIRE_AGENT_OWNER")?,
             mcp_allow_private_urls: flag("BR_MCP_ALLOW_PRIVATE_URLS")?,
             xdr_bidirectional: flag("BR_XDR_BIDIRECTIONAL")?,
+            idp_issuer: text("BR_IDP_ISSUER"),
+            idp_audience: text("BR_IDP_AUDIENCE"),
+            idp_jwks_url: text("BR_IDP_JWKS_URL"),
+            idp_jwks_file: text("BR_IDP_JWKS_FILE").map(PathBuf::from),
             otel_exporter_otlp_endpoint: text("OTEL_EXPORTER_OTLP_ENDPOINT"),
             public_url: text("BR_PUBLIC_URL"),
             dashboard_url: text("BR_DASHBOARD_URL"),
@@ -316,6 +325,10 @@ impl ConfigLayer {
             require_agent_owner,
             mcp_allow_private_urls,
             xdr_bidirectional,
+            idp_issuer,
+            idp_audience,
+            idp_jwks_url,
+            idp_jwks_file,
             otel_exporter_otlp_endpoint,
             public_url,
             dashboard_url,
@@ -349,6 +362,24 @@ pub struct EgressProxy {
     pub no: Option<String>,
 }
 
+/// An identity provider: its issuer (`iss`), the audience its tokens must name (`aud`, when set) and
+/// where its signing keys are published.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdpSettings {
+    pub issuer: String,
+    pub audience: Option<String>,
+    pub jwks: IdpJwks,
+}
+
+/// Where an identity provider's JSON Web Key Set is read from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IdpJwks {
+    /// Fetched over HTTP(S) and kept for ten minutes.
+    Url(String),
+    /// Read from a file (a mounted secret or ConfigMap), re-read as often.
+    File(PathBuf),
+}
+
 /// Validated settings, shared read-only by every service of the process.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -368,6 +399,8 @@ pub struct Settings {
     /// Whether MCP servers may be registered at private, loopback or link-local addresses.
     pub mcp_allow_private_urls: bool,
     pub xdr_bidirectional: bool,
+    /// The identity provider whose JWTs the `/auth/*` bridge routes accept; None switches them off.
+    pub idp: Option<IdpSettings>,
     pub otel_exporter_otlp_endpoint: Option<String>,
     /// The gateway's public base URL (`{base_url}` of the spec).
     pub public_url: String,
@@ -520,6 +553,19 @@ impl Settings {
             let setting = format!("BR_PROVIDER_{}_BASE_URL", provider.to_uppercase().replace('-', "_"));
             provider_base_urls.insert(provider, parse_http_url(&setting, &url)?);
         }
+        let idp = match (layer.idp_issuer, layer.idp_jwks_url, layer.idp_jwks_file) {
+            (None, None, None) => None,
+            (Some(issuer), Some(url), None) => {
+                Some(IdpSettings { issuer, audience: layer.idp_audience, jwks: IdpJwks::Url(parse_http_url("BR_IDP_JWKS_URL", &url)?) })
+            }
+            (Some(issuer), None, Some(file)) => Some(IdpSettings { issuer, audience: layer.idp_audience, jwks: IdpJwks::File(file) }),
+            _ => {
+                return Err(ConfigError::new(
+                    "BR_IDP_ISSUER",
+                    "an identity provider needs BR_IDP_ISSUER and exactly one of BR_IDP_JWKS_URL and BR_IDP_JWKS_FILE".to_string(),
+                ));
+            }
+        };
         Ok(Settings {
             listen,
             grpc_listen,
@@ -534,6 +580,7 @@ impl Settings {
             require_agent_owner: layer.require_agent_owner.unwrap_or(false),
             mcp_allow_private_urls: layer.mcp_allow_private_urls.unwrap_or(false),
             xdr_bidirectional: layer.xdr_bidirectional.unwrap_or(false),
+            idp,
             otel_exporter_otlp_endpoint: layer.otel_exporter_otlp_endpoint,
             public_url,
             dashboard_url,

@@ -7,6 +7,7 @@ mod budget_cache;
 mod circuits;
 mod extract;
 mod header_value;
+mod idp;
 mod liaison;
 mod pipeline;
 mod reply_guard;
@@ -66,6 +67,10 @@ pub struct EdgeOptions {
     pub sentinel_interval: Duration,
     /// Whether the platform administrator may push XDR risk scores (`BR_XDR_BIDIRECTIONAL`).
     pub xdr_bidirectional: bool,
+    /// The identity provider the `/auth/*` bridge routes verify JWTs of; None answers them 503.
+    pub idp: Option<brainstorm_common::config::IdpSettings>,
+    /// Where browser-facing links point (`BR_DASHBOARD_URL`): the device flow's verification page.
+    pub dashboard_url: String,
 }
 
 /// The services and data the edge works with.
@@ -139,6 +144,9 @@ pub struct EdgeShared {
     recent_errors: self_view::RecentErrors,
     /// Whether `/v1/admin/xdr/risk-push` is on.
     xdr_bidirectional: bool,
+    /// Verifies identity-provider JWTs for the `/auth/*` bridge routes, when one is configured.
+    idp: Option<idp::IdpVerifier>,
+    dashboard_url: String,
 }
 
 /// The edge: its router, and the caches the bus keeps fresh.
@@ -168,6 +176,8 @@ impl Edge {
             tenant_views: self_view::TenantViews::default(),
             recent_errors: self_view::RecentErrors::default(),
             xdr_bidirectional: options.xdr_bidirectional,
+            idp: options.idp.clone().map(idp::IdpVerifier::new),
+            dashboard_url: options.dashboard_url.clone(),
             base_urls,
             budget_settings: Arc::new(budget_cache::BudgetSettingsCache::new(dependencies.budget.clone(), options.cache_ttl)),
             budget: dependencies.budget,
@@ -199,7 +209,7 @@ impl Edge {
 
 fn router(state: EdgeState, trace_requests: bool) -> Router {
     use routes::{
-        admin, agent_limits, agent_self, agents, budget, completions, datasets, governance, guardian, identity, leaderboard, liaison, mcp,
+        admin, agent_limits, agent_self, agents, bridge, budget, completions, datasets, governance, guardian, identity, leaderboard, liaison, mcp,
         mcp_connect, memory, oauth, observability, prompts, provider_health, providers,
     };
     let routes = Router::new()
@@ -228,6 +238,12 @@ fn router(state: EdgeState, trace_requests: bool) -> Router {
         .route("/v1/oauth/apps/{id}", delete(oauth::delete_app))
         .route("/auth/oauth/authorize", get(oauth::authorize_view).post(oauth::authorize))
         .route("/auth/oauth/token", post(oauth::token))
+        .route("/v1/auth/device/authorize", post(bridge::device_authorize))
+        .route("/v1/auth/device/token", post(bridge::device_token))
+        .route("/v1/auth/link", post(bridge::link))
+        .route("/auth/claim", post(bridge::claim))
+        .route("/auth/me", get(bridge::me))
+        .route("/auth/device/confirm", post(bridge::device_confirm))
         .route("/v1/liaison/open", post(liaison::open))
         .route("/v1/liaison/{liaison_id}", get(liaison::get))
         .route("/v1/liaison/{liaison_id}/plan", post(liaison::plan))

@@ -4,6 +4,7 @@ pub mod admin;
 pub mod agent_limits;
 pub mod agent_self;
 pub mod agents;
+pub mod bridge;
 pub mod budget;
 pub mod completions;
 pub mod datasets;

@@ -5,6 +5,7 @@
 
 pub mod agent_token;
 mod agents;
+mod bridge;
 mod oauth;
 pub mod rbac;
 mod secrets;

@@ -17,11 +17,12 @@ use prost::Message;
 
 use crate::agent_token::{AgentTokenSigner, TokenError, TrustClaims};
 use crate::agents::{self, AgentStore, Delegation};
+use crate::bridge::{self, DEVICE_CODE_PREFIX, DEVICE_CODE_SECONDS, DEVICE_KEY_DAYS, POLL_INTERVAL_SECONDS};
 use crate::oauth;
 use crate::rbac::{self, ROLES};
 use crate::secrets::{self, CLAIM_TOKEN_PREFIX, LIVE_KEY_PREFIX};
 use crate::store::{
-    ApiKeyRecord, ClaimTokenRecord, EmailVerificationRecord, IdentityStore, OAuthCodeRecord, PLANS, SANDBOX_PLAN, STANDARD_PLAN,
+    ApiKeyRecord, ClaimTokenRecord, DeviceRow, EmailVerificationRecord, IdentityStore, MembershipRow, OAuthCodeRecord, PLANS, SANDBOX_PLAN, STANDARD_PLAN,
     TenantGrouping, tier_of_plan,
 };
 
@@ -1035,6 +1036,203 @@ impl IdentityService for IdentityServiceImpl {
         Ok(OAuthToken { key: created.plaintext, scopes: record.scopes, expires_at, key_id })
     }
 
+    async fn redeem_claim(&self, request: RedeemClaimRequest) -> ServiceResult<IdpMembership> {
+        let identity = checked_identity(request.identity)?;
+        let now = format_timestamp(Utc::now());
+        let mut transaction = self.store.begin().await.map_err(store_failure)?;
+        let token = IdentityStore::claim_token(&mut transaction, &secrets::digest(request.token.trim()))
+            .await
+            .map_err(store_failure)?
+            .ok_or_else(|| ServiceError::not_found("claim_not_found", "no claim token matches"))?;
+        if token.expires_at <= now {
+            return Err(ServiceError::invalid("expired", "the claim token has expired"));
+        }
+        if token.uses >= token.max_uses {
+            return Err(ServiceError::invalid("fully_redeemed", "the claim token is fully redeemed"));
+        }
+        let tenant = self.tenant_or_not_found(&token.tenant_id).await?;
+        let user_role = user_role_of_claim_role(&token.role)?;
+        let email = if identity.email.is_empty() { identity.subject.clone() } else { identity.email.clone() };
+        let user = match IdentityStore::user_by_email(&mut transaction, &tenant.id, &email).await.map_err(store_failure)? {
+            Some(user) => user,
+            None => {
+                let user = User {
+                    id: uuid::Uuid::new_v4().to_string(),
+                    tenant_id: tenant.id.clone(),
+                    email: email.clone(),
+                    role: user_role.to_string(),
+                    status: "active".to_string(),
+                    created_at: now.clone(),
+                };
+                IdentityStore::insert_user(&mut transaction, &user).await.map_err(store_failure)?;
+                user
+            }
+        };
+        let membership = MembershipRow {
+            tenant_id: tenant.id.clone(),
+            user_id: user.id.clone(),
+            claim_role: token.role.clone(),
+            email: email.clone(),
+            claimed_at: now.clone(),
+        };
+        if !IdentityStore::insert_membership(&mut transaction, &identity.issuer, &identity.subject, &membership).await.map_err(store_failure)? {
+            return Err(ServiceError::conflict("already_claimed", "this identity has claimed this tenant already"));
+        }
+        if !IdentityStore::use_claim_token(&mut transaction, &token.id, &now).await.map_err(store_failure)? {
+            return Err(ServiceError::invalid("fully_redeemed", "the claim token is fully redeemed"));
+        }
+        transaction.commit().await.map_err(store_failure)?;
+        Ok(IdpMembership { tenant: Some(tenant), user_id: user.id, role: user.role, claim_role: token.role, email, claimed_at: now })
+    }
+
+    async fn list_idp_memberships(&self, request: IdpSubject) -> ServiceResult<IdpMembershipList> {
+        let identity = checked_identity(Some(request))?;
+        let rows = self.store.memberships(&identity.issuer, &identity.subject).await.map_err(store_failure)?;
+        let mut memberships = Vec::with_capacity(rows.len());
+        for row in rows {
+            // A tenant or user deleted since is no membership.
+            let Some(tenant) = self.store.tenant(&row.tenant_id).await.map_err(store_failure)? else { continue };
+            let Some(user) = self.store.user(&row.tenant_id, &row.user_id).await.map_err(store_failure)? else { continue };
+            memberships.push(IdpMembership {
+                tenant: Some(tenant),
+                user_id: user.id,
+                role: user.role,
+                claim_role: row.claim_role,
+                email: row.email,
+                claimed_at: row.claimed_at,
+            });
+        }
+        Ok(IdpMembershipList { memberships })
+    }
+
+    async fn start_device_authorization(&self, request: StartDeviceAuthorizationRequest) -> ServiceResult<DeviceAuthorization> {
+        let client_name = request.client_name.trim();
+        if client_name.chars().count() > 64 {
+            return Err(ServiceError::invalid("invalid_client_name", "client_name is at most 64 characters"));
+        }
+        let now = Utc::now();
+        let expires_at = format_timestamp(now + Duration::seconds(DEVICE_CODE_SECONDS));
+        for _ in 0..8 {
+            let device_code = secrets::mint(DEVICE_CODE_PREFIX);
+            let device = DeviceRow {
+                device_code_hash: secrets::digest(&device_code),
+                user_code: bridge::user_code(),
+                client_name: if client_name.is_empty() { "device".to_string() } else { client_name.to_string() },
+                status: "pending".to_string(),
+                created_at: format_timestamp(now),
+                expires_at: expires_at.clone(),
+                ..DeviceRow::default()
+            };
+            if self.store.insert_device(&device).await.map_err(store_failure)? {
+                return Ok(DeviceAuthorization {
+                    device_code,
+                    user_code: device.user_code,
+                    interval: POLL_INTERVAL_SECONDS,
+                    expires_in: DEVICE_CODE_SECONDS as u32,
+                    expires_at,
+                });
+            }
+        }
+        Err(ServiceError::unavailable("user_codes_exhausted", "no free user code was found: try again"))
+    }
+
+    async fn confirm_device(&self, request: ConfirmDeviceRequest) -> ServiceResult<DeviceConfirmation> {
+        let identity = checked_identity(request.identity)?;
+        let unknown = || ServiceError::not_found("invalid_user_code", "no device is waiting for this code");
+        let user_code = bridge::normalise_user_code(&request.user_code).ok_or_else(unknown)?;
+        let device = self.store.device(Some(&user_code), None).await.map_err(store_failure)?.ok_or_else(unknown)?;
+        let now = format_timestamp(Utc::now());
+        if device.status != "pending" {
+            return Err(ServiceError::conflict("already_confirmed", "this code was confirmed already"));
+        }
+        if device.expires_at <= now {
+            return Err(ServiceError::invalid("expired_token", "this code has expired: start again on the device"));
+        }
+        let memberships = self.list_idp_memberships(identity.clone()).await?.memberships;
+        let tenant_id = request.tenant_id.trim();
+        let membership = match (tenant_id.is_empty(), memberships.len()) {
+            (_, 0) => None,
+            (true, 1) => memberships.into_iter().next(),
+            (true, _) => {
+                return Err(ServiceError::invalid(
+                    "tenant_selection_required",
+                    "this identity belongs to several tenants: name one with X-BR-Tenant-Id",
+                ));
+            }
+            (false, _) => memberships.into_iter().find(|membership| membership.tenant.as_ref().is_some_and(|tenant| tenant.id == tenant_id)),
+        };
+        let membership =
+            membership.ok_or_else(|| ServiceError::permission_denied("not_a_member", "this identity has claimed no such tenant"))?;
+        let tenant = membership.tenant.clone().unwrap_or_default();
+        let confirmed = DeviceRow {
+            tenant_id: Some(tenant.id.clone()),
+            issuer: Some(identity.issuer),
+            subject: Some(identity.subject),
+            role: Some(membership.role.clone()),
+            ..DeviceRow::default()
+        };
+        if !self.store.confirm_device(&user_code, &confirmed, &now).await.map_err(store_failure)? {
+            return Err(ServiceError::conflict("already_confirmed", "this code was confirmed already or has expired"));
+        }
+        Ok(DeviceConfirmation { user_code, client_name: device.client_name, tenant: Some(tenant), role: membership.role, confirmed_at: now })
+    }
+
+    async fn poll_device_token(&self, request: PollDeviceTokenRequest) -> ServiceResult<DeviceTokenResult> {
+        let invalid = || ServiceError::invalid("invalid_device_code", "no device authorization has this device code, or its key was delivered");
+        let hash = secrets::digest(request.device_code.trim());
+        let device = self.store.device(None, Some(&hash)).await.map_err(store_failure)?.ok_or_else(invalid)?;
+        let now = Utc::now();
+        let now_text = format_timestamp(now);
+        match device.status.as_str() {
+            "delivered" => Err(invalid()),
+            _ if device.expires_at <= now_text => Err(ServiceError::invalid("expired_token", "the device code has expired: start again")),
+            "pending" => {
+                self.store.note_device_poll(&hash, &now_text).await.map_err(store_failure)?;
+                let too_soon = device
+                    .last_polled_at
+                    .as_deref()
+                    .and_then(parse_timestamp)
+                    .is_some_and(|last| now - last < Duration::seconds(i64::from(POLL_INTERVAL_SECONDS)));
+                let (status, interval) =
+                    if too_soon { ("slow_down", POLL_INTERVAL_SECONDS + 5) } else { ("authorization_pending", POLL_INTERVAL_SECONDS) };
+                Ok(DeviceTokenResult { status: status.to_string(), interval, ..DeviceTokenResult::default() })
+            }
+            _ => {
+                if !self.store.deliver_device(&hash).await.map_err(store_failure)? {
+                    return Err(invalid());
+                }
+                let tenant_id = device.tenant_id.clone().unwrap_or_default();
+                let role = device.role.clone().unwrap_or_else(|| "developer".to_string());
+                let tenant = self.tenant_or_not_found(&tenant_id).await?;
+                let expires_at = format_timestamp(now + Duration::days(DEVICE_KEY_DAYS));
+                let created = self
+                    .create_api_key(CreateApiKeyRequest {
+                        tenant_id,
+                        name: format!("device: {}", device.client_name),
+                        role: role.clone(),
+                        expires_at: Some(expires_at.clone()),
+                        created_by: format!("device:{}", device.subject.unwrap_or_default()),
+                        creator_permissions: rbac::role_permissions(&role)
+                            .unwrap_or_default()
+                            .iter()
+                            .map(|permission| permission.to_string())
+                            .collect(),
+                        ..CreateApiKeyRequest::default()
+                    })
+                    .await?;
+                Ok(DeviceTokenResult {
+                    status: "linked".to_string(),
+                    interval: POLL_INTERVAL_SECONDS,
+                    tenant: Some(tenant),
+                    key_id: created.key.map(|key| key.id).unwrap_or_default(),
+                    key: created.plaintext,
+                    role,
+                    expires_at,
+                })
+            }
+        }
+    }
+
     async fn authenticate_agent(&self, request: AuthenticateAgentRequest) -> ServiceResult<AgentPrincipal> {
         let signer = self.agent_tokens()?;
         let claims = signer.verify(request.token.trim(), Utc::now()).map_err(|error| match error {
@@ -1186,6 +1384,15 @@ fn validated_status(status: &str) -> ServiceResult<()> {
 }
 
 /// Claim role to user role: `owner` and `admin` become `admin`, `member` becomes `developer`.
+/// An identity provider's user as a request names it: issuer and subject required.
+fn checked_identity(identity: Option<IdpSubject>) -> ServiceResult<IdpSubject> {
+    let identity = identity.unwrap_or_default();
+    if identity.issuer.trim().is_empty() || identity.subject.trim().is_empty() || identity.subject.len() > 255 {
+        return Err(ServiceError::invalid("invalid_identity", "an identity needs its issuer and subject"));
+    }
+    Ok(identity)
+}
+
 fn user_role_of_claim_role(claim_role: &str) -> ServiceResult<&'static str> {
     match claim_role {
         "owner" | "admin" => Ok("admin"),

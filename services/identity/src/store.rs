@@ -418,6 +418,217 @@ pub enum TenantGrouping {
     Plan,
 }
 
+/// A claim token being redeemed: what the redemption needs of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimTokenRow {
+    pub id: String,
+    pub tenant_id: String,
+    pub role: String,
+    pub max_uses: i64,
+    pub uses: i64,
+    pub expires_at: String,
+}
+
+/// An identity's membership of a tenant, as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MembershipRow {
+    pub tenant_id: String,
+    pub user_id: String,
+    pub claim_role: String,
+    pub email: String,
+    pub claimed_at: String,
+}
+
+/// A device authorization, as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DeviceRow {
+    pub device_code_hash: String,
+    pub user_code: String,
+    pub client_name: String,
+    /// `pending`, `confirmed` or `delivered`.
+    pub status: String,
+    pub tenant_id: Option<String>,
+    pub issuer: Option<String>,
+    pub subject: Option<String>,
+    pub role: Option<String>,
+    pub created_at: String,
+    pub expires_at: String,
+    pub confirmed_at: Option<String>,
+    pub last_polled_at: Option<String>,
+}
+
+const DEVICE_COLUMNS: &str = "device_code_hash, user_code, client_name, status, tenant_id, issuer, subject, role, created_at, expires_at, \
+     confirmed_at, last_polled_at";
+
+impl IdentityStore {
+    /// A claim token by its digest, read inside the redemption's transaction.
+    pub async fn claim_token(transaction: &mut Transaction<'static, Any>, token_hash: &str) -> StoreResult<Option<ClaimTokenRow>> {
+        let row = sqlx::query("SELECT id, tenant_id, role, max_uses, uses, expires_at FROM claim_tokens WHERE token_hash = $1")
+            .bind(token_hash)
+            .fetch_optional(&mut **transaction)
+            .await?;
+        row.map(|row| {
+            Ok(ClaimTokenRow {
+                id: row.try_get("id")?,
+                tenant_id: row.try_get("tenant_id")?,
+                role: row.try_get("role")?,
+                max_uses: row.try_get("max_uses")?,
+                uses: row.try_get("uses")?,
+                expires_at: row.try_get("expires_at")?,
+            })
+        })
+        .transpose()
+    }
+
+    /// Counts one use of a claim token if it is still usable at `now`; false when it is not.
+    pub async fn use_claim_token(transaction: &mut Transaction<'static, Any>, id: &str, now: &str) -> StoreResult<bool> {
+        let used = sqlx::query("UPDATE claim_tokens SET uses = uses + 1 WHERE id = $1 AND uses < max_uses AND expires_at > $2")
+            .bind(id)
+            .bind(now)
+            .execute(&mut **transaction)
+            .await?;
+        Ok(used.rows_affected() == 1)
+    }
+
+    /// The user of `email` in a tenant, if any.
+    pub async fn user_by_email(transaction: &mut Transaction<'static, Any>, tenant_id: &str, email: &str) -> StoreResult<Option<User>> {
+        let row = sqlx::query("SELECT id, tenant_id, email, role, status, created_at FROM users WHERE tenant_id = $1 AND email = $2")
+            .bind(tenant_id)
+            .bind(email)
+            .fetch_optional(&mut **transaction)
+            .await?;
+        row.as_ref().map(user_from_row).transpose()
+    }
+
+    /// Stores a membership; false when the identity already holds one in that tenant.
+    pub async fn insert_membership(
+        transaction: &mut Transaction<'static, Any>,
+        issuer: &str,
+        subject: &str,
+        membership: &MembershipRow,
+    ) -> StoreResult<bool> {
+        let inserted = sqlx::query(
+            "INSERT INTO idp_memberships (issuer, subject, tenant_id, user_id, claim_role, email, claimed_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (issuer, subject, tenant_id) DO NOTHING",
+        )
+        .bind(issuer)
+        .bind(subject)
+        .bind(&membership.tenant_id)
+        .bind(&membership.user_id)
+        .bind(&membership.claim_role)
+        .bind(&membership.email)
+        .bind(&membership.claimed_at)
+        .execute(&mut **transaction)
+        .await?;
+        Ok(inserted.rows_affected() == 1)
+    }
+
+    /// An identity's memberships, oldest first.
+    pub async fn memberships(&self, issuer: &str, subject: &str) -> StoreResult<Vec<MembershipRow>> {
+        let rows = sqlx::query(
+            "SELECT tenant_id, user_id, claim_role, email, claimed_at FROM idp_memberships WHERE issuer = $1 AND subject = $2 \
+             ORDER BY claimed_at, tenant_id",
+        )
+        .bind(issuer)
+        .bind(subject)
+        .fetch_all(self.database.pool())
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(MembershipRow {
+                    tenant_id: row.try_get("tenant_id")?,
+                    user_id: row.try_get("user_id")?,
+                    claim_role: row.try_get("claim_role")?,
+                    email: row.try_get("email")?,
+                    claimed_at: row.try_get("claimed_at")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Stores a new device authorization; false when its user code is taken (draw another).
+    pub async fn insert_device(&self, device: &DeviceRow) -> StoreResult<bool> {
+        let inserted = sqlx::query(
+            "INSERT INTO device_authorizations (device_code_hash, user_code, client_name, status, created_at, expires_at) \
+             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING",
+        )
+        .bind(&device.device_code_hash)
+        .bind(&device.user_code)
+        .bind(&device.client_name)
+        .bind(&device.status)
+        .bind(&device.created_at)
+        .bind(&device.expires_at)
+        .execute(self.database.pool())
+        .await?;
+        Ok(inserted.rows_affected() == 1)
+    }
+
+    /// A device authorization by its user code or by its device code's digest.
+    pub async fn device(&self, by_user_code: Option<&str>, by_hash: Option<&str>) -> StoreResult<Option<DeviceRow>> {
+        let row = sqlx::query(&format!(
+            "SELECT {DEVICE_COLUMNS} FROM device_authorizations WHERE user_code = $1 OR device_code_hash = $2"
+        ))
+        .bind(by_user_code.unwrap_or_default())
+        .bind(by_hash.unwrap_or_default())
+        .fetch_optional(self.database.pool())
+        .await?;
+        row.map(|row| {
+            Ok(DeviceRow {
+                device_code_hash: row.try_get("device_code_hash")?,
+                user_code: row.try_get("user_code")?,
+                client_name: row.try_get("client_name")?,
+                status: row.try_get("status")?,
+                tenant_id: row.try_get("tenant_id")?,
+                issuer: row.try_get("issuer")?,
+                subject: row.try_get("subject")?,
+                role: row.try_get("role")?,
+                created_at: row.try_get("created_at")?,
+                expires_at: row.try_get("expires_at")?,
+                confirmed_at: row.try_get("confirmed_at")?,
+                last_polled_at: row.try_get("last_polled_at")?,
+            })
+        })
+        .transpose()
+    }
+
+    /// Confirms a pending, unexpired device authorization for a tenant; false otherwise.
+    pub async fn confirm_device(&self, user_code: &str, confirmed: &DeviceRow, now: &str) -> StoreResult<bool> {
+        let changed = sqlx::query(
+            "UPDATE device_authorizations SET status = 'confirmed', tenant_id = $1, issuer = $2, subject = $3, role = $4, \
+             confirmed_at = $5 WHERE user_code = $6 AND status = 'pending' AND expires_at > $5",
+        )
+        .bind(confirmed.tenant_id.clone())
+        .bind(confirmed.issuer.clone())
+        .bind(confirmed.subject.clone())
+        .bind(confirmed.role.clone())
+        .bind(now)
+        .bind(user_code)
+        .execute(self.database.pool())
+        .await?;
+        Ok(changed.rows_affected() == 1)
+    }
+
+    /// Notes a poll; the time of the previous one, if any.
+    pub async fn note_device_poll(&self, device_code_hash: &str, now: &str) -> StoreResult<()> {
+        sqlx::query("UPDATE device_authorizations SET last_polled_at = $1 WHERE device_code_hash = $2")
+            .bind(now)
+            .bind(device_code_hash)
+            .execute(self.database.pool())
+            .await?;
+        Ok(())
+    }
+
+    /// Marks a confirmed device authorization delivered (its key handed out); false when another
+    /// poll did it first.
+    pub async fn deliver_device(&self, device_code_hash: &str) -> StoreResult<bool> {
+        let changed = sqlx::query("UPDATE device_authorizations SET status = 'delivered' WHERE device_code_hash = $1 AND status = 'confirmed'")
+            .bind(device_code_hash)
+            .execute(self.database.pool())
+            .await?;
+        Ok(changed.rows_affected() == 1)
+    }
+}
+
 fn tenant_from_row(row: &AnyRow) -> StoreResult<Tenant> {
     let plan: String = row.try_get("plan")?;
     Ok(Tenant {

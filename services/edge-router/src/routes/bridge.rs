@@ -1,0 +1,229 @@
+//! The identity bridge: an identity provider's users claim tenants (`POST /auth/claim`), see them
+//! (`GET /auth/me`), and link devices by the device authorization grant (`POST
+//! /v1/auth/device/authorize` and `/token` from the device, `POST /auth/device/confirm` from the
+//! browser); a tenant admin makes a single-use browser link (`POST /v1/auth/link`). The `/auth/*`
+//! routes take the provider's JWT (`crate::idp`), `X-BR-Tenant-Id` choosing among several tenants.
+
+use axum::Json;
+use axum::extract::{FromRequestParts, State};
+use axum::http::StatusCode;
+use axum::http::request::Parts;
+use brainstorm_common::ApiError;
+use brainstorm_proto::identity::{
+    ConfirmDeviceRequest, CreateClaimLinkRequest, IdpMembership, IdpSubject, PollDeviceTokenRequest, RedeemClaimRequest,
+    StartDeviceAuthorizationRequest, Tenant,
+};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::EdgeState;
+use crate::auth::Caller;
+use crate::extract::{JsonBody, OptionalJsonBody};
+use crate::idp::IdpIdentity;
+
+/// A request authenticated by the identity provider's JWT.
+pub struct IdpCaller {
+    identity: IdpIdentity,
+    /// `X-BR-Tenant-Id`, when sent.
+    tenant_id: Option<String>,
+}
+
+impl IdpCaller {
+    fn subject(&self) -> IdpSubject {
+        IdpSubject { issuer: self.identity.issuer.clone(), subject: self.identity.subject.clone(), email: self.identity.email.clone() }
+    }
+}
+
+impl FromRequestParts<EdgeState> for IdpCaller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &EdgeState) -> Result<Self, Self::Rejection> {
+        let Some(verifier) = state.idp.as_ref() else {
+            return Err(ApiError::unavailable(
+                "identity_provider_unconfigured",
+                "no identity provider is configured: set BR_IDP_ISSUER and BR_IDP_JWKS_URL (or BR_IDP_JWKS_FILE)",
+            ));
+        };
+        let token = parts
+            .headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.trim().split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token.trim())
+            .ok_or_else(|| ApiError::unauthenticated("idp_token_required", "send the identity provider's JWT as `Authorization: Bearer <jwt>`"))?;
+        let identity = verifier.verify(token).await?;
+        let tenant_id = parts
+            .headers
+            .get("x-br-tenant-id")
+            .and_then(|value| value.to_str().ok())
+            .map(str::trim)
+            .filter(|value| !value.is_empty())
+            .map(str::to_string);
+        Ok(IdpCaller { identity, tenant_id })
+    }
+}
+
+fn tenant_view(tenant: Option<&Tenant>) -> Value {
+    tenant.map_or(Value::Null, |tenant| json!({"id": tenant.id, "name": tenant.name, "slug": tenant.slug, "plan": tenant.plan, "status": tenant.status}))
+}
+
+fn membership_view(membership: &IdpMembership) -> Value {
+    json!({
+        "tenant": tenant_view(membership.tenant.as_ref()),
+        "user_id": membership.user_id,
+        "role": membership.role,
+        "claim_role": membership.claim_role,
+        "email": membership.email,
+        "claimed_at": membership.claimed_at,
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClaimBody {
+    token: Option<String>,
+}
+
+/// `POST /auth/claim` (identity provider JWT): `{token}` -> 201 with the membership made (a user in
+/// the tenant, its role from the token's: owner and admin -> admin, member -> developer).
+pub async fn claim(
+    State(state): State<EdgeState>,
+    caller: IdpCaller,
+    JsonBody(body): JsonBody<ClaimBody>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let token = body.token.filter(|token| !token.trim().is_empty()).ok_or_else(|| ApiError::invalid_request("missing_field", "token is required"))?;
+    let membership = state.identity.redeem_claim(RedeemClaimRequest { identity: Some(caller.subject()), token }).await?;
+    Ok((StatusCode::CREATED, Json(membership_view(&membership))))
+}
+
+/// `GET /auth/me` (identity provider JWT): the identity and the tenants it has claimed; the selected
+/// one (`X-BR-Tenant-Id`, or the only one) as `tenant` (403 `not_a_member` for one it has not claimed).
+pub async fn me(State(state): State<EdgeState>, caller: IdpCaller) -> Result<Json<Value>, ApiError> {
+    let memberships = state.identity.list_idp_memberships(caller.subject()).await?.memberships;
+    let selected = match &caller.tenant_id {
+        Some(tenant_id) => Some(
+            memberships
+                .iter()
+                .find(|membership| membership.tenant.as_ref().is_some_and(|tenant| &tenant.id == tenant_id))
+                .ok_or_else(|| ApiError::forbidden("not_a_member", "this identity has not claimed the tenant X-BR-Tenant-Id names"))?,
+        ),
+        None if memberships.len() == 1 => memberships.first(),
+        None => None,
+    };
+    Ok(Json(json!({
+        "identity": {"issuer": caller.identity.issuer, "subject": caller.identity.subject, "email": caller.identity.email},
+        "tenants": memberships.iter().map(membership_view).collect::<Vec<_>>(),
+        "tenant": selected.map_or(Value::Null, membership_view),
+    })))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceAuthorizeBody {
+    client_name: Option<String>,
+}
+
+/// `POST /v1/auth/device/authorize` (no authentication): starts a device authorization; the device
+/// shows `user_code` and `verification_uri` and polls `/v1/auth/device/token` with `device_code`.
+pub async fn device_authorize(
+    State(state): State<EdgeState>,
+    OptionalJsonBody(body): OptionalJsonBody<DeviceAuthorizeBody>,
+) -> Result<Json<Value>, ApiError> {
+    let request = StartDeviceAuthorizationRequest { client_name: body.client_name.unwrap_or_default() };
+    let started = state.identity.start_device_authorization(request).await?;
+    let verification_uri = format!("{}/device", state.dashboard_url);
+    Ok(Json(json!({
+        "device_code": started.device_code,
+        "user_code": started.user_code,
+        "verification_uri": verification_uri,
+        "verification_uri_complete": format!("{verification_uri}?user_code={}", started.user_code),
+        "interval": started.interval,
+        "expires_in": started.expires_in,
+        "expires_at": started.expires_at,
+    })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceTokenBody {
+    device_code: Option<String>,
+    grant_type: Option<String>,
+}
+
+/// RFC 8628's grant type, the only one `/v1/auth/device/token` takes (it may be left out).
+const DEVICE_GRANT: &str = "urn:ietf:params:oauth:grant-type:device_code";
+
+/// `POST /v1/auth/device/token` (no authentication): `{device_code}` -> `{status:
+/// authorization_pending | slow_down, interval}` until a member confirms, then once `{status: linked,
+/// tenant, api_key}`; 400 `expired_token` when the code lapsed, `invalid_device_code` when unknown or
+/// already delivered.
+pub async fn device_token(State(state): State<EdgeState>, JsonBody(body): JsonBody<DeviceTokenBody>) -> Result<Json<Value>, ApiError> {
+    if body.grant_type.as_deref().is_some_and(|grant| grant != DEVICE_GRANT) {
+        return Err(ApiError::invalid_request("unsupported_grant_type", format!("grant_type is `{DEVICE_GRANT}`")));
+    }
+    let device_code =
+        body.device_code.filter(|code| !code.trim().is_empty()).ok_or_else(|| ApiError::invalid_request("missing_field", "device_code is required"))?;
+    let result = state.identity.poll_device_token(PollDeviceTokenRequest { device_code }).await?;
+    if result.status != "linked" {
+        return Ok(Json(json!({"status": result.status, "interval": result.interval})));
+    }
+    Ok(Json(json!({
+        "status": "linked",
+        "tenant": tenant_view(result.tenant.as_ref()),
+        "api_key": {"key": result.key, "id": result.key_id, "role": result.role, "expires_at": result.expires_at},
+    })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceConfirmBody {
+    user_code: Option<String>,
+}
+
+/// `POST /auth/device/confirm` (identity provider JWT): `{user_code}` links the waiting device to the
+/// caller's tenant (`X-BR-Tenant-Id` when it has claimed several) with the caller's role there.
+pub async fn device_confirm(
+    State(state): State<EdgeState>,
+    caller: IdpCaller,
+    JsonBody(body): JsonBody<DeviceConfirmBody>,
+) -> Result<Json<Value>, ApiError> {
+    let user_code = body.user_code.ok_or_else(|| ApiError::invalid_request("missing_field", "user_code is required"))?;
+    let request = ConfirmDeviceRequest { identity: Some(caller.subject()), user_code, tenant_id: caller.tenant_id.clone().unwrap_or_default() };
+    let confirmed = state.identity.confirm_device(request).await?;
+    Ok(Json(json!({
+        "confirmed": true,
+        "user_code": confirmed.user_code,
+        "client_name": confirmed.client_name,
+        "tenant": tenant_view(confirmed.tenant.as_ref()),
+        "role": confirmed.role,
+        "confirmed_at": confirmed.confirmed_at,
+    })))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct LinkBody {
+    role: Option<String>,
+}
+
+/// `POST /v1/auth/link` (tenant admin scope): `{role? (owner | admin | member, default admin)}` -> 201
+/// with a browser link that claims the tenant once, for seven days.
+pub async fn link(
+    State(state): State<EdgeState>,
+    caller: Caller,
+    OptionalJsonBody(body): OptionalJsonBody<LinkBody>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    if !caller.is_tenant_admin() {
+        return Err(ApiError::forbidden("forbidden", "browser links need a key with the tenant admin scope"));
+    }
+    let request = CreateClaimLinkRequest {
+        tenant_id: caller.tenant_id()?.to_string(),
+        role: body.role.unwrap_or_else(|| "admin".to_string()),
+        max_uses: 1,
+        expires_in_days: 7,
+        created_by: caller.identity.key_id.clone(),
+    };
+    let claim = state.identity.create_claim_link(request).await?;
+    Ok((StatusCode::CREATED, Json(crate::views::claim(&claim))))
+}
