@@ -213,13 +213,17 @@ async fn plans_are_minted_under_their_grant_rules_and_committed_once(shape: Shap
 
     // `*` grants any model within the ceiling (a pricier one breaks it); the body may also omit the
     // model: the plan's own then.
-    let any = mint(&gateway, &key, &liaison, json!({"messages": messages(PROMPT), "model": "openai/gpt-4o", "allowed_models": ["*"]})).await?;
+    let any =
+        mint(&gateway, &key, &liaison, json!({"messages": messages(PROMPT), "model": "openai/gpt-4o", "allowed_models": ["*"]})).await?;
     assert_eq!(any.body["allowed_models"], json!(["*"]), "{}", any.text);
     let any_id = text(&any.body["plan_id"]);
     let cheaper = commit(&gateway, &key, Some(&any_id), Some(&liaison), &completion(Some("openai/gpt-4o-mini"), PROMPT)).await?;
     assert_eq!((cheaper.status, cheaper.header("x-br-routed-model")), (200, Some("openai/gpt-4o-mini")), "{}", cheaper.text);
-    let cheap = mint(&gateway, &key, &liaison, json!({"messages": messages(PROMPT), "model": "openai/gpt-4o-mini", "allowed_models": ["*"]})).await?;
-    let pricier = commit(&gateway, &key, Some(&text(&cheap.body["plan_id"])), Some(&liaison), &completion(Some("openai/gpt-4o"), PROMPT)).await?;
+    let cheap =
+        mint(&gateway, &key, &liaison, json!({"messages": messages(PROMPT), "model": "openai/gpt-4o-mini", "allowed_models": ["*"]}))
+            .await?;
+    let pricier =
+        commit(&gateway, &key, Some(&text(&cheap.body["plan_id"])), Some(&liaison), &completion(Some("openai/gpt-4o"), PROMPT)).await?;
     assert_eq!((pricier.status, pricier.body["error"]["reason"].as_str()), (403, Some("ceiling_exceeded")), "{}", pricier.text);
     let omitted = mint(&gateway, &key, &liaison, json!({"messages": messages(PROMPT), "model": "openai/gpt-4o-mini"})).await?;
     let omitted_reply = commit(&gateway, &key, Some(&text(&omitted.body["plan_id"])), Some(&liaison), &completion(None, PROMPT)).await?;

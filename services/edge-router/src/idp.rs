@@ -67,7 +67,10 @@ pub struct IdpIdentity {
 /// A public key of the set.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum PublicKey {
-    Rsa { n: Vec<u8>, e: Vec<u8> },
+    Rsa {
+        n: Vec<u8>,
+        e: Vec<u8>,
+    },
     /// The uncompressed point (`04 || x || y`).
     P256(Vec<u8>),
     Ed25519(Vec<u8>),
@@ -148,8 +151,7 @@ fn verify_with(keys: &[Key], settings: &IdpSettings, token: &str, now: i64) -> R
     if !matches!(header.alg.as_str(), "RS256" | "ES256" | "EdDSA") {
         return Err(IdpError::Algorithm(header.alg));
     }
-    let candidates: Vec<&Key> =
-        keys.iter().filter(|key| fits(&key.key) && (header.kid.is_none() || key.kid == header.kid)).collect();
+    let candidates: Vec<&Key> = keys.iter().filter(|key| fits(&key.key) && (header.kid.is_none() || key.kid == header.kid)).collect();
     if candidates.is_empty() {
         return Err(IdpError::UnknownKey);
     }
@@ -258,7 +260,11 @@ mod tests {
     use super::*;
 
     fn settings() -> IdpSettings {
-        IdpSettings { issuer: "https://idp.example".to_string(), audience: Some("brainstorm".to_string()), jwks: IdpJwks::File("/dev/null".into()) }
+        IdpSettings {
+            issuer: "https://idp.example".to_string(),
+            audience: Some("brainstorm".to_string()),
+            jwks: IdpJwks::File("/dev/null".into()),
+        }
     }
 
     fn encode(value: &Value) -> String {
@@ -305,7 +311,8 @@ mod tests {
         assert_eq!(refused(signed("none", "ed", &claims(now), |_| Vec::new())), Some(IdpError::Algorithm("none".to_string())));
         assert_eq!(refused(signed("EdDSA", "rotated", &claims(now), sign_ed)), Some(IdpError::UnknownKey));
         let original = signed("EdDSA", "ed", &claims(now), sign_ed);
-        let other = signed("EdDSA", "ed", &json!({"iss": "https://idp.example", "sub": "admin", "exp": now + 300, "aud": "brainstorm"}), sign_ed);
+        let other =
+            signed("EdDSA", "ed", &json!({"iss": "https://idp.example", "sub": "admin", "exp": now + 300, "aud": "brainstorm"}), sign_ed);
         let (other_input, _) = other.rsplit_once('.').ok_or("no signature")?;
         let (_, original_signature) = original.rsplit_once('.').ok_or("no signature")?;
         let forged = format!("{other_input}.{original_signature}");

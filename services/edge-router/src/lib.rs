@@ -209,8 +209,8 @@ impl Edge {
 
 fn router(state: EdgeState, trace_requests: bool) -> Router {
     use routes::{
-        admin, agent_limits, agent_self, agents, bridge, budget, completions, datasets, governance, guardian, identity, leaderboard, liaison, mcp,
-        mcp_connect, memory, oauth, observability, prompts, provider_health, providers,
+        admin, agent_limits, agent_self, agents, bridge, budget, completions, datasets, governance, guardian, identity, leaderboard,
+        liaison, mcp, mcp_connect, memory, oauth, observability, prompts, provider_health, providers,
     };
     let routes = Router::new()
         .route("/health", get(routes::health))

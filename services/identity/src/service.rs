@@ -22,8 +22,8 @@ use crate::oauth;
 use crate::rbac::{self, ROLES};
 use crate::secrets::{self, CLAIM_TOKEN_PREFIX, LIVE_KEY_PREFIX};
 use crate::store::{
-    ApiKeyRecord, ClaimTokenRecord, DeviceRow, EmailVerificationRecord, IdentityStore, MembershipRow, OAuthCodeRecord, PLANS, SANDBOX_PLAN, STANDARD_PLAN,
-    TenantGrouping, tier_of_plan,
+    ApiKeyRecord, ClaimTokenRecord, DeviceRow, EmailVerificationRecord, IdentityStore, MembershipRow, OAuthCodeRecord, PLANS, SANDBOX_PLAN,
+    STANDARD_PLAN, TenantGrouping, tier_of_plan,
 };
 
 const REGISTRATION_CLAIM_DAYS: i64 = 7;
@@ -1075,7 +1075,10 @@ impl IdentityService for IdentityServiceImpl {
             email: email.clone(),
             claimed_at: now.clone(),
         };
-        if !IdentityStore::insert_membership(&mut transaction, &identity.issuer, &identity.subject, &membership).await.map_err(store_failure)? {
+        if !IdentityStore::insert_membership(&mut transaction, &identity.issuer, &identity.subject, &membership)
+            .await
+            .map_err(store_failure)?
+        {
             return Err(ServiceError::conflict("already_claimed", "this identity has claimed this tenant already"));
         }
         if !IdentityStore::use_claim_token(&mut transaction, &token.id, &now).await.map_err(store_failure)? {
@@ -1159,7 +1162,9 @@ impl IdentityService for IdentityServiceImpl {
                     "this identity belongs to several tenants: name one with X-BR-Tenant-Id",
                 ));
             }
-            (false, _) => memberships.into_iter().find(|membership| membership.tenant.as_ref().is_some_and(|tenant| tenant.id == tenant_id)),
+            (false, _) => {
+                memberships.into_iter().find(|membership| membership.tenant.as_ref().is_some_and(|tenant| tenant.id == tenant_id))
+            }
         };
         let membership =
             membership.ok_or_else(|| ServiceError::permission_denied("not_a_member", "this identity has claimed no such tenant"))?;
@@ -1174,11 +1179,18 @@ impl IdentityService for IdentityServiceImpl {
         if !self.store.confirm_device(&user_code, &confirmed, &now).await.map_err(store_failure)? {
             return Err(ServiceError::conflict("already_confirmed", "this code was confirmed already or has expired"));
         }
-        Ok(DeviceConfirmation { user_code, client_name: device.client_name, tenant: Some(tenant), role: membership.role, confirmed_at: now })
+        Ok(DeviceConfirmation {
+            user_code,
+            client_name: device.client_name,
+            tenant: Some(tenant),
+            role: membership.role,
+            confirmed_at: now,
+        })
     }
 
     async fn poll_device_token(&self, request: PollDeviceTokenRequest) -> ServiceResult<DeviceTokenResult> {
-        let invalid = || ServiceError::invalid("invalid_device_code", "no device authorization has this device code, or its key was delivered");
+        let invalid =
+            || ServiceError::invalid("invalid_device_code", "no device authorization has this device code, or its key was delivered");
         let hash = secrets::digest(request.device_code.trim());
         let device = self.store.device(None, Some(&hash)).await.map_err(store_failure)?.ok_or_else(invalid)?;
         let now = Utc::now();

@@ -565,13 +565,11 @@ impl IdentityStore {
 
     /// A device authorization by its user code or by its device code's digest.
     pub async fn device(&self, by_user_code: Option<&str>, by_hash: Option<&str>) -> StoreResult<Option<DeviceRow>> {
-        let row = sqlx::query(&format!(
-            "SELECT {DEVICE_COLUMNS} FROM device_authorizations WHERE user_code = $1 OR device_code_hash = $2"
-        ))
-        .bind(by_user_code.unwrap_or_default())
-        .bind(by_hash.unwrap_or_default())
-        .fetch_optional(self.database.pool())
-        .await?;
+        let row = sqlx::query(&format!("SELECT {DEVICE_COLUMNS} FROM device_authorizations WHERE user_code = $1 OR device_code_hash = $2"))
+            .bind(by_user_code.unwrap_or_default())
+            .bind(by_hash.unwrap_or_default())
+            .fetch_optional(self.database.pool())
+            .await?;
         row.map(|row| {
             Ok(DeviceRow {
                 device_code_hash: row.try_get("device_code_hash")?,
@@ -621,10 +619,11 @@ impl IdentityStore {
     /// Marks a confirmed device authorization delivered (its key handed out); false when another
     /// poll did it first.
     pub async fn deliver_device(&self, device_code_hash: &str) -> StoreResult<bool> {
-        let changed = sqlx::query("UPDATE device_authorizations SET status = 'delivered' WHERE device_code_hash = $1 AND status = 'confirmed'")
-            .bind(device_code_hash)
-            .execute(self.database.pool())
-            .await?;
+        let changed =
+            sqlx::query("UPDATE device_authorizations SET status = 'delivered' WHERE device_code_hash = $1 AND status = 'confirmed'")
+                .bind(device_code_hash)
+                .execute(self.database.pool())
+                .await?;
         Ok(changed.rows_affected() == 1)
     }
 }

@@ -51,7 +51,9 @@ impl FromRequestParts<EdgeState> for IdpCaller {
             .and_then(|value| value.trim().split_once(' '))
             .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
             .map(|(_, token)| token.trim())
-            .ok_or_else(|| ApiError::unauthenticated("idp_token_required", "send the identity provider's JWT as `Authorization: Bearer <jwt>`"))?;
+            .ok_or_else(|| {
+                ApiError::unauthenticated("idp_token_required", "send the identity provider's JWT as `Authorization: Bearer <jwt>`")
+            })?;
         let identity = verifier.verify(token).await?;
         let tenant_id = parts
             .headers
@@ -65,7 +67,10 @@ impl FromRequestParts<EdgeState> for IdpCaller {
 }
 
 fn tenant_view(tenant: Option<&Tenant>) -> Value {
-    tenant.map_or(Value::Null, |tenant| json!({"id": tenant.id, "name": tenant.name, "slug": tenant.slug, "plan": tenant.plan, "status": tenant.status}))
+    tenant.map_or(
+        Value::Null,
+        |tenant| json!({"id": tenant.id, "name": tenant.name, "slug": tenant.slug, "plan": tenant.plan, "status": tenant.status}),
+    )
 }
 
 fn membership_view(membership: &IdpMembership) -> Value {
@@ -92,7 +97,10 @@ pub async fn claim(
     caller: IdpCaller,
     JsonBody(body): JsonBody<ClaimBody>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let token = body.token.filter(|token| !token.trim().is_empty()).ok_or_else(|| ApiError::invalid_request("missing_field", "token is required"))?;
+    let token = body
+        .token
+        .filter(|token| !token.trim().is_empty())
+        .ok_or_else(|| ApiError::invalid_request("missing_field", "token is required"))?;
     let membership = state.identity.redeem_claim(RedeemClaimRequest { identity: Some(caller.subject()), token }).await?;
     Ok((StatusCode::CREATED, Json(membership_view(&membership))))
 }
@@ -162,8 +170,10 @@ pub async fn device_token(State(state): State<EdgeState>, JsonBody(body): JsonBo
     if body.grant_type.as_deref().is_some_and(|grant| grant != DEVICE_GRANT) {
         return Err(ApiError::invalid_request("unsupported_grant_type", format!("grant_type is `{DEVICE_GRANT}`")));
     }
-    let device_code =
-        body.device_code.filter(|code| !code.trim().is_empty()).ok_or_else(|| ApiError::invalid_request("missing_field", "device_code is required"))?;
+    let device_code = body
+        .device_code
+        .filter(|code| !code.trim().is_empty())
+        .ok_or_else(|| ApiError::invalid_request("missing_field", "device_code is required"))?;
     let result = state.identity.poll_device_token(PollDeviceTokenRequest { device_code }).await?;
     if result.status != "linked" {
         return Ok(Json(json!({"status": result.status, "interval": result.interval})));
@@ -189,7 +199,8 @@ pub async fn device_confirm(
     JsonBody(body): JsonBody<DeviceConfirmBody>,
 ) -> Result<Json<Value>, ApiError> {
     let user_code = body.user_code.ok_or_else(|| ApiError::invalid_request("missing_field", "user_code is required"))?;
-    let request = ConfirmDeviceRequest { identity: Some(caller.subject()), user_code, tenant_id: caller.tenant_id.clone().unwrap_or_default() };
+    let request =
+        ConfirmDeviceRequest { identity: Some(caller.subject()), user_code, tenant_id: caller.tenant_id.clone().unwrap_or_default() };
     let confirmed = state.identity.confirm_device(request).await?;
     Ok(Json(json!({
         "confirmed": true,

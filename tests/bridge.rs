@@ -1,0 +1,197 @@
+//! The identity bridge end to end in both shapes, with an identity provider of the test's own (an
+//! Ed25519 key published as a JWKS file): claim tokens redeemed by the provider's users under the
+//! spec's role mapping and collision rules, `/auth/me` with `X-BR-Tenant-Id`, a device linked by the
+//! device authorization grant and answering with the key it was given, and refused tokens.
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use brainstorm_e2e::{Gateway, Reply, Shape};
+use reqwest::Method;
+use ring::rand::SystemRandom;
+use ring::signature::{Ed25519KeyPair, KeyPair};
+use serde_json::{Value, json};
+
+type TestResult = anyhow::Result<()>;
+
+brainstorm_e2e::in_both_shapes!(identity_provider_users_claim_tenants_and_link_devices);
+
+const ISSUER: &str = "https://idp.test.example";
+const AUDIENCE: &str = "brainstorm-dashboard";
+
+/// The test's identity provider: a signing key and its JWKS file.
+struct Provider {
+    key: Ed25519KeyPair,
+}
+
+impl Provider {
+    fn new(jwks_path: &std::path::Path) -> anyhow::Result<Self> {
+        let pkcs8 = Ed25519KeyPair::generate_pkcs8(&SystemRandom::new()).map_err(|_| anyhow::anyhow!("keygen"))?;
+        let key = Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).map_err(|_| anyhow::anyhow!("key"))?;
+        let jwks = json!({"keys": [{"kty": "OKP", "crv": "Ed25519", "kid": "test-1", "use": "sig", "x": URL_SAFE_NO_PAD.encode(key.public_key().as_ref())}]});
+        std::fs::write(jwks_path, serde_json::to_vec(&jwks)?)?;
+        Ok(Provider { key })
+    }
+
+    fn token_with(&self, claims: &Value) -> String {
+        let encode = |value: &Value| URL_SAFE_NO_PAD.encode(serde_json::to_vec(value).unwrap_or_default());
+        let input = format!("{}.{}", encode(&json!({"alg": "EdDSA", "kid": "test-1", "typ": "JWT"})), encode(claims));
+        format!("{input}.{}", URL_SAFE_NO_PAD.encode(self.key.sign(input.as_bytes()).as_ref()))
+    }
+
+    /// A token for `subject` with `email`, valid for five minutes.
+    fn token(&self, subject: &str, email: &str) -> String {
+        let now = chrono::Utc::now().timestamp();
+        self.token_with(&json!({"iss": ISSUER, "aud": AUDIENCE, "sub": subject, "email": email, "iat": now, "exp": now + 300}))
+    }
+}
+
+fn code(reply: &Reply) -> &str {
+    reply.body["error"]["code"].as_str().unwrap_or_default()
+}
+
+/// A call with an identity provider token, and `X-BR-Tenant-Id` when given.
+async fn as_user(
+    gateway: &Gateway,
+    method: Method,
+    path: &str,
+    jwt: &str,
+    tenant: Option<&str>,
+    body: Option<Value>,
+) -> anyhow::Result<Reply> {
+    let mut request = gateway.request(method, path, Some(jwt));
+    if let Some(tenant) = tenant {
+        request = request.header("x-br-tenant-id", tenant);
+    }
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let response = request.send().await?;
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let text = response.text().await?;
+    Ok(Reply { status, body: serde_json::from_str(&text).unwrap_or(Value::Null), text, headers })
+}
+
+async fn identity_provider_users_claim_tenants_and_link_devices(shape: Shape) -> TestResult {
+    // Without a provider configured the bridge's JWT routes say so.
+    let plain = Gateway::start(shape).await?;
+    let unconfigured = plain.call(Method::GET, "/auth/me", Some("eyJ.x.y"), None).await?;
+    assert_eq!((unconfigured.status, code(&unconfigured)), (503, "identity_provider_unconfigured"), "{}", unconfigured.text);
+    drop(plain);
+
+    let jwks = brainstorm_e2e::temp_dir("jwks")?.join("jwks.json");
+    let provider = Provider::new(&jwks)?;
+    let jwks_text = jwks.display().to_string();
+    let gateway = Gateway::start_with(
+        shape,
+        &[
+            ("BR_IDP_ISSUER", ISSUER),
+            ("BR_IDP_AUDIENCE", AUDIENCE),
+            ("BR_IDP_JWKS_FILE", &jwks_text),
+            ("BR_DASHBOARD_URL", "https://dash.example"),
+        ],
+    )
+    .await?;
+    let (admin_a, registered_a) = gateway.register("Bridge A").await?;
+    let tenant_a = registered_a["tenant"]["id"].as_str().unwrap_or_default().to_string();
+    let (admin_b, registered_b) = gateway.register("Bridge B").await?;
+    let tenant_b = registered_b["tenant"]["id"].as_str().unwrap_or_default().to_string();
+    let ada = provider.token("user-ada", "ada@example.com");
+    let bob = provider.token("user-bob", "bob@example.com");
+
+    // Tokens the bridge refuses.
+    let now = chrono::Utc::now().timestamp();
+    let refused = [
+        provider.token_with(&json!({"iss": "https://evil.example", "aud": AUDIENCE, "sub": "x", "exp": now + 300})),
+        provider.token_with(&json!({"iss": ISSUER, "aud": "someone-else", "sub": "x", "exp": now + 300})),
+        provider.token_with(&json!({"iss": ISSUER, "aud": AUDIENCE, "sub": "x", "exp": now - 3600})),
+        format!("{}x", &ada[..ada.len() - 1]),
+        admin_a.clone(),
+    ];
+    for token in refused {
+        let reply = as_user(&gateway, Method::GET, "/auth/me", &token, None, None).await?;
+        assert_eq!((reply.status, code(&reply)), (401, "invalid_idp_token"), "{}", reply.text);
+    }
+
+    // A single-use browser link claims tenant A once; the role maps owner/admin -> admin.
+    let link = gateway.call(Method::POST, "/v1/auth/link", Some(&admin_a), None).await?;
+    assert_eq!(link.status, 201, "{}", link.text);
+    assert_eq!((link.body["max_uses"].as_u64(), link.body["role"].as_str()), (Some(1), Some("admin")));
+    let token = link.body["token"].as_str().unwrap_or_default().to_string();
+    assert!(token.starts_with("brct_") && link.body["url"].as_str().is_some_and(|url| url.contains(&token)), "{}", link.text);
+    let claimed = as_user(&gateway, Method::POST, "/auth/claim", &ada, None, Some(json!({"token": token}))).await?;
+    assert_eq!(claimed.status, 201, "{}", claimed.text);
+    assert_eq!((claimed.body["tenant"]["id"].as_str(), claimed.body["role"].as_str()), (Some(tenant_a.as_str()), Some("admin")));
+    let used_up = as_user(&gateway, Method::POST, "/auth/claim", &bob, None, Some(json!({"token": token}))).await?;
+    assert_eq!((used_up.status, code(&used_up)), (400, "fully_redeemed"), "{}", used_up.text);
+    let unknown = as_user(&gateway, Method::POST, "/auth/claim", &bob, None, Some(json!({"token": "brct_nope"}))).await?;
+    assert_eq!(unknown.status, 404, "{}", unknown.text);
+
+    // A member link: another email works, `member` maps to developer; the same identity twice is 409.
+    let members =
+        gateway.call(Method::POST, "/v1/tenant/claim-link", Some(&admin_a), Some(json!({"role": "member", "max_uses": 5}))).await?;
+    let member_token = members.body["token"].as_str().unwrap_or_default().to_string();
+    let bob_claim = as_user(&gateway, Method::POST, "/auth/claim", &bob, None, Some(json!({"token": member_token}))).await?;
+    assert_eq!((bob_claim.status, bob_claim.body["role"].as_str()), (201, Some("developer")), "{}", bob_claim.text);
+    let twice = as_user(&gateway, Method::POST, "/auth/claim", &ada, None, Some(json!({"token": member_token}))).await?;
+    assert_eq!((twice.status, code(&twice)), (409, "already_claimed"), "{}", twice.text);
+    let users = gateway.call(Method::GET, "/v1/account/users", Some(&admin_a), None).await?;
+    assert!(users.text.contains("bob@example.com") && users.text.contains("ada@example.com"), "{}", users.text);
+
+    // An identity owning another tenant keeps both; /auth/me selects with X-BR-Tenant-Id.
+    let b_link = gateway.call(Method::POST, "/v1/auth/link", Some(&admin_b), Some(json!({"role": "owner"}))).await?;
+    let b_claim = as_user(&gateway, Method::POST, "/auth/claim", &ada, None, Some(json!({"token": b_link.body["token"]}))).await?;
+    assert_eq!((b_claim.status, b_claim.body["claim_role"].as_str()), (201, Some("owner")), "{}", b_claim.text);
+    let me = as_user(&gateway, Method::GET, "/auth/me", &ada, None, None).await?;
+    assert_eq!(me.status, 200, "{}", me.text);
+    assert_eq!((me.body["identity"]["subject"].as_str(), me.body["tenants"].as_array().map(Vec::len)), (Some("user-ada"), Some(2)));
+    assert_eq!(me.body["tenant"], Value::Null, "two tenants and none selected");
+    let selected = as_user(&gateway, Method::GET, "/auth/me", &ada, Some(&tenant_b), None).await?;
+    assert_eq!(selected.body["tenant"]["tenant"]["id"].as_str(), Some(tenant_b.as_str()), "{}", selected.text);
+    let stranger = as_user(&gateway, Method::GET, "/auth/me", &bob, Some(&tenant_b), None).await?;
+    assert_eq!((stranger.status, code(&stranger)), (403, "not_a_member"), "{}", stranger.text);
+    let only = as_user(&gateway, Method::GET, "/auth/me", &bob, None, None).await?;
+    assert_eq!(only.body["tenant"]["tenant"]["id"].as_str(), Some(tenant_a.as_str()), "the only tenant is selected: {}", only.text);
+
+    // The device authorization grant: the device starts and polls, a member confirms in the browser.
+    let started = gateway.call(Method::POST, "/v1/auth/device/authorize", None, Some(json!({"client_name": "brainstorm-cli"}))).await?;
+    assert_eq!(started.status, 200, "{}", started.text);
+    let device_code = started.body["device_code"].as_str().unwrap_or_default().to_string();
+    let user_code = started.body["user_code"].as_str().unwrap_or_default().to_string();
+    assert_eq!(
+        (started.body["verification_uri"].as_str(), started.body["interval"].as_u64()),
+        (Some("https://dash.example/device"), Some(5))
+    );
+    let poll = |device_code: String| {
+        let gateway = &gateway;
+        async move { gateway.call(Method::POST, "/v1/auth/device/token", None, Some(json!({"device_code": device_code}))).await }
+    };
+    let pending = poll(device_code.clone()).await?;
+    assert_eq!((pending.status, pending.body["status"].as_str()), (200, Some("authorization_pending")), "{}", pending.text);
+    let hasty = poll(device_code.clone()).await?;
+    assert_eq!(hasty.body["status"].as_str(), Some("slow_down"), "{}", hasty.text);
+    let confirm = json!({"user_code": user_code.to_lowercase()});
+    let ambiguous = as_user(&gateway, Method::POST, "/auth/device/confirm", &ada, None, Some(confirm.clone())).await?;
+    assert_eq!((ambiguous.status, code(&ambiguous)), (400, "tenant_selection_required"), "{}", ambiguous.text);
+    let outsider = as_user(&gateway, Method::POST, "/auth/device/confirm", &bob, Some(&tenant_b), Some(confirm.clone())).await?;
+    assert_eq!((outsider.status, code(&outsider)), (403, "not_a_member"), "{}", outsider.text);
+    let confirmed = as_user(&gateway, Method::POST, "/auth/device/confirm", &ada, Some(&tenant_a), Some(confirm.clone())).await?;
+    assert_eq!((confirmed.status, confirmed.body["role"].as_str()), (200, Some("admin")), "{}", confirmed.text);
+    let again = as_user(&gateway, Method::POST, "/auth/device/confirm", &ada, Some(&tenant_a), Some(confirm)).await?;
+    assert_eq!((again.status, code(&again)), (409, "already_confirmed"), "{}", again.text);
+    let no_such =
+        as_user(&gateway, Method::POST, "/auth/device/confirm", &ada, Some(&tenant_a), Some(json!({"user_code": "BCDF-GHJK"}))).await?;
+    assert_eq!((no_such.status, code(&no_such)), (404, "invalid_user_code"), "{}", no_such.text);
+    let linked = poll(device_code.clone()).await?;
+    assert_eq!((linked.status, linked.body["status"].as_str()), (200, Some("linked")), "{}", linked.text);
+    assert_eq!(linked.body["tenant"]["id"].as_str(), Some(tenant_a.as_str()));
+    let device_key = linked.body["api_key"]["key"].as_str().unwrap_or_default().to_string();
+    let keys = gateway.call(Method::GET, "/v1/api-keys", Some(&device_key), None).await?;
+    assert_eq!(keys.status, 200, "the device's key works: {}", keys.text);
+    assert!(keys.text.contains("device: brainstorm-cli"), "{}", keys.text);
+    let delivered = poll(device_code).await?;
+    assert_eq!((delivered.status, code(&delivered)), (400, "invalid_device_code"), "the key is delivered once: {}", delivered.text);
+    let bogus = poll("brdc_unknown".to_string()).await?;
+    assert_eq!((bogus.status, code(&bogus)), (400, "invalid_device_code"), "{}", bogus.text);
+    Ok(())
+}
