@@ -52,6 +52,16 @@ app.kubernetes.io/component: {{ .name }}
 - name: BR_KAFKA_BROKERS
   value: {{ . | quote }}
 {{- end }}
+{{- with $values.config.idp.issuer }}
+- name: BR_IDP_ISSUER
+  value: {{ . | quote }}
+- name: BR_IDP_JWKS_URL
+  value: {{ required "config.idp.jwksUrl is required with config.idp.issuer" $values.config.idp.jwksUrl | quote }}
+{{- with $values.config.idp.audience }}
+- name: BR_IDP_AUDIENCE
+  value: {{ . | quote }}
+{{- end }}
+{{- end }}
 {{- /* Every other enabled gRPC service of the release. */}}
 {{- range $other, $otherSvc := $values.services }}
 {{- if and $otherSvc.enabled $otherSvc.grpc (ne $other $name) }}

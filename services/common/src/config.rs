@@ -696,6 +696,23 @@ mod tests {
     }
 
     #[test]
+    fn an_identity_provider_needs_its_issuer_and_one_key_source() -> Result<(), ConfigError> {
+        let resolve = |pairs: &[(&str, &str)]| Settings::resolve(ConfigLayer::from_env(&env(pairs))?);
+        assert_eq!(resolve(&[])?.idp, None);
+        let from_file = resolve(&[("BR_IDP_ISSUER", "https://idp.example"), ("BR_IDP_JWKS_FILE", "/etc/jwks.json")])?;
+        assert_eq!(from_file.idp.map(|idp| idp.jwks), Some(IdpJwks::File(PathBuf::from("/etc/jwks.json"))));
+        for broken in [
+            vec![("BR_IDP_ISSUER", "https://idp.example")],
+            vec![("BR_IDP_JWKS_URL", "https://idp.example/jwks")],
+            vec![("BR_IDP_ISSUER", "x"), ("BR_IDP_JWKS_URL", "https://idp.example/jwks"), ("BR_IDP_JWKS_FILE", "/etc/jwks.json")],
+            vec![("BR_IDP_ISSUER", "x"), ("BR_IDP_JWKS_URL", "ftp://idp.example/jwks")],
+        ] {
+            assert!(resolve(&broken).is_err(), "{broken:?}");
+        }
+        Ok(())
+    }
+
+    #[test]
     fn flags_beat_environment_beat_file() -> Result<(), ConfigError> {
         let file = ConfigLayer::from_toml(
             "listen = \"127.0.0.1:1000\"\ngrpc_listen = \"127.0.0.1:1001\"\ndata_dir = \"/file\"\n",
