@@ -1,7 +1,8 @@
 //! The identity bridge end to end in both shapes, with an identity provider of the test's own (an
 //! Ed25519 key published as a JWKS file): claim tokens redeemed by the provider's users under the
-//! spec's role mapping and collision rules, `/auth/me` with `X-BR-Tenant-Id`, a device linked by the
-//! device authorization grant and answering with the key it was given, and refused tokens.
+//! spec's role mapping and collision rules, `/auth/me` with `X-BR-Tenant-Id`, the dashboard's budget
+//! mirror and OAuth consent with the member's JWT, a device linked by the device authorization grant
+//! and answering with the key it was given, and refused tokens.
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -152,6 +153,47 @@ async fn identity_provider_users_claim_tenants_and_link_devices(shape: Shape) ->
     assert_eq!((stranger.status, code(&stranger)), (403, "not_a_member"), "{}", stranger.text);
     let only = as_user(&gateway, Method::GET, "/auth/me", &bob, None, None).await?;
     assert_eq!(only.body["tenant"]["tenant"]["id"].as_str(), Some(tenant_a.as_str()), "the only tenant is selected: {}", only.text);
+
+    // The dashboard's budget mirror: tenant-level data only, in the tenant the member names.
+    let ambiguous_budget = as_user(&gateway, Method::GET, "/auth/budget/status", &ada, None, None).await?;
+    assert_eq!((ambiguous_budget.status, code(&ambiguous_budget)), (400, "tenant_selection_required"), "{}", ambiguous_budget.text);
+    let budget = as_user(&gateway, Method::GET, "/auth/budget/status", &ada, Some(&tenant_a), None).await?;
+    assert_eq!(budget.status, 200, "{}", budget.text);
+    assert_eq!(
+        (budget.body["tenant_id"].as_str(), &budget.body["key_id"], &budget.body["key_budget"]),
+        (Some(tenant_a.as_str()), &Value::Null, &Value::Null)
+    );
+    let put =
+        as_user(&gateway, Method::PUT, "/auth/budget/agents/researcher", &ada, Some(&tenant_a), Some(json!({"perDayUsd": 2.5}))).await?;
+    assert_eq!(put.status, 200, "{}", put.text);
+    let agents = gateway.call(Method::GET, "/v1/budget/agents", Some(&admin_a), None).await?;
+    assert!(agents.text.contains("researcher"), "the mirror wrote tenant A's budget: {}", agents.text);
+    for path in ["/auth/budget/forecast", "/auth/budget/agents", "/auth/budget/alerts/config", "/auth/budget/alerts/history"] {
+        let reply = as_user(&gateway, Method::GET, path, &bob, None, None).await?;
+        assert_eq!(reply.status, 200, "{path}: {}", reply.text);
+    }
+    let developer_write = as_user(&gateway, Method::PUT, "/auth/budget/alerts/config", &bob, None, Some(json!({"enabled": true}))).await?;
+    assert_eq!(developer_write.status, 403, "a developer's role does not write budgets: {}", developer_write.text);
+
+    // The OAuth consent with the member's JWT (an admin of tenant A).
+    let app = gateway
+        .call(
+            Method::POST,
+            "/v1/oauth/apps",
+            Some(&admin_a),
+            Some(json!({"name": "Dash app", "callback_urls": ["http://127.0.0.1:8976/callback"]})),
+        )
+        .await?;
+    let client_id = app.body["client_id"].as_str().unwrap_or_default().to_string();
+    let no_redirects = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build()?;
+    let consent = format!(
+        "{}/auth/oauth/authorize?client_id={client_id}&redirect_uri=http://127.0.0.1:8976/callback&code_challenge=E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM&code_challenge_method=S256&scope=completions",
+        gateway.base_url
+    );
+    let approved = no_redirects.post(&consent).bearer_auth(&ada).header("x-br-tenant-id", &tenant_a).send().await?;
+    assert_eq!(approved.status().as_u16(), 302, "{}", approved.text().await?);
+    let by_developer = no_redirects.post(&consent).bearer_auth(&bob).send().await?;
+    assert_eq!(by_developer.status().as_u16(), 403, "a developer may not consent for the tenant");
 
     // The device authorization grant: the device starts and polls, a member confirms in the browser.
     let started = gateway.call(Method::POST, "/v1/auth/device/authorize", None, Some(json!({"client_name": "brainstorm-cli"}))).await?;

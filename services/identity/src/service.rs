@@ -1085,7 +1085,15 @@ impl IdentityService for IdentityServiceImpl {
             return Err(ServiceError::invalid("fully_redeemed", "the claim token is fully redeemed"));
         }
         transaction.commit().await.map_err(store_failure)?;
-        Ok(IdpMembership { tenant: Some(tenant), user_id: user.id, role: user.role, claim_role: token.role, email, claimed_at: now })
+        Ok(IdpMembership {
+            tenant: Some(tenant),
+            user_id: user.id,
+            permissions: role_permission_list(&user.role),
+            role: user.role,
+            claim_role: token.role,
+            email,
+            claimed_at: now,
+        })
     }
 
     async fn list_idp_memberships(&self, request: IdpSubject) -> ServiceResult<IdpMembershipList> {
@@ -1099,6 +1107,7 @@ impl IdentityService for IdentityServiceImpl {
             memberships.push(IdpMembership {
                 tenant: Some(tenant),
                 user_id: user.id,
+                permissions: role_permission_list(&user.role),
                 role: user.role,
                 claim_role: row.claim_role,
                 email: row.email,
@@ -1224,11 +1233,7 @@ impl IdentityService for IdentityServiceImpl {
                         role: role.clone(),
                         expires_at: Some(expires_at.clone()),
                         created_by: format!("device:{}", device.subject.unwrap_or_default()),
-                        creator_permissions: rbac::role_permissions(&role)
-                            .unwrap_or_default()
-                            .iter()
-                            .map(|permission| permission.to_string())
-                            .collect(),
+                        creator_permissions: role_permission_list(&role),
                         ..CreateApiKeyRequest::default()
                     })
                     .await?;
@@ -1396,6 +1401,11 @@ fn validated_status(status: &str) -> ServiceResult<()> {
 }
 
 /// Claim role to user role: `owner` and `admin` become `admin`, `member` becomes `developer`.
+/// The permissions of a role, as owned strings (none for an unknown role).
+fn role_permission_list(role: &str) -> Vec<String> {
+    rbac::role_permissions(role).unwrap_or_default().iter().map(|permission| permission.to_string()).collect()
+}
+
 /// An identity provider's user as a request names it: issuer and subject required.
 fn checked_identity(identity: Option<IdpSubject>) -> ServiceResult<IdpSubject> {
     let identity = identity.unwrap_or_default();

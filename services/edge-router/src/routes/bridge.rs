@@ -17,7 +17,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::EdgeState;
-use crate::auth::Caller;
+use crate::auth::{Caller, CallerIdentity};
 use crate::extract::{JsonBody, OptionalJsonBody};
 use crate::idp::IdpIdentity;
 
@@ -63,6 +63,126 @@ impl FromRequestParts<EdgeState> for IdpCaller {
             .filter(|value| !value.is_empty())
             .map(str::to_string);
         Ok(IdpCaller { identity, tenant_id })
+    }
+}
+
+/// A request the identity provider's user makes in one of their tenants (`X-BR-Tenant-Id`, or the
+/// only one they have claimed), acting with their role there: the dashboard bridge's caller. It holds
+/// no key, so key-level data (`key_id`, `key_budget`) is always null for it.
+pub struct MemberCaller(pub Caller);
+
+impl FromRequestParts<EdgeState> for MemberCaller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &EdgeState) -> Result<Self, Self::Rejection> {
+        let caller = IdpCaller::from_request_parts(parts, state).await?;
+        let memberships = state.identity.list_idp_memberships(caller.subject()).await?.memberships;
+        let membership = match &caller.tenant_id {
+            Some(tenant_id) => memberships
+                .into_iter()
+                .find(|membership| membership.tenant.as_ref().is_some_and(|tenant| &tenant.id == tenant_id))
+                .ok_or_else(|| ApiError::forbidden("not_a_member", "this identity has not claimed the tenant X-BR-Tenant-Id names"))?,
+            None if memberships.len() == 1 => memberships.into_iter().next().unwrap_or_default(),
+            None if memberships.is_empty() => {
+                return Err(ApiError::forbidden(
+                    "not_a_member",
+                    "this identity has claimed no tenant: redeem a claim token with POST /auth/claim",
+                ));
+            }
+            None => {
+                return Err(ApiError::invalid_request(
+                    "tenant_selection_required",
+                    "this identity belongs to several tenants: name one with X-BR-Tenant-Id",
+                ));
+            }
+        };
+        let tenant = membership.tenant.unwrap_or_default();
+        let identity = CallerIdentity {
+            tenant_id: Some(tenant.id),
+            key_id: format!("idp:{}", caller.identity.subject),
+            role: membership.role,
+            scopes: Vec::new(),
+            permissions: membership.permissions.into_iter().collect(),
+            allowed_models: Vec::new(),
+            expires_at: None,
+            plan: tenant.plan,
+            key: None,
+        };
+        Ok(MemberCaller(Caller { identity: std::sync::Arc::new(identity) }))
+    }
+}
+
+/// The caller of a route the dashboard reaches with its user's JWT and a tenant key reaches alike
+/// (the OAuth consent): a bearer that looks like a JWT, with an identity provider configured, is a
+/// member (`MemberCaller`); anything else is a key (`Caller`).
+pub struct DashboardCaller(pub Caller);
+
+impl FromRequestParts<EdgeState> for DashboardCaller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &EdgeState) -> Result<Self, Self::Rejection> {
+        let bearer = parts
+            .headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.trim().split_once(' '))
+            .map(|(_, token)| token.trim());
+        let jwt = bearer.is_some_and(|token| token.starts_with("eyJ") && token.matches('.').count() == 2);
+        if jwt && state.idp.is_some() {
+            return MemberCaller::from_request_parts(parts, state).await.map(|MemberCaller(caller)| DashboardCaller(caller));
+        }
+        Caller::from_request_parts(parts, state).await.map(DashboardCaller)
+    }
+}
+
+/// The `/auth/budget/*` mirror of `/v1/budget/*` for the dashboard, tenant-level data only.
+pub mod budget_mirror {
+    use axum::extract::{Path, Query, State};
+    use serde_json::Value;
+
+    use super::MemberCaller;
+    use crate::EdgeState;
+    use crate::extract::JsonBody;
+    use crate::routes::budget::{self, Answer, LimitQuery};
+
+    /// `GET /auth/budget/status`.
+    pub async fn status(state: State<EdgeState>, MemberCaller(caller): MemberCaller) -> Answer {
+        budget::status(state, caller).await
+    }
+
+    /// `GET /auth/budget/forecast`.
+    pub async fn forecast(state: State<EdgeState>, MemberCaller(caller): MemberCaller) -> Answer {
+        budget::forecast(state, caller).await
+    }
+
+    /// `GET /auth/budget/agents`.
+    pub async fn agents(state: State<EdgeState>, MemberCaller(caller): MemberCaller) -> Answer {
+        budget::agents(state, caller).await
+    }
+
+    /// `PUT /auth/budget/agents/{agent_id}`.
+    pub async fn put_agent(
+        state: State<EdgeState>,
+        MemberCaller(caller): MemberCaller,
+        agent: Path<String>,
+        body: JsonBody<Value>,
+    ) -> Answer {
+        budget::put_agent(state, caller, agent, body).await
+    }
+
+    /// `GET /auth/budget/alerts/config`.
+    pub async fn get_alert_config(state: State<EdgeState>, MemberCaller(caller): MemberCaller) -> Answer {
+        budget::get_alert_config(state, caller).await
+    }
+
+    /// `PUT /auth/budget/alerts/config`.
+    pub async fn put_alert_config(state: State<EdgeState>, MemberCaller(caller): MemberCaller, body: JsonBody<Value>) -> Answer {
+        budget::put_alert_config(state, caller, body).await
+    }
+
+    /// `GET /auth/budget/alerts/history`.
+    pub async fn alert_history(state: State<EdgeState>, MemberCaller(caller): MemberCaller, query: Query<LimitQuery>) -> Answer {
+        budget::alert_history(state, caller, query).await
     }
 }
 

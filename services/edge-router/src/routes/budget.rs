@@ -12,7 +12,7 @@ use crate::EdgeState;
 use crate::auth::Caller;
 use crate::extract::JsonBody;
 
-type Answer = Result<Json<Value>, ApiError>;
+pub type Answer = Result<Json<Value>, ApiError>;
 
 pub(crate) fn usd(nanos: i64) -> Value {
     Usd::from_nanos(nanos).to_json()

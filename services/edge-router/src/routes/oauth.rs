@@ -1,7 +1,7 @@
-//! OAuth (PKCE, S256): a tenant registers apps; a tenant key holding `config.write` approves an app
-//! for its tenant (the consent the spec's dashboard session gives: this gateway has no dashboard
-//! users, so the approving credential is the tenant's key); the app trades the code and its verifier
-//! for an API key limited to the granted scopes.
+//! OAuth (PKCE, S256): a tenant registers apps; the consent is given with the dashboard user's JWT
+//! (an identity-provider user who claimed the tenant, `X-BR-Tenant-Id` choosing among several, whose
+//! role holds `config.write`) or a tenant key holding `config.write`; the app trades the code and its
+//! verifier for an API key limited to the granted scopes.
 
 use axum::Json;
 use axum::extract::{Path, Query, State};
@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 use crate::EdgeState;
 use crate::auth::Caller;
 use crate::extract::JsonBody;
+use crate::routes::bridge::DashboardCaller;
 
 fn app_view(app: &OAuthApp) -> Value {
     json!({
@@ -112,7 +113,7 @@ impl AuthorizeQuery {
 /// the consent screen: the app, the scopes and the permissions they give, the redirect.
 pub async fn authorize_view(
     State(state): State<EdgeState>,
-    caller: Caller,
+    DashboardCaller(caller): DashboardCaller,
     Query(query): Query<AuthorizeQuery>,
 ) -> Result<Json<Value>, ApiError> {
     caller.require("config.write")?;
@@ -137,7 +138,11 @@ pub async fn authorize_view(
 /// `POST /auth/oauth/authorize` (a tenant key with config.write), the same query: approves, and
 /// answers 302 to `redirect_uri?code=...` (with `state` when given). The code is single use, for ten
 /// minutes; the key it buys holds at most the approving key's permissions.
-pub async fn authorize(State(state): State<EdgeState>, caller: Caller, Query(query): Query<AuthorizeQuery>) -> Result<Response, ApiError> {
+pub async fn authorize(
+    State(state): State<EdgeState>,
+    DashboardCaller(caller): DashboardCaller,
+    Query(query): Query<AuthorizeQuery>,
+) -> Result<Response, ApiError> {
     caller.require("config.write")?;
     let request = query.checked()?;
     let issued = state
