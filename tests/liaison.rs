@@ -311,7 +311,7 @@ fn parsed_events(text: &str) -> Vec<(String, Value)> {
 }
 
 async fn a_session_streams_its_events_and_closes_with_a_summary(shape: Shape) -> TestResult {
-    let (gateway, _mock, key) = with_openai(shape).await?;
+    let (mut gateway, _mock, key) = with_openai(shape).await?;
     let liaison = open(&gateway, &key).await?;
     let unknown = gateway.request(Method::GET, "/v1/liaison/lia_00.AAAA/events", Some(&key)).send().await?;
     assert_eq!(unknown.status().as_u16(), 404);
@@ -386,5 +386,17 @@ async fn a_session_streams_its_events_and_closes_with_a_summary(shape: Shape) ->
         gateway.request(Method::GET, &format!("/v1/liaison/{liaison}/events"), Some(&key)).header("last-event-id", "5").send().await?;
     let resumed = parsed_events(&read_events(resumed, |_| false).await?);
     assert_eq!(resumed.len(), events.len() - 5, "resumed after event 5");
+
+    // An open stream does not hold a graceful stop: it ends when the process is asked to stop.
+    let other = open(&gateway, &key).await?;
+    let held = gateway.request(Method::GET, &format!("/v1/liaison/{other}/events"), Some(&key)).send().await?;
+    let holder = tokio::spawn(read_events(held, |_| false));
+    let edge = match shape {
+        Shape::Embedded => "up",
+        Shape::Distributed => "edge-router",
+    };
+    gateway.signal_stop(edge)?;
+    assert!(gateway.wait_exit(edge, Duration::from_secs(8))?, "the edge stopped cleanly with a stream open");
+    assert!(holder.await??.contains("liaison.opened"), "the stream had its events before it ended");
     Ok(())
 }

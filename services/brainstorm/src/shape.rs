@@ -732,6 +732,7 @@ async fn serve_edge(settings: &Settings, dependencies: EdgeDependencies, bus: Ar
         xdr_bidirectional: settings.xdr_bidirectional,
         idp: settings.idp.clone(),
         dashboard_url: settings.dashboard_url.clone(),
+        stopping: shutdown.watch(),
     };
     let edge = Arc::new(Edge::new(dependencies, &options));
     let follower = {

@@ -27,6 +27,12 @@ impl Shutdown {
         (sender, Shutdown { receiver })
     }
 
+    /// The stop request as a watch (`true` once requested), for long-lived responses that must end
+    /// themselves so that a graceful stop is not held by them.
+    pub fn watch(&self) -> watch::Receiver<bool> {
+        self.receiver.clone()
+    }
+
     /// Resolves once shutdown was requested.
     pub async fn requested(mut self) {
         let _closed = self.receiver.wait_for(|stop| *stop).await;

@@ -71,6 +71,9 @@ pub struct EdgeOptions {
     pub idp: Option<brainstorm_common::config::IdpSettings>,
     /// Where browser-facing links point (`BR_DASHBOARD_URL`): the device flow's verification page.
     pub dashboard_url: String,
+    /// `true` once the process is stopping: long-lived streams of the edge's own (a liaison's
+    /// events) end then, so they never hold a graceful stop.
+    pub stopping: tokio::sync::watch::Receiver<bool>,
 }
 
 /// The services and data the edge works with.
@@ -147,6 +150,7 @@ pub struct EdgeShared {
     /// Verifies identity-provider JWTs for the `/auth/*` bridge routes, when one is configured.
     idp: Option<idp::IdpVerifier>,
     dashboard_url: String,
+    stopping: tokio::sync::watch::Receiver<bool>,
 }
 
 /// The edge: its router, and the caches the bus keeps fresh.
@@ -178,6 +182,7 @@ impl Edge {
             xdr_bidirectional: options.xdr_bidirectional,
             idp: options.idp.clone().map(idp::IdpVerifier::new),
             dashboard_url: options.dashboard_url.clone(),
+            stopping: options.stopping.clone(),
             base_urls,
             budget_settings: Arc::new(budget_cache::BudgetSettingsCache::new(dependencies.budget.clone(), options.cache_ttl)),
             budget: dependencies.budget,

@@ -374,7 +374,14 @@ pub async fn events(
     let request = ListLiaisonEventsRequest { tenant_id: caller.tenant_id()?.to_string(), liaison_id, after_seq: after, limit: 0 };
     // The first page is read before answering, so an unknown session is a 404, not an empty stream.
     let first = state.policy.list_liaison_events(request.clone()).await?;
-    let feed = EventFeed { policy: state.policy.clone(), request, first: Some(first), quiet: Duration::ZERO, done: false };
+    let feed = EventFeed {
+        policy: state.policy.clone(),
+        request,
+        first: Some(first),
+        quiet: Duration::ZERO,
+        done: false,
+        stopping: state.stopping.clone(),
+    };
     let stream =
         futures::stream::unfold(feed, |mut feed| async move { feed.next().await.map(|bytes| (Ok::<_, std::io::Error>(bytes), feed)) });
     let mut response = Body::from_stream(stream).into_response();
@@ -393,6 +400,8 @@ struct EventFeed {
     /// How long the stream has sent nothing.
     quiet: Duration,
     done: bool,
+    /// The process is stopping: the stream ends (the client resumes elsewhere with `Last-Event-ID`).
+    stopping: tokio::sync::watch::Receiver<bool>,
 }
 
 impl EventFeed {
@@ -405,7 +414,14 @@ impl EventFeed {
             let page = match self.first.take() {
                 Some(page) => page,
                 None => {
-                    tokio::time::sleep(EVENT_POLL).await;
+                    tokio::select! {
+                        () = tokio::time::sleep(EVENT_POLL) => {}
+                        // (A watch whose sender is gone never stops the stream: the branch is disabled.)
+                        Ok(_) = self.stopping.wait_for(|stopping| *stopping) => {
+                            self.done = true;
+                            return None;
+                        }
+                    }
                     self.quiet += EVENT_POLL;
                     match self.policy.list_liaison_events(self.request.clone()).await {
                         Ok(page) => page,
