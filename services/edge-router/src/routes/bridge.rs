@@ -44,16 +44,9 @@ impl FromRequestParts<EdgeState> for IdpCaller {
                 "no identity provider is configured: set BR_IDP_ISSUER and BR_IDP_JWKS_URL (or BR_IDP_JWKS_FILE)",
             ));
         };
-        let token = parts
-            .headers
-            .get(axum::http::header::AUTHORIZATION)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.trim().split_once(' '))
-            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .map(|(_, token)| token.trim())
-            .ok_or_else(|| {
-                ApiError::unauthenticated("idp_token_required", "send the identity provider's JWT as `Authorization: Bearer <jwt>`")
-            })?;
+        let token = bearer(parts).ok_or_else(|| {
+            ApiError::unauthenticated("idp_token_required", "send the identity provider's JWT as `Authorization: Bearer <jwt>`")
+        })?;
         let identity = verifier.verify(token).await?;
         let tenant_id = parts
             .headers
@@ -77,12 +70,8 @@ impl FromRequestParts<EdgeState> for MemberCaller {
     async fn from_request_parts(parts: &mut Parts, state: &EdgeState) -> Result<Self, Self::Rejection> {
         let caller = IdpCaller::from_request_parts(parts, state).await?;
         let memberships = state.identity.list_idp_memberships(caller.subject()).await?.memberships;
-        let membership = match &caller.tenant_id {
-            Some(tenant_id) => memberships
-                .into_iter()
-                .find(|membership| membership.tenant.as_ref().is_some_and(|tenant| &tenant.id == tenant_id))
-                .ok_or_else(|| ApiError::forbidden("not_a_member", "this identity has not claimed the tenant X-BR-Tenant-Id names"))?,
-            None if memberships.len() == 1 => memberships.into_iter().next().unwrap_or_default(),
+        let membership = match selected(&memberships, caller.tenant_id.as_deref())? {
+            Some(membership) => membership.clone(),
             None if memberships.is_empty() => {
                 return Err(ApiError::forbidden(
                     "not_a_member",
@@ -121,13 +110,7 @@ impl FromRequestParts<EdgeState> for DashboardCaller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &EdgeState) -> Result<Self, Self::Rejection> {
-        let bearer = parts
-            .headers
-            .get(axum::http::header::AUTHORIZATION)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.trim().split_once(' '))
-            .map(|(_, token)| token.trim());
-        let jwt = bearer.is_some_and(|token| token.starts_with("eyJ") && token.matches('.').count() == 2);
+        let jwt = bearer(parts).is_some_and(|token| token.starts_with("eyJ") && token.matches('.').count() == 2);
         if jwt && state.idp.is_some() {
             return MemberCaller::from_request_parts(parts, state).await.map(|MemberCaller(caller)| DashboardCaller(caller));
         }
@@ -186,6 +169,31 @@ pub mod budget_mirror {
     }
 }
 
+/// The membership a request acts in: the tenant `X-BR-Tenant-Id` names (403 `not_a_member` when the
+/// identity has not claimed it), else the only one, else none.
+fn selected<'a>(memberships: &'a [IdpMembership], tenant_id: Option<&str>) -> Result<Option<&'a IdpMembership>, ApiError> {
+    match tenant_id {
+        Some(tenant_id) => memberships
+            .iter()
+            .find(|membership| membership.tenant.as_ref().is_some_and(|tenant| tenant.id == tenant_id))
+            .map(Some)
+            .ok_or_else(|| ApiError::forbidden("not_a_member", "this identity has not claimed the tenant X-BR-Tenant-Id names")),
+        None if memberships.len() == 1 => Ok(memberships.first()),
+        None => Ok(None),
+    }
+}
+
+/// The bearer token of a request, if it sends one.
+fn bearer(parts: &Parts) -> Option<&str> {
+    parts
+        .headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.trim().split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim())
+}
+
 fn tenant_view(tenant: Option<&Tenant>) -> Value {
     tenant.map_or(
         Value::Null,
@@ -229,16 +237,7 @@ pub async fn claim(
 /// one (`X-BR-Tenant-Id`, or the only one) as `tenant` (403 `not_a_member` for one it has not claimed).
 pub async fn me(State(state): State<EdgeState>, caller: IdpCaller) -> Result<Json<Value>, ApiError> {
     let memberships = state.identity.list_idp_memberships(caller.subject()).await?.memberships;
-    let selected = match &caller.tenant_id {
-        Some(tenant_id) => Some(
-            memberships
-                .iter()
-                .find(|membership| membership.tenant.as_ref().is_some_and(|tenant| &tenant.id == tenant_id))
-                .ok_or_else(|| ApiError::forbidden("not_a_member", "this identity has not claimed the tenant X-BR-Tenant-Id names"))?,
-        ),
-        None if memberships.len() == 1 => memberships.first(),
-        None => None,
-    };
+    let selected = selected(&memberships, caller.tenant_id.as_deref())?;
     Ok(Json(json!({
         "identity": {"issuer": caller.identity.issuer, "subject": caller.identity.subject, "email": caller.identity.email},
         "tenants": memberships.iter().map(membership_view).collect::<Vec<_>>(),
