@@ -138,6 +138,20 @@ async fn identity_provider_users_claim_tenants_and_link_devices(shape: Shape) ->
     assert_eq!((twice.status, code(&twice)), (409, "already_claimed"), "{}", twice.text);
     let users = gateway.call(Method::GET, "/v1/account/users", Some(&admin_a), None).await?;
     assert!(users.text.contains("bob@example.com") && users.text.contains("ada@example.com"), "{}", users.text);
+    // An invitation is claimed by the invited person's identity: the invited user becomes active.
+    let invited = gateway
+        .call(Method::POST, "/v1/account/users/invite", Some(&admin_a), Some(json!({"email": "carol@example.com", "role": "member"})))
+        .await?;
+    let invitation_url = invited.body["invitation"]["claim_url"].as_str().unwrap_or_default().to_string();
+    let invitation_token = invitation_url.split("token=").nth(1).unwrap_or_default().to_string();
+    let carol = provider.token("user-carol", "carol@example.com");
+    let carol_claim = as_user(&gateway, Method::POST, "/auth/claim", &carol, None, Some(json!({"token": invitation_token}))).await?;
+    assert_eq!((carol_claim.status, carol_claim.body["role"].as_str()), (201, Some("developer")), "{}", carol_claim.text);
+    let carol_id = invited.body["invitation"]["user_id"].as_str().unwrap_or_default();
+    assert_eq!(carol_claim.body["user_id"].as_str(), Some(carol_id), "the invited user is the claimant");
+    let users = gateway.call(Method::GET, "/v1/account/users", Some(&admin_a), None).await?;
+    let carol_row = users.body["users"].as_array().into_iter().flatten().find(|user| user["email"] == "carol@example.com").cloned();
+    assert_eq!(carol_row.map(|user| user["status"].clone()), Some(json!("active")), "{}", users.text);
 
     // An identity owning another tenant keeps both; /auth/me selects with X-BR-Tenant-Id.
     let b_link = gateway.call(Method::POST, "/v1/auth/link", Some(&admin_b), Some(json!({"role": "owner"}))).await?;

@@ -1054,7 +1054,14 @@ impl IdentityService for IdentityServiceImpl {
         let user_role = user_role_of_claim_role(&token.role)?;
         let email = if identity.email.is_empty() { identity.subject.clone() } else { identity.email.clone() };
         let user = match IdentityStore::user_by_email(&mut transaction, &tenant.id, &email).await.map_err(store_failure)? {
-            Some(user) => user,
+            // An invitation's user (or one made before): it is the claimant, active from now on.
+            Some(mut user) => {
+                if user.status == "invited" {
+                    IdentityStore::activate_user(&mut transaction, &user.id).await.map_err(store_failure)?;
+                    user.status = "active".to_string();
+                }
+                user
+            }
             None => {
                 let user = User {
                     id: uuid::Uuid::new_v4().to_string(),

@@ -500,6 +500,15 @@ impl IdentityStore {
         row.as_ref().map(user_from_row).transpose()
     }
 
+    /// An invited user who claimed their invitation becomes active.
+    pub async fn activate_user(transaction: &mut Transaction<'static, Any>, user_id: &str) -> StoreResult<()> {
+        sqlx::query("UPDATE users SET status = 'active' WHERE id = $1 AND status = 'invited'")
+            .bind(user_id)
+            .execute(&mut **transaction)
+            .await?;
+        Ok(())
+    }
+
     /// Stores a membership; false when the identity already holds one in that tenant.
     pub async fn insert_membership(
         transaction: &mut Transaction<'static, Any>,
