@@ -78,6 +78,8 @@ async fn identity_provider_users_claim_tenants_and_link_devices(shape: Shape) ->
     let plain = Gateway::start(shape).await?;
     let unconfigured = plain.call(Method::GET, "/auth/me", Some("eyJ.x.y"), None).await?;
     assert_eq!((unconfigured.status, code(&unconfigured)), (503, "identity_provider_unconfigured"), "{}", unconfigured.text);
+    let no_device = plain.call(Method::POST, "/v1/auth/device/authorize", None, None).await?;
+    assert_eq!((no_device.status, code(&no_device)), (503, "identity_provider_unconfigured"), "{}", no_device.text);
     drop(plain);
 
     let jwks = brainstorm_e2e::temp_dir("jwks")?.join("jwks.json");

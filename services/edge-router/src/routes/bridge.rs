@@ -38,12 +38,7 @@ impl FromRequestParts<EdgeState> for IdpCaller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &EdgeState) -> Result<Self, Self::Rejection> {
-        let Some(verifier) = state.idp.as_ref() else {
-            return Err(ApiError::unavailable(
-                "identity_provider_unconfigured",
-                "no identity provider is configured: set BR_IDP_ISSUER and BR_IDP_JWKS_URL (or BR_IDP_JWKS_FILE)",
-            ));
-        };
+        let verifier = state.idp.as_ref().ok_or_else(unconfigured)?;
         let token = bearer(parts).ok_or_else(|| {
             ApiError::unauthenticated("idp_token_required", "send the identity provider's JWT as `Authorization: Bearer <jwt>`")
         })?;
@@ -169,6 +164,14 @@ pub mod budget_mirror {
     }
 }
 
+/// 503 `identity_provider_unconfigured`: the bridge needs an identity provider.
+fn unconfigured() -> ApiError {
+    ApiError::unavailable(
+        "identity_provider_unconfigured",
+        "no identity provider is configured: set BR_IDP_ISSUER and BR_IDP_JWKS_URL (or BR_IDP_JWKS_FILE)",
+    )
+}
+
 /// The membership a request acts in: the tenant `X-BR-Tenant-Id` names (403 `not_a_member` when the
 /// identity has not claimed it), else the only one, else none.
 fn selected<'a>(memberships: &'a [IdpMembership], tenant_id: Option<&str>) -> Result<Option<&'a IdpMembership>, ApiError> {
@@ -257,6 +260,10 @@ pub async fn device_authorize(
     State(state): State<EdgeState>,
     OptionalJsonBody(body): OptionalJsonBody<DeviceAuthorizeBody>,
 ) -> Result<Json<Value>, ApiError> {
+    // Without a provider no one could confirm the code: say so now rather than after ten minutes.
+    if state.idp.is_none() {
+        return Err(unconfigured());
+    }
     let request = StartDeviceAuthorizationRequest { client_name: body.client_name.unwrap_or_default() };
     let started = state.identity.start_device_authorization(request).await?;
     let verification_uri = format!("{}/device", state.dashboard_url);
