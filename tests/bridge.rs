@@ -251,5 +251,14 @@ async fn identity_provider_users_claim_tenants_and_link_devices(shape: Shape) ->
     assert_eq!((delivered.status, code(&delivered)), (400, "invalid_device_code"), "the key is delivered once: {}", delivered.text);
     let bogus = poll("brdc_unknown".to_string()).await?;
     assert_eq!((bogus.status, code(&bogus)), (400, "invalid_device_code"), "{}", bogus.text);
+
+    // A rejected tenant's members act in it no more than its keys do.
+    let rejected =
+        gateway.call(Method::POST, &format!("/v1/admin/tenants/{tenant_b}/reject"), Some(brainstorm_e2e::PLATFORM_ADMIN_KEY), None).await?;
+    assert_eq!(rejected.status, 200, "{}", rejected.text);
+    let refused = as_user(&gateway, Method::GET, "/auth/budget/status", &ada, Some(&tenant_b), None).await?;
+    assert_eq!((refused.status, code(&refused)), (403, "tenant_rejected"), "{}", refused.text);
+    let still = as_user(&gateway, Method::GET, "/auth/budget/status", &ada, Some(&tenant_a), None).await?;
+    assert_eq!(still.status, 200, "their other tenant is unaffected: {}", still.text);
     Ok(())
 }

@@ -1185,6 +1185,7 @@ impl IdentityService for IdentityServiceImpl {
         let membership =
             membership.ok_or_else(|| ServiceError::permission_denied("not_a_member", "this identity has claimed no such tenant"))?;
         let tenant = membership.tenant.clone().unwrap_or_default();
+        usable_tenant(&tenant)?;
         let confirmed = DeviceRow {
             tenant_id: Some(tenant.id.clone()),
             issuer: Some(identity.issuer),
@@ -1232,6 +1233,7 @@ impl IdentityService for IdentityServiceImpl {
                 let tenant_id = device.tenant_id.clone().unwrap_or_default();
                 let role = device.role.clone().unwrap_or_else(|| "developer".to_string());
                 let tenant = self.tenant_or_not_found(&tenant_id).await?;
+                usable_tenant(&tenant)?;
                 let expires_at = format_timestamp(now + Duration::days(DEVICE_KEY_DAYS));
                 let created = self
                     .create_api_key(CreateApiKeyRequest {

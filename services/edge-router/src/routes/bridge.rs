@@ -81,6 +81,14 @@ impl FromRequestParts<EdgeState> for MemberCaller {
             }
         };
         let tenant = membership.tenant.unwrap_or_default();
+        // As a key of the tenant would be refused: a rejected or pending tenant's members act in it for nothing.
+        match tenant.status.as_str() {
+            "rejected" => return Err(ApiError::forbidden("tenant_rejected", "this tenant's registration was rejected")),
+            "pending" => {
+                return Err(ApiError::forbidden("tenant_pending_approval", "this tenant awaits approval by a platform administrator"));
+            }
+            _ => {}
+        }
         let identity = CallerIdentity {
             tenant_id: Some(tenant.id),
             key_id: format!("idp:{}", caller.identity.subject),
