@@ -4,6 +4,7 @@
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use brainstorm_common::money::Usd;
 use brainstorm_proto::policy::LiaisonPlan;
 use brainstorm_providers::chat::{ChatRequest, DocumentSource, Part, Role, ToolChoice};
 use hmac::{Hmac, Mac};
@@ -110,9 +111,9 @@ pub fn judge(plan: &LiaisonPlan, commitment: &Commitment<'_>) -> Result<(), (Ref
         return Err((
             Refusal::CeilingExceeded,
             format!(
-                "the completion may cost up to USD {:.6}, above the plan's ceiling of USD {:.6}",
-                commitment.worst_case_nanos as f64 / 1e9,
-                plan.ceiling_nanos as f64 / 1e9
+                "the completion may cost up to USD {}, above the plan's ceiling of USD {}",
+                Usd::from_nanos(commitment.worst_case_nanos),
+                Usd::from_nanos(plan.ceiling_nanos)
             ),
         ));
     }

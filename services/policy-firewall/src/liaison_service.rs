@@ -37,8 +37,9 @@ fn store_failure(error: sqlx::Error) -> ServiceError {
     brainstorm_common::store::store_failure("policy-firewall", error)
 }
 
-fn nanos_usd(nanos: i64) -> f64 {
-    nanos as f64 / 1e9
+/// Nano-dollars as an exact JSON number of dollars.
+fn nanos_usd(nanos: i64) -> serde_json::Value {
+    brainstorm_common::money::Usd::from_nanos(nanos).to_json()
 }
 
 impl LiaisonService {

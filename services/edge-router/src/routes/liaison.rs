@@ -29,6 +29,7 @@ use crate::EdgeState;
 use crate::auth::Caller;
 use crate::extract::{JsonBody, OptionalJsonBody};
 use crate::pipeline::{invalid, model_not_allowed, route_error};
+use crate::routes::budget::usd;
 
 /// How often an event stream looks for new events, and how long it stays quiet before a keep-alive.
 const EVENT_POLL: Duration = Duration::from_millis(250);
@@ -36,10 +37,6 @@ const KEEP_ALIVE: Duration = Duration::from_secs(15);
 /// At most this many tools in a grant, each name or pattern at most this long.
 const MAX_GRANT_ENTRIES: usize = 128;
 const MAX_GRANT_CHARS: usize = 128;
-
-fn usd(nanos: i64) -> f64 {
-    nanos as f64 / 1e9
-}
 
 /// A session as the API shows it.
 fn session_view(session: &LiaisonSession) -> Value {
@@ -272,8 +269,9 @@ pub async fn plan(
         None => None,
         Some(value) => Some(
             value
-                .as_f64()
-                .filter(|max| max.is_finite() && *max >= 0.0)
+                .as_number()
+                .and_then(|number| Usd::from_json_number(number).ok())
+                .filter(|max| *max >= Usd::ZERO)
                 .ok_or_else(|| ApiError::invalid_request("invalid_max_cost", "max_cost_usd is a number of dollars, 0 or more"))?,
         ),
     };
@@ -316,16 +314,15 @@ pub async fn plan(
         _ => candidate_cost.unwrap_or(Usd::ZERO),
     };
     if let Some(max_cost) = max_cost
-        && estimate.nanos() as f64 > max_cost * 1e9
+        && estimate > max_cost
     {
         return Err(ApiError::ceiling_exceeds_max(format!(
-            "the plan's estimate, USD {:.6}, is above max_cost_usd ({max_cost}): raise it, lower max_tokens or name a cheaper model",
-            usd(estimate.nanos())
+            "the plan's estimate, USD {estimate}, is above max_cost_usd ({max_cost}): raise it, lower max_tokens or name a cheaper model"
         )));
     }
     let mut ceiling_nanos = (estimate.nanos() as f64 * (1.0 + cost_slack)).ceil() as i64;
     if let Some(max_cost) = max_cost {
-        ceiling_nanos = ceiling_nanos.min((max_cost * 1e9).floor() as i64).max(estimate.nanos());
+        ceiling_nanos = ceiling_nanos.min(max_cost.nanos()).max(estimate.nanos());
     }
     let allowed_models = model_grant(body.allowed_models.as_ref(), &label, &state.models)?;
     let request = MintPlanRequest {
