@@ -202,6 +202,29 @@ pub(crate) struct SchemaScan {
     pub plain: bool,
 }
 
+/// Where the first `"` or `\` in `bytes` is, eight bytes at a time. A schema's strings are short
+/// (its keys, `"type"`, `"string"`): memchr's vector search pays more to set up for each than it
+/// saves there.
+fn quote_or_backslash(bytes: &[u8]) -> Option<usize> {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    // A byte of `word` is zero: its high bit in the result. Exact for the lowest such byte (a
+    // borrow can flag bytes only above a zero one), which is the one asked for.
+    let zero_bytes = |word: u64| word.wrapping_sub(ONES) & !word & HIGHS;
+    let mut chunks = bytes.chunks_exact(8);
+    for (index, chunk) in chunks.by_ref().enumerate() {
+        let mut word = [0; 8];
+        word.copy_from_slice(chunk);
+        let word = u64::from_le_bytes(word);
+        let found = zero_bytes(word ^ (ONES * u64::from(b'"'))) | zero_bytes(word ^ (ONES * u64::from(b'\\')));
+        if found != 0 {
+            return Some(index * 8 + (found.trailing_zeros() / 8) as usize);
+        }
+    }
+    let rest = chunks.remainder();
+    rest.iter().position(|&byte| byte == b'"' || byte == b'\\').map(|offset| bytes.len() - rest.len() + offset)
+}
+
 /// One pass over well-formed JSON text.
 pub(crate) fn scan_schema(text: &str) -> SchemaScan {
     let bytes = text.as_bytes();
@@ -213,7 +236,7 @@ pub(crate) fn scan_schema(text: &str) -> SchemaScan {
                 // together.
                 let start = at;
                 at += 1;
-                while let Some(offset) = memchr::memchr2(b'"', b'\\', bytes.get(at..).unwrap_or_default()) {
+                while let Some(offset) = quote_or_backslash(bytes.get(at..).unwrap_or_default()) {
                     at += offset;
                     if bytes[at] == b'"' {
                         break;
@@ -743,6 +766,30 @@ mod tests {
         // Text that is not well-formed is scanned without a panic.
         for broken in ["\"abc", "\"\\", "[\"\\u", "-", "{"] {
             let _ = scan(broken);
+        }
+    }
+
+    #[test]
+    fn the_quote_search_finds_the_first_quote_or_backslash() {
+        // Every offset and neighbour the eight-byte words can put it in, beside bytes one above and
+        // below the two sought (a borrow's false hit) and multi-byte UTF-8.
+        let fillers: [&[u8]; 4] = [b"a", b"#", b"]", "\u{e9}".as_bytes()];
+        for filler in fillers {
+            for length in 0..40 {
+                let base: Vec<u8> = filler.iter().copied().cycle().take(length).collect();
+                assert_eq!(quote_or_backslash(&base), None);
+                for at in 0..length {
+                    for sought in [b'"', b'\\'] {
+                        let mut text = base.clone();
+                        text[at] = sought;
+                        if let Some(next) = text.get_mut(at + 1) {
+                            *next = b'!';
+                        }
+                        let expected = text.iter().position(|&byte| byte == b'"' || byte == b'\\');
+                        assert_eq!(quote_or_backslash(&text), expected, "{text:?}");
+                    }
+                }
+            }
         }
     }
 
