@@ -186,7 +186,12 @@ impl Database {
     }
 }
 
+/// PostgreSQL's `character_not_in_repertoire`: text it cannot hold, which for valid UTF-8 means a
+/// NUL (U+0000).
+const CHARACTER_NOT_IN_REPERTOIRE: &str = "22021";
+
 /// Maps a database failure for a service: an unreachable database is retryable (`Unavailable`),
+/// text the database cannot hold (a NUL, on PostgreSQL) is the client's to fix (`invalid_text`),
 /// anything else is a bug, logged here and reported without its details.
 pub fn store_failure(service: &str, error: sqlx::Error) -> brainstorm_proto::ServiceError {
     use brainstorm_proto::ServiceError;
@@ -194,6 +199,10 @@ pub fn store_failure(service: &str, error: sqlx::Error) -> brainstorm_proto::Ser
         sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => {
             tracing::warn!(%error, service, "store unavailable");
             ServiceError::unavailable("database_unavailable", format!("the {service} store is unavailable; retry shortly"))
+        }
+        sqlx::Error::Database(database_error) if database_error.code().as_deref() == Some(CHARACTER_NOT_IN_REPERTOIRE) => {
+            tracing::warn!(error = %database_error, service, "text the store cannot hold");
+            ServiceError::invalid("invalid_text", "text must not contain the NUL character (U+0000)")
         }
         other => {
             tracing::error!(error = %other, service, "store error");

@@ -80,7 +80,7 @@ impl CompletionBody {
         if let Some(chat) = read {
             return Ok(CompletionBody::Read(Box::new(chat)));
         }
-        let mut tree: Value = crate::extract::json(bytes)?;
+        let mut tree: Value = crate::extract::completion_json(bytes)?;
         if under_plan
             && let Some(members) = tree.as_object_mut()
             && members.get("model").is_none_or(Value::is_null)
@@ -106,6 +106,21 @@ impl CompletionBody {
             (CompletionBody::Read(chat), ClientFormat::OpenAi) => chat.user.as_deref(),
             (CompletionBody::Read(_), ClientFormat::Anthropic) => None,
             (CompletionBody::Tree(tree), _) => tree.get("user").and_then(Value::as_str),
+        }
+    }
+
+    /// The first of the body's identifying members (`user`, `conversation_id`) whose text holds a NUL
+    /// (U+0000): they name agents and conversations in the ledger and the stores, where no text may
+    /// hold one (PostgreSQL's refuses it), so such a body is refused whole, in both shapes.
+    fn identifier_with_nul(&self, format: ClientFormat) -> Option<&'static str> {
+        if self.user(format).is_some_and(|user| user.contains('\0')) {
+            return Some("user");
+        }
+        match self {
+            CompletionBody::Tree(tree) => {
+                tree.get("conversation_id").and_then(Value::as_str).filter(|id| id.contains('\0')).map(|_| "conversation_id")
+            }
+            CompletionBody::Read(_) => None,
         }
     }
 
@@ -308,6 +323,10 @@ pub async fn serve(
     format: ClientFormat,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
+    let body = body.and_then(|body| match body.identifier_with_nul(format) {
+        Some(member) => Err(ApiError::invalid_request("invalid_text", format!("`{member}` must not contain the NUL character (U+0000)"))),
+        None => Ok(body),
+    });
     let model_requested = body.as_ref().map_or("", CompletionBody::model).to_string();
     let mut facts = AuditFacts { model_requested, ..AuditFacts::default() };
     let agent_id = agent_of(request_headers, body.as_ref().ok().and_then(|body| body.user(format)));

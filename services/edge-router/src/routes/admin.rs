@@ -1,7 +1,8 @@
 //! Platform administration: tenants, invite codes and the digest (platform admin key only).
 
+use crate::extract::{Path, Query};
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use brainstorm_common::ApiError;
 use brainstorm_proto::identity::*;

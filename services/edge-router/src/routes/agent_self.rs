@@ -2,8 +2,9 @@
 //! JWT-authenticated views of itself (`/v1/agent/status`, `/limits/me`, `/anomaly/me`,
 //! `/profiles/me`, `/v1/self`). Snake_case, as the spec spells these.
 
+use crate::extract::Path;
 use axum::Json;
-use axum::extract::{FromRequestParts, Path, State};
+use axum::extract::{FromRequestParts, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
 use brainstorm_budget_ledger::{BudgetContext, ScopeKind, ScopeLevel};

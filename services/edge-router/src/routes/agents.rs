@@ -1,7 +1,8 @@
 //! Agent profiles and their lifecycle (`/v1/agent/profiles`), camelCase as the spec spells them.
 
+use crate::extract::Path;
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use brainstorm_common::ApiError;
 use brainstorm_common::money::Usd;

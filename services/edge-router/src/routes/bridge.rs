@@ -123,7 +123,8 @@ impl FromRequestParts<EdgeState> for DashboardCaller {
 
 /// The `/auth/budget/*` mirror of `/v1/budget/*` for the dashboard, tenant-level data only.
 pub mod budget_mirror {
-    use axum::extract::{Path, Query, State};
+    use crate::extract::{Path, Query};
+    use axum::extract::State;
     use serde_json::Value;
 
     use super::MemberCaller;

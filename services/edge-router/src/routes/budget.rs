@@ -1,7 +1,8 @@
 //! Budgets: status, tenant limits, forecast, agent budgets, alerts, and the usage summary.
 
+use crate::extract::{Path, Query};
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use brainstorm_common::ApiError;
 use brainstorm_common::money::Usd;
 use brainstorm_proto::budget::*;

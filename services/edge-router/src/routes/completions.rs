@@ -1,8 +1,9 @@
 //! `POST /v1/chat/completions`, `POST /v1/messages`, `POST /v1/messages/count_tokens`,
 //! `POST /v1/embeddings`, `GET /v1/models` and `GET /v1/catalog/runnable`.
 
+use crate::extract::Query;
 use axum::Json;
-use axum::extract::{Extension, Query, State};
+use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use brainstorm_common::ApiError;
@@ -132,7 +133,11 @@ pub struct ModelsQuery {
 /// `GET /v1/models` (router.read): the models this key can run: the catalog's models of the tenant's
 /// providers, or the sandbox model while it has none; models whose circuit is open are left out
 /// unless `?includeUnhealthy=true`.
-pub async fn list_models(State(state): State<EdgeState>, caller: Caller, query: Query<ModelsQuery>) -> Result<Json<Value>, ApiError> {
+pub async fn list_models(
+    State(state): State<EdgeState>,
+    caller: Caller,
+    Query(query): Query<ModelsQuery>,
+) -> Result<Json<Value>, ApiError> {
     caller.require("router.read")?;
     let include_unhealthy = query_flag("includeUnhealthy", query.include_unhealthy.as_deref())?;
     let config = state.routing.get(caller.tenant_id()?).await?;

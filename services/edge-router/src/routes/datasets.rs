@@ -6,8 +6,9 @@
 //!
 //! Permissions, as for prompts: `router.read` to read, `router.write` to write.
 
+use crate::extract::{Path, Query};
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use brainstorm_common::ApiError;

@@ -2,8 +2,9 @@
 //! inventory and routing replays. Most answers are the audit-lineage messages as they are (money in
 //! nano-dollar fields, scores in millionths); replays speak the spec's USD and field names.
 
+use crate::extract::{Path, Query};
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use brainstorm_audit_lineage::price_table;
 use brainstorm_common::ApiError;
 use brainstorm_common::money::Usd;

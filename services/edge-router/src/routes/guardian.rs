@@ -1,8 +1,9 @@
 //! The guardian's control surface: kill switches (tenant and scoped), guardrails and their providers,
 //! the tool firewall, security policies, anomalies and the approval queue.
 
+use crate::extract::Path;
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use brainstorm_common::ApiError;
 use brainstorm_policy_firewall::{FirewallConfig, GuardrailConfig, ScanResult};
 use brainstorm_proto::ErrorKind;
@@ -296,7 +297,7 @@ pub struct PageQuery {
 pub async fn interceptions(
     State(state): State<EdgeState>,
     caller: Caller,
-    axum::extract::Query(query): axum::extract::Query<PageQuery>,
+    crate::extract::Query(query): crate::extract::Query<PageQuery>,
 ) -> Answer {
     caller.require("security.read")?;
     let request = ListInterceptionsRequest {

@@ -1,7 +1,8 @@
 //! Registration, account, users, claim links and API keys.
 
+use crate::extract::Path;
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use brainstorm_common::ApiError;
 use brainstorm_common::money::Usd;

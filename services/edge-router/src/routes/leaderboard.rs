@@ -4,8 +4,9 @@
 
 use std::collections::HashMap;
 
+use crate::extract::Query;
 use axum::Json;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use brainstorm_common::ApiError;
 use brainstorm_proto::budget::{ModelStats, ModelStatsRequest};
 use brainstorm_providers::catalog::Model;

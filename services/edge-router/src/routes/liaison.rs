@@ -6,9 +6,10 @@
 
 use std::time::Duration;
 
+use crate::extract::{Path, Query};
 use axum::Json;
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use brainstorm_common::ApiError;

@@ -8,8 +8,9 @@
 //! listing servers and tools `router.read`; calling a tool `router.write`; the audit trail
 //! `audit.read`; governance and approvals `security.read` / `security.write`.
 
+use crate::extract::{Path, Query};
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use brainstorm_common::ApiError;

@@ -11,8 +11,9 @@
 //! kill switches (the tenant's too, so it is blocked while the switch is active), the agent's
 //! standing, allowed keys, governance and the audit trail.
 
+use crate::extract::Query;
 use axum::Json;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::header::ACCEPT;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};

@@ -8,8 +8,9 @@
 
 use std::time::Instant;
 
+use crate::extract::{Path, Query};
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use brainstorm_common::ApiError;

@@ -3,8 +3,9 @@
 //! role holds `config.write`) or a tenant key holding `config.write`; the app trades the code and its
 //! verifier for an API key limited to the granted scopes.
 
+use crate::extract::{Path, Query};
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use brainstorm_common::ApiError;

@@ -4,8 +4,9 @@
 //! its own kind's routes. Secret config members are never returned: a view names them in
 //! `secrets_set`.
 
+use crate::extract::Path;
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use brainstorm_common::ApiError;

@@ -7,8 +7,9 @@
 //! need `router.read`; writing them, promoting, A/B tests and evaluations `router.write` (the keys
 //! that may run models, so developers manage their own prompts).
 
+use crate::extract::{Path, Query};
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use brainstorm_common::ApiError;

@@ -2,8 +2,9 @@
 
 use std::collections::HashMap;
 
+use crate::extract::Path;
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use brainstorm_common::ApiError;
 use brainstorm_proto::catalog::*;
