@@ -334,3 +334,72 @@ def test_text_holding_a_nul_is_refused_alike_in_both_shapes(probed):
     assert status == 200, answer
     status, answer = send(probed, "POST", "/v1/eval/datasets", json.dumps({"name": "the text \\u0000, no NUL"}).encode())
     assert status == 201 and json.loads(answer)["name"] == "the text \\u0000, no NUL", answer
+
+
+HUGE = 1e308
+EXTREME_PROBES = [
+    ("PUT", "/v1/budget/limits", {"daily_limit_usd": HUGE, "monthly_limit_usd": -1}),
+    ("PUT", "/v1/budget/limits", {"daily_limit_usd": 1e300, "monthly_limit_usd": 1e300}),
+    ("PUT", "/v1/budget/agents/agent-extreme", {"perDayUsd": HUGE}),
+    ("PUT", "/v1/budget/agents/agent-extreme", {"perDayUsd": -HUGE}),
+    ("POST", "/v1/agent/profiles", {"agentId": "agent-extreme", "budgetDailyUsd": HUGE, "budgetMonthlyUsd": -5}),
+    ("PUT", "/v1/agent-limits", {"agent:extreme": {"maxBudgetUsd": HUGE, "maxRequestsPerMinute": 1e15}}),
+    ("PATCH", "/v1/agent-limits", {"agent:extreme": {"maxBudgetUsd": -HUGE, "maxRequestsPerMinute": -1}}),
+    ("POST", "/v1/chat/completions", {"model": "auto", "max_tokens": 1e18, "temperature": HUGE, "messages": [{"role": "user", "content": "hi"}]}),
+    ("POST", "/v1/chat/completions", {"model": "auto", "max_tokens": -1, "top_p": -HUGE, "messages": [{"role": "user", "content": "hi"}]}),
+    ("POST", "/v1/chat/completions", {"model": "auto", "route": {"strategy": "price", "maxCostPerRequest": -HUGE}, "messages": [{"role": "user", "content": "hi"}]}),
+    ("POST", "/v1/chat/completions", {"model": "auto", "stream": True, "max_tokens": 18446744073709551615, "messages": [{"role": "user", "content": "hi"}]}),
+    ("POST", "/v1/messages", {"model": "auto", "max_tokens": 18446744073709551616, "messages": [{"role": "user", "content": "hi"}]}),
+    ("POST", "/v1/messages", {"model": "auto", "max_tokens": 0, "messages": []}),
+    ("POST", "/v1/embeddings", {"model": "auto", "input": [""] * 5000}),
+    ("POST", "/v1/tenant/claim-link", {"role": "member", "max_uses": 1e18, "expires_in_days": 1e9}),
+    ("POST", "/v1/tenant/claim-link", {"role": "member", "max_uses": -1, "expires_in_days": -1}),
+    ("POST", "/v1/prompts", {"id": "extreme", "template": "hello {{name}}"}),
+    ("POST", "/v1/prompts/extreme/promote", {"version": 1e18, "target_environment": "prod"}),
+    ("POST", "/v1/prompts/extreme/promote", {"version": -9223372036854775808, "target_environment": "prod"}),
+    ("POST", "/v1/prompts/extreme/ab", {"action": "start", "version_a": 1, "version_b": 18446744073709551615, "split_ratio": HUGE}),
+    ("POST", "/v1/prompts/extreme/evaluate", {"test_cases": [{"input": {}}], "version": -1}),
+    ("POST", "/v1/prompts/extreme/test", {"variables": {"name": "x" * 100000}, "version": 1e18}),
+    ("POST", "/v1/eval/datasets", {"name": "extreme", "description": "x" * 200000}),
+    ("PUT", "/v1/security/policies", {"confidenceThreshold": HUGE, "mode": "block", "enabled": True}),
+    ("POST", "/v1/security/policies/test", {"text": "x" * 1000000}),
+    ("POST", "/v1/guardrails/test", {"text": "\u202e" * 10000, "content": "x"}),
+    ("PUT", "/v1/mcp/governance/policy", {"tool_name": "t", "allowed": True, "max_cost_usd": -HUGE}),
+    ("POST", "/v1/liaison/open", {"ttl_seconds": 1e18}),
+    ("POST", "/v1/agent/delegate", {"child_agent_id": "c", "budget_usd": HUGE, "ttl_seconds": 1e18}),
+    ("POST", "/v1/memory/entries", {"block": "facts", "fact": "x" * 1000000}),
+    ("POST", "/v1/admin/xdr/risk-push", {"tenant_id": "0" * 36, "agent_id": "0" * 36, "risk_score": HUGE, "source": "s", "ttl_seconds": 1e18}),
+    ("POST", "/v1/replays/simulate", {"strategy": "price", "limit": 1e18, "since": -1}),
+]
+EXTREME_QUERIES = [
+    "/v1/budget/forecast?days=1000000000000000000",
+    "/v1/governance/lineage?trace_id=x&limit=18446744073709551616",
+    "/v1/security/anomalies?limit=1000000000&offset=1000000000",
+    "/v1/mcp/audit?limit=99999999999",
+    "/v1/governance/memory/audit?limit=4294967296",
+    "/v1/models/leaderboard?limit=4294967295&offset=18446744073709551615",
+    "/v1/replays/decisions?limit=4294967295&since=-9223372036854775808",
+    "/v1/replays/compare?strategy=price&since=99999999999999999999",
+    "/v1/firewall/interceptions?limit=4294967295&since=0",
+    "/v1/budget/alerts/history?limit=4294967295",
+    "/v1/governance/audit/chain/export?from_sequence=-1&to_sequence=9223372036854775807",
+    "/v1/governance/audit/chain/verify?from=-1&to=9223372036854775807",
+]
+
+
+def test_extreme_values_in_valid_shapes_never_reach_a_5xx(probed):
+    """Numbers at and past the ends of their types, and very long text, in bodies and queries that
+    otherwise have their route's shape: refused or served, never a 500 (or a dropped connection, which
+    is what a panicking handler gives)."""
+    failures = []
+    for method, path, body in EXTREME_PROBES:
+        status, answer = send(probed, method, path, json.dumps(body).encode())
+        if (why := problem(status, answer)) is not None:
+            failures.append(f"{method} {path} {json.dumps(body)[:100]}: {why}")
+    for path in EXTREME_QUERIES:
+        status, answer = send(probed, "GET", path, None)
+        if (why := problem(status, answer)) is not None:
+            failures.append(f"GET {path}: {why}")
+    status, answer = send(probed, "GET", "/v1/account", None)
+    assert status == 200, ("the gateway still answers", status, answer)
+    assert not failures, "\n".join(failures)
