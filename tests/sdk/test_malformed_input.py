@@ -113,6 +113,7 @@ POST /v1/memory/init
 GET /v1/governance/memory/audit
 GET /v1/governance/memory/stats
 GET /v1/governance/memory/compliance
+GET /v1/governance/sleep-time/report
 GET /v1/governance/summary
 POST /v1/governance/policy/dry-run
 GET /v1/governance/lineage/{request_id}

@@ -1,6 +1,7 @@
 """Agent memory through the gateway, in both shapes: sized blocks, eviction of the oldest unpinned
 fact to archival, pins that protect, the audit trail and its governance views (stats, compliance,
-summary), separate memory keys, and `init` asking a model (through the gateway) for facts."""
+summary, the sleep-time report), separate memory keys, and `init` asking a model (through the gateway)
+for facts."""
 
 import time
 
@@ -58,6 +59,51 @@ def test_blocks_evict_pins_protect_and_everything_is_audited(gateway):
     assert summary["memory"]["pii_violations"] == 1 and summary["memory"]["total_entries"] == compliance["total_entries"]
     assert summary["activity_24h"]["append"] == 153 and summary["activity_24h"]["delete"] == 1
     assert next(block for block in summary["memory"]["blocks"] if block["block"] == "system")["utilization"] == 1.0
+
+
+def test_the_sleep_time_report_tells_what_happened_while_away(gateway):
+    memory = f"?memory_key=sleeper-{gateway['shape']}"
+    before_ms = int(time.time() * 1000) - 1000
+    old = call(gateway, "POST", f"/v1/memory/entries{memory}", {"fact": "an old project note", "block": "project"}, expect=201)
+    for number in range(1, 50):
+        call(gateway, "POST", f"/v1/memory/entries{memory}", {"fact": f"project note {number}", "block": "project"}, expect=201)
+    time.sleep(0.01)
+    away_ms = int(time.time() * 1000)
+    time.sleep(0.01)
+    # While away: an append that evicts the oldest project note, a fact holding an e-mail address, a
+    # replacement and a deletion.
+    overflow = call(gateway, "POST", f"/v1/memory/entries{memory}", {"fact": "the newest project note", "block": "project"}, expect=201)
+    assert [evicted["id"] for evicted in overflow["evicted"]] == [old["id"]]
+    contact = call(gateway, "POST", f"/v1/memory/entries{memory}", {"fact": "Ada writes from ada@example.com", "block": "human"}, expect=201)
+    call(gateway, "PUT", f"/v1/memory/entries/{overflow['id']}{memory}", {"fact": "the newest project note, revised", "pinned": False})
+    call(gateway, "DELETE", f"/v1/memory/entries/{contact['id']}{memory}")
+    leak = call(gateway, "POST", f"/v1/memory/entries{memory}", {"fact": "Ada's mail: ada@example.com", "block": "human"}, expect=201)
+
+    report = call(gateway, "GET", f"/v1/governance/sleep-time/report{memory}&since={away_ms}")
+    assert report["memory_key"] == f"sleeper-{gateway['shape']}"
+    assert report["window"]["since"] == away_ms and report["window"]["until"] >= away_ms
+    assert report["operations"] == {"append": 3, "replace": 1, "delete": 1, "pin": 0, "evict": 1}
+    assert report["total_operations"] == 6 and report["trail_complete"] is True
+    assert len(report["actors"]) == 1 and report["actors"][0]["operations"] == 6
+    assert [(eviction["entry_id"], eviction["block"], eviction["fact_preview"]) for eviction in report["evictions"]] == [
+        (old["id"], "project", "an old project note")]
+    project = next(block for block in report["blocks"] if block["block"] == "project")
+    assert project == {"block": "project", "entries": 50, "limit": 50, "pinned": 0, "utilization": 1.0, "near_capacity": True}
+    assert next(block for block in report["blocks"] if block["block"] == "human")["near_capacity"] is False
+    # Only the fact still held counts (the deleted one is gone), its address masked.
+    assert [violation["entry_id"] for violation in report["new_violations"]] == [leak["id"]]
+    assert report["new_violations"][0]["issues"] == ["possible_email"] and "ada@example.com" not in str(report)
+    assert {item["kind"] for item in report["attention"]} == {"block_near_capacity", "personal_data_written"}
+
+    whole = call(gateway, "GET", f"/v1/governance/sleep-time/report{memory}&since={before_ms}")
+    assert whole["operations"]["append"] == 53 and whole["total_operations"] == 56
+    later = call(gateway, "GET", f"/v1/governance/sleep-time/report{memory}&since={int(time.time() * 1000) + 60_000}")
+    assert later["total_operations"] == 0 and later["evictions"] == [] and later["new_violations"] == []
+    assert {item["kind"] for item in later["attention"]} == {"block_near_capacity"}, "a full block still needs a look"
+    default = call(gateway, "GET", f"/v1/governance/sleep-time/report{memory}")
+    assert default["total_operations"] == 56 and default["window"]["until"] - default["window"]["since"] == 24 * 3600 * 1000
+    assert call(gateway, "GET", f"/v1/governance/sleep-time/report{memory}&since=-5", expect=400)["error"]["code"] == "invalid_since"
+    assert call(gateway, "GET", f"/v1/governance/sleep-time/report{memory}&since=soon", expect=400)["error"]["code"] == "invalid_query_parameter"
 
 
 def test_init_asks_a_model_for_facts(gateway):

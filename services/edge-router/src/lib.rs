@@ -359,6 +359,7 @@ fn router(state: EdgeState, trace_requests: bool) -> Router {
         .route("/v1/governance/memory/stats", get(memory::stats))
         .route("/v1/governance/memory/compliance", get(memory::compliance))
         .route("/v1/governance/summary", get(memory::summary))
+        .route("/v1/governance/sleep-time/report", get(memory::sleep_time_report))
         .route("/v1/observability/destinations", get(observability::list_destinations).post(observability::create_destination))
         .route("/v1/observability/destinations/{id}", put(observability::update_destination).delete(observability::delete_destination))
         .route("/v1/observability/test/{id}", post(observability::test_destination))

@@ -398,6 +398,11 @@ pub fn issues(fact: &str) -> Vec<&'static str> {
     findings(fact).0
 }
 
+/// A fact's preview as the compliance report shows it: what looks personal or secret masked, cut short.
+pub fn masked_preview(fact: &str) -> String {
+    preview(fact, findings(fact).1)
+}
+
 /// A fact's start with every span found masked.
 fn preview(fact: &str, mut spans: Vec<Range<usize>>) -> String {
     spans.sort_by_key(|span| span.start);

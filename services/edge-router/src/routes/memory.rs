@@ -383,6 +383,123 @@ pub async fn summary(State(state): State<EdgeState>, caller: Caller, Query(query
     })))
 }
 
+/// Share of a block's limit from which the sleep-time report flags it: its next appends evict.
+const NEAR_CAPACITY: f64 = 0.8;
+
+#[derive(Deserialize, Default)]
+pub struct SleepTimeQuery {
+    memory_key: Option<String>,
+    since: Option<i64>,
+}
+
+/// `GET /v1/governance/sleep-time/report` (governance.read): what happened to a memory while its
+/// agent was away, and what needs a look, since `since` (ms epoch; the last 24 hours when absent):
+/// operation counts, who made them, the facts evicted to archival, each block's use (flagged from
+/// 80% full, where the next appends evict), and the personal or secret data among the facts written
+/// in the window (previews masked). Operation counts are exact; the actors, evictions and new
+/// findings come from the window's newest 500 operations (`trail_complete` false beyond that).
+pub async fn sleep_time_report(State(state): State<EdgeState>, caller: Caller, Query(query): Query<SleepTimeQuery>) -> Answer {
+    caller.require("governance.read")?;
+    let until = chrono::Utc::now();
+    let since_ms = match query.since {
+        Some(milliseconds) if milliseconds < 0 => {
+            return Err(ApiError::invalid_request("invalid_since", "since is milliseconds since the epoch"));
+        }
+        Some(milliseconds) => milliseconds,
+        None => (until - chrono::Duration::hours(24)).timestamp_millis(),
+    };
+    let window_start = since(Some(since_ms))?;
+    let memory_key = key(&caller, query.memory_key)?;
+    let prompts = client(&state)?;
+    let stats = prompts.memory_stats(MemoryStatsRequest { key: Some(memory_key.clone()), since: window_start.clone() }).await?;
+    let trail = prompts
+        .memory_audit(MemoryAuditQuery { key: Some(memory_key.clone()), limit: u32::MAX, since: window_start, operation: String::new() })
+        .await?
+        .entries;
+    let view = prompts.list_memory(MemoryQuery { key: Some(memory_key.clone()), ..MemoryQuery::default() }).await?;
+    let report = prompts.memory_compliance(memory_key.clone()).await?;
+
+    let total_operations: u64 = stats.counts.iter().map(|count| count.count).sum();
+    let mut actors: Vec<(&str, u64)> = Vec::new();
+    for entry in &trail {
+        match actors.iter_mut().find(|(actor, _)| *actor == entry.actor) {
+            Some((_, operations)) => *operations += 1,
+            None => actors.push((&entry.actor, 1)),
+        }
+    }
+    actors.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
+    let evictions: Vec<Value> = trail
+        .iter()
+        .filter(|entry| entry.operation == "evict")
+        .map(|entry| {
+            json!({
+                "entry_id": entry.entry_id,
+                "block": entry.block,
+                "fact_preview": brainstorm_prompts_eval::memory::masked_preview(&entry.fact_after),
+                "at": entry.timestamp,
+                "reason": entry.reason,
+            })
+        })
+        .collect();
+    let written: std::collections::HashSet<&str> = trail
+        .iter()
+        .filter(|entry| entry.operation == "append" || entry.operation == "replace")
+        .map(|entry| entry.entry_id.as_str())
+        .collect();
+    let new_violations: Vec<Value> = violations_view(&report)
+        .into_iter()
+        .zip(&report.violations)
+        .filter(|(_, violation)| written.contains(violation.entry_id.as_str()))
+        .map(|(view, _)| view)
+        .collect();
+    let mut attention = Vec::new();
+    let blocks: Vec<Value> = view
+        .blocks
+        .iter()
+        .map(|block| {
+            let utilization = f64::from(block.count) / f64::from(block.limit.max(1));
+            let near_capacity = utilization >= NEAR_CAPACITY;
+            if near_capacity {
+                attention.push(json!({
+                    "kind": "block_near_capacity",
+                    "block": block.name,
+                    "message": format!(
+                        "block `{}` holds {} of {} facts: the next appends evict its oldest unpinned facts to archival",
+                        block.name, block.count, block.limit
+                    ),
+                }));
+            }
+            json!({
+                "block": block.name,
+                "entries": block.count,
+                "limit": block.limit,
+                "pinned": block.pinned_count,
+                "utilization": utilization,
+                "near_capacity": near_capacity,
+            })
+        })
+        .collect();
+    if !new_violations.is_empty() {
+        attention.push(json!({
+            "kind": "personal_data_written",
+            "count": new_violations.len(),
+            "message": "facts written in this window look like they hold personal data or secrets: see new_violations",
+        }));
+    }
+    Ok(Json(json!({
+        "memory_key": if memory_key.memory_key.is_empty() { &memory_key.tenant_id } else { &memory_key.memory_key },
+        "window": {"since": since_ms, "until": until.timestamp_millis()},
+        "operations": counts(&stats),
+        "total_operations": total_operations,
+        "actors": actors.iter().map(|(actor, operations)| json!({"actor": actor, "operations": operations})).collect::<Vec<_>>(),
+        "evictions": evictions,
+        "blocks": blocks,
+        "new_violations": new_violations,
+        "attention": attention,
+        "trail_complete": u64::try_from(trail.len()).unwrap_or(u64::MAX) >= total_operations,
+    })))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
