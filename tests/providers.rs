@@ -1181,6 +1181,17 @@ async fn the_self_view_adds_up_the_tenant_and_suggests_what_is_missing(shape: Sh
     if body["memory"].is_object() {
         assert_eq!(body["memory"]["total_entries"], 0);
         assert!(suggested.contains(&"store_memory".to_string()));
+        // The view's block names are the spec's, each naming the stored block it shows.
+        let blocks = body["memory"]["blocks"].as_object().cloned().unwrap_or_default();
+        let named: Vec<(&str, &str)> =
+            blocks.iter().map(|(name, block)| (name.as_str(), block["block"].as_str().unwrap_or_default())).collect();
+        assert_eq!(
+            named,
+            [("episodic", "project"), ("procedural", "general"), ("semantic", "human"), ("system", "system")],
+            "{}",
+            view.text
+        );
+        assert_eq!((blocks["semantic"]["limit"].as_u64(), blocks["procedural"]["limit"].as_u64()), (Some(50), Some(100)));
     }
     let errors = body["recent_errors"].as_array().cloned().unwrap_or_default();
     assert_eq!(errors.len(), 1, "{}", view.text);

@@ -42,6 +42,20 @@ pub struct Principal<'a> {
     pub permissions: Vec<String>,
 }
 
+/// The self view's name of a memory block: the spec names the view's blocks semantic, episodic,
+/// procedural and system, and the stored ones human, project, system and general; `system` is both,
+/// and the other three pair in the spec's order (facts about the people served, what happened in the
+/// work, general know-how). Each view block also names its stored block.
+fn self_view_name(block: &str) -> Option<&'static str> {
+    match block {
+        "human" => Some("semantic"),
+        "project" => Some("episodic"),
+        "general" => Some("procedural"),
+        "system" => Some("system"),
+        _ => None,
+    }
+}
+
 /// The last errors answered to each caller (an API key or an agent), newest first, in memory.
 #[derive(Default)]
 pub struct RecentErrors {
@@ -175,7 +189,10 @@ async fn tenant_view(state: &EdgeState, tenant_id: &str) -> Result<TenantView, A
             let blocks: Map<String, Value> = view
                 .blocks
                 .iter()
-                .map(|block| (block.name.clone(), json!({"count": block.count, "limit": block.limit, "pinned": block.pinned_count})))
+                .map(|block| {
+                    let name = self_view_name(&block.name).unwrap_or(&block.name).to_string();
+                    (name, json!({"block": block.name, "count": block.count, "limit": block.limit, "pinned": block.pinned_count}))
+                })
                 .collect();
             let pinned: u32 = view.blocks.iter().map(|block| block.pinned_count).sum();
             json!({"total_entries": view.total_core_entries + view.total_archival_entries, "blocks": blocks, "pinned": pinned})
