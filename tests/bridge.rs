@@ -191,6 +191,18 @@ async fn identity_provider_users_claim_tenants_and_link_devices(shape: Shape) ->
     let developer_write = as_user(&gateway, Method::PUT, "/auth/budget/alerts/config", &bob, None, Some(json!({"enabled": true}))).await?;
     assert_eq!(developer_write.status, 403, "a developer's role does not write budgets: {}", developer_write.text);
 
+    // The kill switch's status and the firewall's interceptions, mirrored for the dashboard alike.
+    for path in ["/auth/killswitch/status", "/auth/firewall/interceptions?limit=5"] {
+        let mirrored = as_user(&gateway, Method::GET, path, &ada, Some(&tenant_a), None).await?;
+        let direct = gateway.call(Method::GET, &path.replace("/auth/", "/v1/"), Some(&admin_a), None).await?;
+        assert_eq!((mirrored.status, direct.status), (200, 200), "{path}: {} / {}", mirrored.text, direct.text);
+        assert_eq!(mirrored.body, direct.body, "{path}: the mirror answers as the key does");
+        let unselected = as_user(&gateway, Method::GET, path, &ada, None, None).await?;
+        assert_eq!((unselected.status, code(&unselected)), (400, "tenant_selection_required"), "{path}: {}", unselected.text);
+    }
+    let unauthenticated = gateway.call(Method::GET, "/auth/killswitch/status", None, None).await?;
+    assert_eq!(unauthenticated.status, 401, "{}", unauthenticated.text);
+
     // The OAuth consent with the member's JWT (an admin of tenant A).
     let app = gateway
         .call(

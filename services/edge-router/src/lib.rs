@@ -255,6 +255,8 @@ fn router(state: EdgeState, trace_requests: bool) -> Router {
         .route("/auth/budget/agents/{agent_id}", put(bridge::budget_mirror::put_agent))
         .route("/auth/budget/alerts/config", get(bridge::budget_mirror::get_alert_config).put(bridge::budget_mirror::put_alert_config))
         .route("/auth/budget/alerts/history", get(bridge::budget_mirror::alert_history))
+        .route("/auth/killswitch/status", get(bridge::guardian_mirror::kill_switch_status))
+        .route("/auth/firewall/interceptions", get(bridge::guardian_mirror::interceptions))
         .route("/v1/liaison/open", post(liaison::open))
         .route("/v1/liaison/{liaison_id}", get(liaison::get))
         .route("/v1/liaison/{liaison_id}/plan", post(liaison::plan))

@@ -173,6 +173,30 @@ pub mod budget_mirror {
     }
 }
 
+/// The dashboard's mirrors of `GET /v1/killswitch/status` and `GET /v1/firewall/interceptions`
+/// (`/auth/killswitch/status`, `/auth/firewall/interceptions`): the same answers, for the member's
+/// JWT in the tenant it selects, under the member's role.
+pub mod guardian_mirror {
+    use axum::extract::State;
+
+    use super::MemberCaller;
+    use crate::EdgeState;
+    use crate::extract::Query;
+    use crate::routes::guardian::{self, PageQuery};
+
+    type Answer = Result<axum::Json<serde_json::Value>, brainstorm_common::ApiError>;
+
+    /// `GET /auth/killswitch/status`.
+    pub async fn kill_switch_status(state: State<EdgeState>, MemberCaller(caller): MemberCaller) -> Answer {
+        guardian::status(state, caller).await
+    }
+
+    /// `GET /auth/firewall/interceptions?limit=&offset=` (security.read).
+    pub async fn interceptions(state: State<EdgeState>, MemberCaller(caller): MemberCaller, query: Query<PageQuery>) -> Answer {
+        guardian::interceptions(state, caller, query).await
+    }
+}
+
 /// 503 `identity_provider_unconfigured`: the bridge needs an identity provider.
 fn unconfigured() -> ApiError {
     ApiError::unavailable(
