@@ -32,7 +32,8 @@ lint: ## formatting and clippy with warnings as errors
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
 
-gen: ## regenerate the CustomResourceDefinitions (manifests/crds.yaml and the chart's crds/) from the operator's types
+gen: ## regenerate the CustomResourceDefinitions (manifests/crds.yaml and the chart's crds/) from the operator's types, and the OpenAPI document from the edge's routes
+	python3 scripts/gen-openapi.py
 	cargo run -q -p brainstorm -- crd > manifests/crds.yaml
 	mkdir -p charts/brainstorm/crds
 	cp manifests/crds.yaml charts/brainstorm/crds/brainstorm-crds.yaml

@@ -17,6 +17,8 @@ drop_test_databases() {
 drop_test_databases
 trap drop_test_databases EXIT
 
+echo "== the OpenAPI document is what the edge's routes give (scripts/gen-openapi.py --check)"
+python3 scripts/gen-openapi.py --check
 echo "== benchmark harness (its parsing helpers)"
 python3 -m unittest discover -s bench -p 'test_*.py'
 echo "== cargo build (binary)"

@@ -423,3 +423,34 @@ def test_extreme_values_in_valid_shapes_never_reach_a_5xx(probed):
     status, answer = send(probed, "GET", "/v1/account", None)
     assert status == 200, ("the gateway still answers", status, answer)
     assert not failures, "\n".join(failures)
+
+
+def test_the_openapi_document_lists_what_is_served(probed):
+    """`GET /openapi.json` (where a 404's recovery points) answers without a key; every operation it
+    lists is served, and every route of the spec is in it."""
+    address = urlsplit(probed["base_url"])
+    connection = http.client.HTTPConnection(address.hostname, address.port, timeout=30)
+    connection.request("GET", "/openapi.json")
+    response = connection.getresponse()
+    assert response.status == 200 and response.getheader("content-type") == "application/json"
+    document = json.loads(response.read())
+    connection.close()
+    assert document["openapi"] == "3.1.0" and "Error" in document["components"]["schemas"]
+    listed = {(method.upper(), PARAM.sub("{}", path)) for path, methods in document["paths"].items() for method in methods}
+    spec = {(method, PARAM.sub("{}", path)) for method, path in routes()} | {("POST", "/v1/killswitch/activate")}
+    assert not spec - listed, f"spec routes missing from the document: {sorted(spec - listed)}"
+    unserved = []
+    for path, methods in document["paths"].items():
+        for method, operation in methods.items():
+            assert operation["summary"] and operation["operationId"], (method, path)
+            if (method, path) in (("post", "/v1/killswitch/activate"), ("get", "/v1/liaison/{liaison_id}/events")):
+                continue  # served: a probe would switch the tenant off / hold an event stream open
+            if (method, path) == ("delete", "/v1/mcp/connect"):
+                continue  # its handler answers 405 itself: no MCP sessions to end, as the transport allows
+            status, answer = send(probed, method.upper(), PARAM.sub("no-such-thing", path), b"{}" if method in ("post", "put", "patch") else None)
+            code = json.loads(answer).get("error", {}).get("code") if status >= 400 and answer.startswith(b"{") else None
+            if code in ("route_not_found", "method_not_allowed"):
+                unserved.append(f"{method.upper()} {path}: {status} {code}")
+    assert not unserved, "\n".join(unserved)
+    status, answer = send(probed, "GET", "/v1/no-such-route", None)
+    assert status == 404 and json.loads(answer)["recovery"]["endpoint"] == "/openapi.json"

@@ -219,6 +219,7 @@ fn router(state: EdgeState, trace_requests: bool) -> Router {
     };
     let routes = Router::new()
         .route("/health", get(routes::health))
+        .route("/openapi.json", get(routes::openapi))
         .route("/v1/register", post(identity::register))
         .route("/v1/account", get(identity::get_account).patch(identity::update_account))
         .route("/v1/account/graduation", get(identity::graduation))

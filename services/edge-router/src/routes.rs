@@ -23,9 +23,21 @@ pub mod provider_health;
 pub mod providers;
 
 use axum::Json;
+use axum::http::header::CONTENT_TYPE;
+use axum::response::IntoResponse;
 use serde_json::{Value, json};
+
+/// The API's OpenAPI document, generated from the route table and the handlers' documentation by
+/// `scripts/gen-openapi.py` (`make gen`; `make test` checks it is current).
+const OPENAPI_DOCUMENT: &str = include_str!("../openapi.json");
 
 /// `GET /health`: 200 once the process serves.
 pub async fn health() -> Json<Value> {
     Json(json!({"status": "ok"}))
+}
+
+/// `GET /openapi.json`: the API's OpenAPI 3.1 document (every route this edge serves, its method,
+/// path parameters, permission and summary, and the error envelope).
+pub async fn openapi() -> impl IntoResponse {
+    ([(CONTENT_TYPE, "application/json")], OPENAPI_DOCUMENT)
 }
