@@ -31,13 +31,20 @@ def route_table(source):
     body = source[source.index("fn router("):]
     body = body[: body.index(".fallback(")]
     table = []
+    routes = 0
     for line in body.splitlines():
         match = ROUTE.search(line.strip())
         if not match:
             continue
+        routes += 1
         path, methods = match.groups()
-        for method, handler in HANDLER.findall(methods):
+        handlers = HANDLER.findall(methods)
+        if not handlers:
+            raise SystemExit(f"gen-openapi: no method router in `{line.strip()}`")
+        for method, handler in handlers:
             table.append((path, method.upper(), handler))
+    if routes != body.count(".route("):
+        raise SystemExit("gen-openapi: a `.route(...)` of `router` is not on one line; keep each on one line (rustfmt does)")
     return table
 
 
