@@ -342,6 +342,7 @@ def test_text_holding_a_nul_is_refused_alike_in_both_shapes(probed):
         ("POST", "/v1/memory/entries", {"block": "facts", "fact": "a \u0000 fact"}),
         ("POST", "/v1/chat/completions", {"model": "auto", "user": "agent\u0000", "messages": [{"role": "user", "content": "hi"}]}),
         ("POST", "/v1/chat/completions", {"model": "auto", "conversation_id": "c\u0000", "messages": [{"role": "user", "content": "hi"}]}),
+        ("POST", "/v1/embeddings", {"model": "auto", "input": "a \u0000 text", "user": "agent"}),
         ("GET", "/v1/agent/profiles/a%00b", None),
         ("GET", "/v1/governance/lineage?trace_id=%00", None),
     ]
@@ -352,6 +353,9 @@ def test_text_holding_a_nul_is_refused_alike_in_both_shapes(probed):
     status, answer = send(probed, "POST", "/v1/chat/completions",
                           json.dumps({"model": "auto", "messages": [{"role": "user", "content": "hi \u0000 there"}]}).encode())
     assert status == 200, answer
+    status, answer = send(probed, "POST", "/v1/messages/count_tokens",
+                          json.dumps({"model": "auto", "messages": [{"role": "user", "content": "hi \u0000 there"}]}).encode())
+    assert status == 200 and json.loads(answer)["input_tokens"] > 0, answer
     status, answer = send(probed, "POST", "/v1/eval/datasets", json.dumps({"name": "the text \\u0000, no NUL"}).encode())
     assert status == 201 and json.loads(answer)["name"] == "the text \\u0000, no NUL", answer
 

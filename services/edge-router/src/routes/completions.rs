@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use crate::EdgeState;
 use crate::auth::{Caller, CallerAttempt};
 use crate::circuits::CircuitState;
-use crate::extract::{JsonBytes, RequestId, json, query_flag};
+use crate::extract::{JsonBytes, RequestId, completion_json, json, query_flag};
 use crate::liaison;
 use crate::pipeline::{self, ClientFormat, CompletionBody};
 use crate::sentinel::ProbeStatus;
@@ -59,7 +59,8 @@ pub async fn messages(
 pub async fn count_tokens(State(state): State<EdgeState>, caller: Caller, body: Result<JsonBytes, ApiError>) -> Result<Response, ApiError> {
     caller.require("router.write")?;
     let JsonBytes(bytes) = body?;
-    let mut tree: Value = json(&bytes)?;
+    // Counted as `/v1/messages` would read it: a prompt may hold a NUL (nothing here is stored).
+    let mut tree: Value = completion_json(&bytes)?;
     if let Some(members) = tree.as_object_mut() {
         members.entry("max_tokens").or_insert(json!(1));
     }
