@@ -458,3 +458,48 @@ def test_the_openapi_document_lists_what_is_served(probed):
     assert not unserved, "\n".join(unserved)
     status, answer = send(probed, "GET", "/v1/no-such-route", None)
     assert status == 404 and json.loads(answer)["recovery"]["endpoint"] == "/openapi.json"
+
+
+# The spec's routes that take no credential (Authentication 5): a forged one is ignored there.
+UNAUTHENTICATED = {("POST", "/v1/register"), ("GET", "/v1/providers/catalog"), ("POST", "/v1/providers/test"), ("POST", "/auth/oauth/token")}
+FORGED_TOKENS = [
+    "eyJhbGciOiJub25lIiwidHlwIjoiSldUIn0.eyJzdWIiOiJhZG1pbiJ9.",  # alg none, no signature
+    "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ4In0.c2lnbmF0dXJl",  # a signature it cannot have
+    "eyJ.eyJ.eyJ",  # three parts, none of them JSON
+    "a.b.c.d.e",
+    "br_test_" + "z" * 200,
+]
+ODD_HEADERS = [
+    {"x-br-tenant-id": "../../etc"}, {"x-br-agent-id": "a" * 5000}, {"traceparent": "00-zz-zz-01"},
+    {"x-br-plan-id": "plan_nope", "x-br-liaison": "lia_nope"}, {"x-br-firewall-mode": "off"},
+    {"x-br-route": "{not json"}, {"x-user-id": "\u00e9\u00e9".encode().decode("latin-1")},
+]
+
+
+def test_forged_tokens_and_odd_headers_get_the_error_envelope(probed):
+    """Bearers that look like JWTs but are forged or broken, and the gateway's own request headers
+    with values no client should send: refused (or ignored) in the envelope, never a 5xx."""
+    failures = []
+    for method, template in routes():
+        path = PARAM.sub("no-such-thing", template)
+        body = b"{}" if method in ("POST", "PUT", "PATCH") else None
+        for token in FORGED_TOKENS:
+            status, answer = send(probed, method, path, body, key=token)
+            if (why := problem(status, answer)) is not None:
+                failures.append(f"{method} {path} token {token[:16]}: {why}")
+            elif status < 400 and (method, template) not in UNAUTHENTICATED:
+                failures.append(f"{method} {path} token {token[:16]}: {status}, accepted")
+    completion = json.dumps({"model": "auto", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    for headers in ODD_HEADERS:
+        for path in ("/v1/chat/completions", "/v1/messages", "/v1/self", "/auth/me"):
+            address = urlsplit(probed["base_url"])
+            connection = http.client.HTTPConnection(address.hostname, address.port, timeout=30)
+            connection.request("POST" if path.startswith("/v1/c") or path == "/v1/messages" else "GET", path,
+                               body=completion if path != "/v1/self" and path != "/auth/me" else None,
+                               headers={"authorization": f"Bearer {probed['probe_key']}", "content-type": "application/json", **headers})
+            response = connection.getresponse()
+            status, answer = response.status, response.read()
+            connection.close()
+            if (why := problem(status, answer)) is not None:
+                failures.append(f"{path} with {list(headers)}: {why}")
+    assert not failures, "\n".join(failures)
