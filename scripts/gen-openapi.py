@@ -160,14 +160,15 @@ def document():
 
 
 def main():
-    text = json.dumps(document(), indent=1, sort_keys=False) + "\n"
+    generated = document()
+    text = json.dumps(generated, indent=1, sort_keys=False) + "\n"
     if "--check" in sys.argv[1:]:
         if not OUTPUT.exists() or OUTPUT.read_text() != text:
             print(f"{OUTPUT.relative_to(ROOT)} is not what the code gives: run `make gen`", file=sys.stderr)
             return 1
         return 0
     OUTPUT.write_text(text)
-    print(f"wrote {OUTPUT.relative_to(ROOT)}: {sum(len(methods) for methods in document()['paths'].values())} operations")
+    print(f"wrote {OUTPUT.relative_to(ROOT)}: {sum(len(methods) for methods in generated['paths'].values())} operations")
     return 0
 
 

@@ -182,9 +182,8 @@ pub mod guardian_mirror {
     use super::MemberCaller;
     use crate::EdgeState;
     use crate::extract::Query;
+    use crate::routes::budget::Answer;
     use crate::routes::guardian::{self, PageQuery};
-
-    type Answer = Result<axum::Json<serde_json::Value>, brainstorm_common::ApiError>;
 
     /// `GET /auth/killswitch/status`.
     pub async fn kill_switch_status(state: State<EdgeState>, MemberCaller(caller): MemberCaller) -> Answer {

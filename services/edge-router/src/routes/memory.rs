@@ -334,12 +334,8 @@ pub async fn stats(State(state): State<EdgeState>, caller: Caller, Query(query):
     Ok(Json(json!({"operations": counts(&stats), "total": total})))
 }
 
-fn violations_view(report: &ComplianceReport) -> Vec<Value> {
-    report
-        .violations
-        .iter()
-        .map(|violation| json!({"entry_id": violation.entry_id, "block": violation.block, "fact_preview": violation.fact_preview, "issues": violation.issues}))
-        .collect()
+fn violation_view(violation: &Violation) -> Value {
+    json!({"entry_id": violation.entry_id, "block": violation.block, "fact_preview": violation.fact_preview, "issues": violation.issues})
 }
 
 /// `GET /v1/governance/memory/compliance` (governance.read): core entries that look like they hold
@@ -351,7 +347,7 @@ pub async fn compliance(State(state): State<EdgeState>, caller: Caller, Query(qu
         "total_entries": report.total_entries,
         "violations_found": report.violations.len(),
         "compliant": report.violations.is_empty(),
-        "violations": violations_view(&report),
+        "violations": report.violations.iter().map(violation_view).collect::<Vec<_>>(),
     })))
 }
 
@@ -446,12 +442,8 @@ pub async fn sleep_time_report(State(state): State<EdgeState>, caller: Caller, Q
         .filter(|entry| entry.operation == "append" || entry.operation == "replace")
         .map(|entry| entry.entry_id.as_str())
         .collect();
-    let new_violations: Vec<Value> = violations_view(&report)
-        .into_iter()
-        .zip(&report.violations)
-        .filter(|(_, violation)| written.contains(violation.entry_id.as_str()))
-        .map(|(view, _)| view)
-        .collect();
+    let new_violations: Vec<Value> =
+        report.violations.iter().filter(|violation| written.contains(violation.entry_id.as_str())).map(violation_view).collect();
     let mut attention = Vec::new();
     let blocks: Vec<Value> = view
         .blocks
