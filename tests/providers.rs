@@ -34,6 +34,7 @@ brainstorm_e2e::in_both_shapes!(
     circuits_open_on_repeated_provider_failures_and_health_shows_them,
     the_self_view_adds_up_the_tenant_and_suggests_what_is_missing,
     the_leaderboard_ranks_models_by_the_tenants_own_traffic,
+    insights_config_and_ops_read_the_tenant_as_it_is,
     aliases_presets_and_model_resolution_errors,
     models_runnable_allowlists_and_deprecations,
     a_client_disconnect_cancels_the_upstream_stream,
@@ -1257,6 +1258,173 @@ async fn the_leaderboard_ranks_models_by_the_tenants_own_traffic(shape: Shape) -
     for bad in ["sort=fastest", "limit=-1", "offset=x"] {
         let reply = gateway.call(Method::GET, &format!("/v1/models/leaderboard?{bad}"), Some(key), None).await?;
         assert_eq!(reply.status, 400, "{bad}: {}", reply.text);
+    }
+    Ok(())
+}
+
+async fn key_with_role(gateway: &Gateway, admin: &str, role: &str) -> anyhow::Result<String> {
+    let reply = gateway.call(Method::POST, "/v1/api-keys", Some(admin), Some(json!({"name": role, "role": role}))).await?;
+    anyhow::ensure!(reply.status == 201, "creating a {role} key: {}", reply.text);
+    Ok(reply.body["api_key"]["key"].as_str().unwrap_or_default().to_string())
+}
+
+fn sections(list: &Value, field: &str) -> Vec<String> {
+    list.as_array().map_or_else(Vec::new, |items| items.iter().filter_map(|item| item[field].as_str().map(str::to_string)).collect())
+}
+
+async fn insights_config_and_ops_read_the_tenant_as_it_is(shape: Shape) -> TestResult {
+    let setup = setup(shape).await?;
+    let (gateway, key) = (&setup.gateway, setup.key.as_str());
+    for _ in 0..3 {
+        let served = gateway
+            .call(Method::POST, "/v1/chat/completions", Some(key), Some(completion("openai/gpt-4o", "what would it cost elsewhere")))
+            .await?;
+        assert_eq!(served.status, 200, "{}", served.text);
+    }
+    // Settlements reach the ledger after the writers' linger.
+    let mut insight = Value::Null;
+    for _ in 0..100 {
+        insight = gateway.call(Method::GET, "/v1/insights/cost", Some(key), None).await?.body;
+        if insight["total_requests"] == 3 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let used = &insight["models"][0];
+    assert_eq!(
+        (used["model"].as_str(), used["requests"].as_u64(), used["share_of_spend"].as_f64()),
+        (Some("openai/gpt-4o"), Some(3), Some(1.0)),
+        "{insight}"
+    );
+    // gpt-4o's tier, capabilities and context, a learned reward close enough, and the lowest price
+    // for the same tokens among the keyed providers' models: o4-mini (1.10 / 4.40 against 2.50 / 10.00).
+    let alternative = &used["alternative"];
+    assert_eq!(alternative["model"], "openai/o4-mini", "{insight}");
+    let (input, output) = (used["input_tokens"].as_u64().unwrap_or(0), used["output_tokens"].as_u64().unwrap_or(0));
+    let estimate = (input * 1_100 + output * 4_400).div_ceil(1_000) as f64 / 1e9;
+    assert!((alternative["estimated_cost_usd"].as_f64().unwrap_or(0.0) - estimate).abs() < 1e-9, "{insight}");
+    let spent = used["cost_usd"].as_f64().unwrap_or(0.0);
+    assert!((alternative["savings_usd"].as_f64().unwrap_or(0.0) - (spent - estimate)).abs() < 1e-9, "{insight}");
+    assert_eq!(insight["potential_savings_usd"], alternative["savings_usd"]);
+    assert_eq!(
+        (insight["recommendations"][0]["from"].as_str(), insight["recommendations"][0]["to"].as_str()),
+        (Some("openai/gpt-4o"), Some("openai/o4-mini"))
+    );
+    let reliability = gateway.call(Method::GET, "/v1/insights/reliability", Some(key), None).await?.body;
+    let model = &reliability["models"][0];
+    assert_eq!(
+        (model["model"].as_str(), model["requests"].as_u64(), model["success_rate"].as_f64()),
+        (Some("openai/gpt-4o"), Some(3), Some(1.0)),
+        "{reliability}"
+    );
+    assert_eq!((model["circuit"].as_str(), model["healthy"].as_bool()), (Some("closed"), Some(true)), "{reliability}");
+    assert_eq!(reliability["recommendations"], json!([]));
+    for bad in ["/v1/insights/cost?since=yesterday", "/v1/insights/reliability?until=2026-01-01T00:00:00Z", "/v1/insights/cost?window=7d"] {
+        let reply = gateway.call(Method::GET, bad, Some(key), None).await?;
+        assert_eq!(reply.status, 400, "{bad}: {}", reply.text);
+        assert!(reply.body["recovery"]["action"].is_string(), "{bad}: {}", reply.text);
+    }
+
+    // The same three requests one by one, paged, and as a download.
+    let listed = gateway.call(Method::GET, "/v1/usage/requests", Some(key), None).await?;
+    assert_eq!(
+        (listed.status, listed.body["count"].as_u64(), listed.body["next_cursor"].clone()),
+        (200, Some(3), Value::Null),
+        "{}",
+        listed.text
+    );
+    let row = &listed.body["requests"][0];
+    assert_eq!(
+        (row["model"].as_str(), row["provider"].as_str(), row["outcome"].as_str()),
+        (Some("openai/gpt-4o"), Some("openai"), Some("succeeded")),
+        "{row}"
+    );
+    assert!(row["request_id"].as_str().is_some_and(|id| id.starts_with("req_")) && row["key_id"].is_string(), "{row}");
+    let first = gateway.call(Method::GET, "/v1/usage/requests?limit=2", Some(key), None).await?;
+    let cursor = first.body["next_cursor"].as_str().unwrap_or_default().to_string();
+    assert_eq!((first.body["count"].as_u64(), cursor.is_empty()), (Some(2), false), "{}", first.text);
+    let rest =
+        gateway.call(Method::GET, &format!("/v1/usage/requests?limit=2&cursor={}", cursor.replace(':', "%3A")), Some(key), None).await?;
+    assert_eq!((rest.body["count"].as_u64(), rest.body["next_cursor"].clone()), (Some(1), Value::Null), "{}", rest.text);
+    assert_eq!(rest.body["requests"][0]["request_id"], listed.body["requests"][2]["request_id"]);
+    let csv = gateway.call(Method::GET, "/v1/usage/export", Some(key), None).await?;
+    let lines: Vec<&str> = csv.text.lines().collect();
+    assert_eq!((csv.status, lines.len()), (200, 4), "{}", csv.text);
+    assert!(lines[0].starts_with("occurred_at,request_id,key_id") && lines[1].contains(",openai/gpt-4o,openai,succeeded,"), "{}", csv.text);
+    let jsonl = gateway.call(Method::GET, "/v1/usage/export?format=jsonl&model=openai/gpt-4o-mini", Some(key), None).await?;
+    assert_eq!((jsonl.status, jsonl.text.as_str()), (200, ""), "no gpt-4o-mini request was made");
+    for bad in [
+        "/v1/usage/requests?cursor=nonsense",
+        "/v1/usage/requests?limit=-1",
+        "/v1/usage/requests?outcome=won",
+        "/v1/usage/export?format=xlsx",
+    ] {
+        let reply = gateway.call(Method::GET, bad, Some(key), None).await?;
+        assert_eq!(reply.status, 400, "{bad}: {}", reply.text);
+    }
+
+    // The configuration in one read: every section for an admin, provider keys masked.
+    let config = gateway.call(Method::GET, "/v1/config", Some(key), None).await?;
+    assert_eq!(config.status, 200, "{}", config.text);
+    for section in [
+        "account",
+        "providers",
+        "aliases",
+        "presets",
+        "budget",
+        "budget_alerts",
+        "agent_limits",
+        "kill_switch",
+        "guardrails",
+        "security_policies",
+        "firewall",
+        "observability",
+    ] {
+        assert!(config.body[section].is_object(), "{section}: {}", config.text);
+    }
+    assert_eq!((config.body["omitted"].clone(), config.body["api_key"]["role"].as_str()), (json!([]), Some("admin")), "{}", config.text);
+    assert_eq!(config.body["kill_switch"]["active"], false);
+    assert!(config.body["kill_switch"].get("history").is_none(), "{}", config.text);
+    assert_eq!(config.body["providers"]["providers"].as_array().map(Vec::len), Some(3), "{}", config.text);
+    for secret in [OPENAI_KEY, ANTHROPIC_KEY, GOOGLE_KEY] {
+        assert!(!config.text.contains(secret), "a provider key leaked through /v1/config");
+    }
+    // A developer reads what config.read covers; the security sections are named, not shown.
+    let developer = key_with_role(gateway, key, "developer").await?;
+    let limited = gateway.call(Method::GET, "/v1/config", Some(&developer), None).await?;
+    assert_eq!(limited.status, 200, "{}", limited.text);
+    let omitted = sections(&limited.body["omitted"], "section");
+    assert_eq!(omitted, ["agent_limits", "guardrails", "security_policies", "firewall", "mcp_governance"], "{}", limited.text);
+    assert!(limited.body.get("guardrails").is_none() && limited.body["budget"].is_object(), "{}", limited.text);
+    let agent = key_with_role(gateway, key, "agent").await?;
+    for path in ["/v1/config", "/v1/insights/cost", "/v1/ops/status", "/v1/usage/requests", "/v1/usage/export"] {
+        let refused = gateway.call(Method::GET, path, Some(&agent), None).await?;
+        assert_eq!((refused.status, refused.body["error"]["code"].as_str()), (403, Some("forbidden")), "{path}: {}", refused.text);
+    }
+
+    // Operations: every service behind the edge answers; the tenant's providers are listed.
+    let ops = gateway.call(Method::GET, "/v1/ops/status", Some(key), None).await?;
+    assert_eq!(ops.status, 200, "{}", ops.text);
+    let services = ops.body["services"].as_array().cloned().unwrap_or_default();
+    for required in ["identity", "catalog", "budget-ledger", "audit-lineage", "policy-firewall"] {
+        let service = services.iter().find(|service| service["name"] == required).cloned().unwrap_or_default();
+        assert_eq!((service["required"].as_bool(), service["status"].as_str()), (Some(true), Some("ok")), "{required}: {}", ops.text);
+        assert!(service["latency_ms"].as_f64().is_some(), "{}", ops.text);
+    }
+    assert_eq!(sections(&ops.body["providers"], "id"), ["openai", "anthropic", "google"], "{}", ops.text);
+    assert_eq!(ops.body["kill_switch"]["active"], false);
+    // The kill switch on: config, insights and ops stay readable (exempt), and ops says so.
+    let activated = gateway.call(Method::POST, "/v1/killswitch/activate", Some(key), Some(json!({"reason": "ops drill"}))).await?;
+    assert_eq!(activated.status, 200, "{}", activated.text);
+    let during = gateway.call(Method::GET, "/v1/ops/status", Some(key), None).await?;
+    assert_eq!(
+        (during.status, during.body["status"].as_str(), during.body["kill_switch"]["active"].as_bool()),
+        (200, Some("degraded"), Some(true)),
+        "{}",
+        during.text
+    );
+    for path in ["/v1/config", "/v1/insights/cost", "/v1/insights/reliability"] {
+        assert_eq!(gateway.call(Method::GET, path, Some(key), None).await?.status, 200, "{path} is exempt from the kill switch");
     }
     Ok(())
 }

@@ -46,6 +46,8 @@ crate::grpc::service_contract! {
         fn list_alerts(ListAlertsRequest) -> AlertList;
         /// Spend, requests and tokens grouped by model, provider, key, agent or day.
         fn get_usage_summary(UsageSummaryRequest) -> UsageSummary;
+        /// One page of a tenant's settled requests, newest first.
+        fn list_settled_requests(SettledRequestsQuery) -> SettledRequestPage;
         /// Per-model outcomes, latency and throughput of a tenant's settlements.
         fn get_model_stats(ModelStatsRequest) -> ModelStatsList;
         /// Current-period totals of every counter, to seed a restarted gateway's counters.

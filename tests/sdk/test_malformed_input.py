@@ -207,8 +207,19 @@ BODY_PROBES = [
 QUERY_PROBES = ["?limit=-1&offset=-1&since=-5&until=abc", "?limit=abc&period=%00&since=not-a-time", "?limit=99999999999999999999&from=%FF&to=%00"]
 
 
+# Routes the spec names by prefix only ("shapes not shown"); their shapes are ours (docs/architecture.md).
+PREFIX_ROUTES = """
+GET /v1/config
+GET /v1/insights/cost
+GET /v1/insights/reliability
+GET /v1/ops/status
+GET /v1/usage/requests
+GET /v1/usage/export
+"""
+
+
 def routes():
-    for line in ROUTES.strip().splitlines():
+    for line in (ROUTES + PREFIX_ROUTES).strip().splitlines():
         method, path = line.split()
         yield method, path
 
@@ -413,6 +424,10 @@ EXTREME_QUERIES = [
     "/v1/budget/alerts/history?limit=4294967295",
     "/v1/governance/audit/chain/export?from_sequence=-1&to_sequence=9223372036854775807",
     "/v1/governance/audit/chain/verify?from=-1&to=9223372036854775807",
+    "/v1/insights/cost?since=9999-12-31T23:59:59Z&until=0001-01-01T00:00:00Z",
+    "/v1/insights/reliability?since=-999999999-01-01T00:00:00Z",
+    "/v1/usage/requests?limit=4294967295&cursor=9999-12-31T23:59:59.999Z,zzz",
+    "/v1/usage/export?format=jsonl&since=0000-01-01T00:00:00Z&until=9999-12-31T23:59:59Z",
 ]
 
 

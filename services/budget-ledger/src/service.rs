@@ -18,9 +18,20 @@ use crate::forecast::{ForecastInput, HISTORY_DAYS, forecast};
 use crate::guard::ExhaustionAction;
 use crate::period::Period;
 use crate::plans::Plan;
-use crate::store::{BudgetStore, UsageGrouping};
+use crate::store::{BudgetStore, SettlementFilters, UsageGrouping};
 
 /// The largest limit accepted: USD 1 billion (well inside i64 nano-dollars).
+/// Settled requests per page by default, and at most.
+const DEFAULT_SETTLED_PAGE: u32 = 100;
+const MAX_SETTLED_PAGE: u32 = 1_000;
+
+/// A settled-requests cursor (`<occurred_at>,<request_id>`) as the instant and id it names.
+fn parse_cursor(cursor: &str) -> Option<(String, String)> {
+    let (occurred_at, request_id) = cursor.split_once(',')?;
+    let occurred_at = normalise_timestamp(occurred_at).filter(|normalised| normalised == occurred_at)?;
+    (!request_id.is_empty()).then(|| (occurred_at, request_id.to_string()))
+}
+
 const MAX_LIMIT_NANOS: i64 = 1_000_000_000 * 1_000_000_000;
 const DEFAULT_ALERT_LIST: u32 = 50;
 const MAX_ALERT_LIST: u32 = 500;
@@ -542,6 +553,44 @@ impl BudgetLedgerService for BudgetLedgerServiceImpl {
         let total_requests = groups.iter().map(|group| group.requests).sum();
         let total_cost_nanos = groups.iter().fold(0i64, |total, group| total.saturating_add(group.cost_nanos));
         Ok(UsageSummary { group_by: request.group_by.clone(), groups, total_requests, total_cost_nanos, since, until })
+    }
+
+    async fn list_settled_requests(&self, request: SettledRequestsQuery) -> ServiceResult<SettledRequestPage> {
+        let tenant_id = required("tenant_id", &request.tenant_id)?;
+        let now = self.now();
+        let instant = |field: &str, value: Option<&str>, default: DateTime<Utc>| -> ServiceResult<String> {
+            match value {
+                None => Ok(format_timestamp(default)),
+                Some(text) => normalise_timestamp(text)
+                    .ok_or_else(|| ServiceError::invalid("invalid_timestamp", format!("{field} is not an RFC 3339 instant"))),
+            }
+        };
+        let since = instant("since", request.since.as_deref(), now - Duration::days(HISTORY_DAYS))?;
+        let until = instant("until", request.until.as_deref(), now + Duration::milliseconds(1))?;
+        let limit = if request.limit == 0 { DEFAULT_SETTLED_PAGE } else { request.limit.min(MAX_SETTLED_PAGE) };
+        let after = match request.cursor.as_deref() {
+            None => None,
+            Some(cursor) => Some(parse_cursor(cursor).ok_or_else(|| {
+                ServiceError::invalid("invalid_cursor", "cursor is not a `next_cursor` this endpoint gave: start again without it")
+            })?),
+        };
+        if let Some(outcome) = request.outcome.as_deref()
+            && !["succeeded", "failed", "client_disconnected"].contains(&outcome)
+        {
+            return Err(ServiceError::invalid("invalid_outcome", "outcome must be one of succeeded, failed, client_disconnected"));
+        }
+        let filters =
+            SettlementFilters { model: request.model, key_id: request.key_id, agent_id: request.agent_id, outcome: request.outcome };
+        let requests = self
+            .store
+            .settled_requests(tenant_id, &since, &until, &filters, after.as_ref().map(|(at, id)| (at.as_str(), id.as_str())), limit)
+            .await
+            .map_err(store_failure)?;
+        // A full page may have a next one; the cursor names its last row.
+        let next_cursor = (requests.len() == limit as usize)
+            .then(|| requests.last().map(|last| format!("{},{}", last.occurred_at, last.request_id)))
+            .flatten();
+        Ok(SettledRequestPage { requests, next_cursor, since, until })
     }
 
     async fn get_model_stats(&self, request: ModelStatsRequest) -> ServiceResult<ModelStatsList> {

@@ -8,7 +8,8 @@ use std::collections::{BTreeMap, HashSet};
 use brainstorm_common::store::{Database, statement_chunks};
 use brainstorm_common::time::{format_timestamp, parse_timestamp};
 use brainstorm_proto::budget::{
-    AgentBudget, AgentBudgetExhausted, AlertConfig, AlertRecord, CounterTotal, ModelStats, Settlement, TenantLimits, UsageGroup,
+    AgentBudget, AgentBudgetExhausted, AlertConfig, AlertRecord, CounterTotal, ModelStats, SettledRequest, Settlement, TenantLimits,
+    UsageGroup,
 };
 use chrono::{DateTime, Utc};
 use sqlx::Row;
@@ -19,6 +20,15 @@ use crate::period::Period;
 
 /// Result of a store operation.
 pub type StoreResult<T> = Result<T, sqlx::Error>;
+
+/// Exact-match filters on a tenant's settlements; `None` matches everything.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SettlementFilters {
+    pub model: Option<String>,
+    pub key_id: Option<String>,
+    pub agent_id: Option<String>,
+    pub outcome: Option<String>,
+}
 
 /// What a usage summary groups by; each maps to a fixed SQL expression.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -555,6 +565,64 @@ impl BudgetStore {
                     input_tokens: row.try_get("input_tokens")?,
                     output_tokens: row.try_get("output_tokens")?,
                     cost_nanos: row.try_get("cost")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Up to `limit` of the tenant's settlements in `[since, until)` matching `filters`, newest first
+    /// (by time, then request id), starting after `after` (`(occurred_at, request_id)` of the last row
+    /// of the previous page). Through the tenant's time index.
+    pub async fn settled_requests(
+        &self,
+        tenant_id: &str,
+        since: &str,
+        until: &str,
+        filters: &SettlementFilters,
+        after: Option<(&str, &str)>,
+        limit: u32,
+    ) -> StoreResult<Vec<SettledRequest>> {
+        let mut sql = String::from(
+            "SELECT request_id, occurred_at, key_id, agent_id, conversation_id, model, provider, outcome, input_tokens, output_tokens, \
+             cost_nanos, latency_ms FROM budget_settlements WHERE tenant_id = $1 AND occurred_at >= $2 AND occurred_at < $3",
+        );
+        let mut values: Vec<&str> = vec![tenant_id, since, until];
+        // Column names come from this fixed list, never from input.
+        for (column, value) in
+            [("model", &filters.model), ("key_id", &filters.key_id), ("agent_id", &filters.agent_id), ("outcome", &filters.outcome)]
+        {
+            if let Some(value) = value {
+                values.push(value);
+                sql.push_str(&format!(" AND {column} = ${}", values.len()));
+            }
+        }
+        if let Some((occurred_at, request_id)) = after {
+            values.push(occurred_at);
+            let at = values.len();
+            values.push(request_id);
+            sql.push_str(&format!(" AND (occurred_at < ${at} OR (occurred_at = ${at} AND request_id < ${}))", values.len()));
+        }
+        sql.push_str(&format!(" ORDER BY occurred_at DESC, request_id DESC LIMIT {limit}"));
+        let mut query = sqlx::query(&sql);
+        for value in values {
+            query = query.bind(value);
+        }
+        let rows = query.fetch_all(self.database.pool()).await?;
+        rows.iter()
+            .map(|row| {
+                Ok(SettledRequest {
+                    request_id: row.try_get("request_id")?,
+                    occurred_at: row.try_get("occurred_at")?,
+                    key_id: row.try_get("key_id")?,
+                    agent_id: row.try_get("agent_id")?,
+                    conversation_id: row.try_get("conversation_id")?,
+                    model: row.try_get("model")?,
+                    provider: row.try_get("provider")?,
+                    outcome: row.try_get("outcome")?,
+                    input_tokens: row.try_get("input_tokens")?,
+                    output_tokens: row.try_get("output_tokens")?,
+                    cost_nanos: row.try_get("cost_nanos")?,
+                    latency_ms: row.try_get("latency_ms")?,
                 })
             })
             .collect()

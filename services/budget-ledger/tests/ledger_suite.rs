@@ -94,6 +94,7 @@ on_both_engines!(
     alert_configuration_defaults_and_validation,
     the_consumer_records_each_event_once_and_acks,
     usage_is_summarised_by_every_grouping,
+    settled_requests_are_paged_newest_first_and_filtered,
     current_totals_seed_a_restarted_gateway,
     a_batch_of_settlements_counts_each_once_per_day,
 );
@@ -679,6 +680,74 @@ async fn usage_is_summarised_by_every_grouping(database: Database) -> TestResult
     let bad_time =
         harness.service.get_usage_summary(UsageSummaryRequest { since: Some("yesterday".to_string()), ..summary("model") }).await;
     assert_eq!(bad_time.err().map(|error| error.reason), Some("invalid_timestamp".to_string()));
+    Ok(())
+}
+
+async fn settled_requests_are_paged_newest_first_and_filtered(database: Database) -> TestResult {
+    let harness = Harness::new(database);
+    let tenant = new_tenant();
+    let now = harness.now();
+    // Five settlements a minute apart, two of them at the same instant (the request id orders those),
+    // one failed and one of an agent; and another tenant's, never shown.
+    let mut written = Vec::new();
+    for (minutes, outcome, agent) in
+        [(5, "succeeded", None), (4, "failed", None), (3, "succeeded", Some("bot")), (3, "succeeded", None), (1, "succeeded", None)]
+    {
+        let row = Settlement {
+            outcome: outcome.to_string(),
+            agent_id: agent.map(str::to_string),
+            ..settlement(&tenant, CENT, now - ChronoDuration::minutes(minutes))
+        };
+        written.push((row.occurred_at.clone(), row.request_id.clone()));
+        harness.settle(row).await?;
+    }
+    harness.settle(settlement(&new_tenant(), CENT, now)).await?;
+    written.sort();
+    written.reverse();
+    let expected: Vec<String> = written.into_iter().map(|(_, id)| id).collect();
+    let query = |limit: u32, cursor: Option<String>| SettledRequestsQuery {
+        tenant_id: tenant.clone(),
+        limit,
+        cursor,
+        ..SettledRequestsQuery::default()
+    };
+
+    let everything = harness.service.list_settled_requests(query(0, None)).await?;
+    assert_eq!(everything.requests.iter().map(|row| row.request_id.clone()).collect::<Vec<_>>(), expected);
+    assert_eq!(everything.next_cursor, None, "a page short of the limit is the last");
+    let first = &everything.requests[0];
+    assert_eq!(
+        (first.model.as_str(), first.key_id.as_deref(), first.input_tokens, first.cost_nanos, first.latency_ms),
+        ("openai/gpt-4o-mini", Some("key-1"), 10, CENT, 100)
+    );
+    // Pages of two walk the same order without repeats or gaps, through the tie.
+    let (mut walked, mut cursor) = (Vec::new(), None);
+    loop {
+        let page = harness.service.list_settled_requests(query(2, cursor.take())).await?;
+        walked.extend(page.requests.iter().map(|row| row.request_id.clone()));
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!(walked, expected);
+    // Filters.
+    let failed = harness.service.list_settled_requests(SettledRequestsQuery { outcome: Some("failed".into()), ..query(0, None) }).await?;
+    assert_eq!(failed.requests.len(), 1);
+    let bot = harness.service.list_settled_requests(SettledRequestsQuery { agent_id: Some("bot".into()), ..query(0, None) }).await?;
+    assert_eq!(bot.requests.iter().map(|row| row.agent_id.as_deref()).collect::<Vec<_>>(), vec![Some("bot")]);
+    let window = SettledRequestsQuery { since: Some(format_timestamp(now - ChronoDuration::minutes(2))), ..query(0, None) };
+    assert_eq!(harness.service.list_settled_requests(window).await?.requests.len(), 1);
+    // Bad input.
+    for (bad, reason) in [
+        (SettledRequestsQuery { cursor: Some("not-a-cursor".into()), ..query(0, None) }, "invalid_cursor"),
+        (SettledRequestsQuery { cursor: Some("2026-11-20T00:00:00Z,".into()), ..query(0, None) }, "invalid_cursor"),
+        (SettledRequestsQuery { outcome: Some("won".into()), ..query(0, None) }, "invalid_outcome"),
+        (SettledRequestsQuery { until: Some("tomorrow".into()), ..query(0, None) }, "invalid_timestamp"),
+    ] {
+        let refused = harness.service.list_settled_requests(bad).await;
+        assert_eq!(refused.err().map(|error| error.reason), Some(reason.to_string()));
+    }
     Ok(())
 }
 

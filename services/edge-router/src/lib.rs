@@ -151,6 +151,8 @@ pub struct EdgeShared {
     idp: Option<idp::IdpVerifier>,
     dashboard_url: String,
     stopping: tokio::sync::watch::Receiver<bool>,
+    /// When this edge was built (its uptime in `/v1/ops/status`).
+    started: std::time::Instant,
 }
 
 /// The edge: its router, and the caches the bus keeps fresh.
@@ -183,6 +185,7 @@ impl Edge {
             idp: options.idp.clone().map(idp::IdpVerifier::new),
             dashboard_url: options.dashboard_url.clone(),
             stopping: options.stopping.clone(),
+            started: std::time::Instant::now(),
             base_urls,
             budget_settings: Arc::new(budget_cache::BudgetSettingsCache::new(dependencies.budget.clone(), options.cache_ttl)),
             budget: dependencies.budget,
@@ -214,8 +217,8 @@ impl Edge {
 
 fn router(state: EdgeState, trace_requests: bool) -> Router {
     use routes::{
-        admin, agent_limits, agent_self, agents, bridge, budget, completions, datasets, governance, guardian, identity, leaderboard,
-        liaison, mcp, mcp_connect, memory, oauth, observability, prompts, provider_health, providers,
+        admin, agent_limits, agent_self, agents, bridge, budget, completions, config, datasets, governance, guardian, identity, insights,
+        leaderboard, liaison, mcp, mcp_connect, memory, oauth, observability, ops, prompts, provider_health, providers, usage,
     };
     let routes = Router::new()
         .route("/health", get(routes::health))
@@ -278,6 +281,10 @@ fn router(state: EdgeState, trace_requests: bool) -> Router {
         .route("/v1/budget/alerts/config", get(budget::get_alert_config).put(budget::put_alert_config))
         .route("/v1/budget/alerts/history", get(budget::alert_history))
         .route("/v1/usage/summary", get(budget::usage_summary))
+        .route("/v1/usage/requests", get(usage::requests))
+        .route("/v1/usage/export", get(usage::export))
+        .route("/v1/insights/cost", get(insights::cost))
+        .route("/v1/insights/reliability", get(insights::reliability))
         .route("/v1/killswitch/activate", post(guardian::activate))
         .route("/v1/killswitch/deactivate", post(guardian::deactivate))
         .route("/v1/killswitch/status", get(guardian::status))
@@ -323,6 +330,8 @@ fn router(state: EdgeState, trace_requests: bool) -> Router {
         .route("/v1/agent/sub-agents", get(agent_self::sub_agents))
         .route("/v1/agent/sub-agents/{child_agent_id}", delete(agent_self::end_sub_agent))
         .route("/v1/self", get(agent_self::whoami))
+        .route("/v1/config", get(config::get))
+        .route("/v1/ops/status", get(ops::status))
         .route("/v1/agent-limits", get(agent_limits::get).put(agent_limits::put).patch(agent_limits::patch))
         .route("/v1/agent/profiles", get(agents::list).post(agents::create))
         .route("/v1/agent/profiles/{agent_id}", get(agents::get).patch(agents::update).delete(agents::delete))

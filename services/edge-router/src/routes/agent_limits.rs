@@ -19,7 +19,7 @@ use crate::extract::JsonBody;
 type Answer = Result<Json<Value>, ApiError>;
 
 /// Who may read and write the map: the roles that manage agents (admin, operator).
-const MANAGE: &str = "agent.lifecycle.manage";
+pub(crate) const MANAGE: &str = "agent.lifecycle.manage";
 /// The prefix every key of the map carries.
 const KEY_PREFIX: &str = "agent:";
 

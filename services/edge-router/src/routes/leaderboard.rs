@@ -54,7 +54,7 @@ struct Entry {
 }
 
 /// Rounded to six places, as the figures are shown.
-fn round(value: f64) -> f64 {
+pub(crate) fn round(value: f64) -> f64 {
     (value * 1e6).round() / 1e6
 }
 
@@ -62,14 +62,26 @@ fn dollars(nanos: i64) -> f64 {
     nanos as f64 / 1e9
 }
 
+/// The Beta posterior's `(alpha, beta)` of the model's success: the catalog's quality as a prior
+/// worth [`PRIOR_WEIGHT`] requests, then what `stats` observed.
+fn posterior(model: &Model, stats: &ModelStats) -> (f64, f64) {
+    let prior = model.quality.clamp(0.0, 1.0);
+    let failures = stats.requests.saturating_sub(stats.succeeded);
+    (prior * PRIOR_WEIGHT + stats.succeeded as f64, (1.0 - prior) * PRIOR_WEIGHT + failures as f64)
+}
+
+/// The model's learned reward (its posterior's mean), unrounded; its prior when `stats` is none.
+pub(crate) fn reward(model: &Model, stats: Option<&ModelStats>) -> f64 {
+    let (alpha, beta) = posterior(model, stats.unwrap_or(&ModelStats::default()));
+    alpha / (alpha + beta).max(f64::MIN_POSITIVE)
+}
+
 /// The model's entry from the catalog and its observed figures (none when it was not used).
 fn entry(model: &Model, stats: Option<&ModelStats>) -> Entry {
     let empty = ModelStats::default();
     let stats = stats.unwrap_or(&empty);
     let prior = model.quality.clamp(0.0, 1.0);
-    let failures = stats.requests.saturating_sub(stats.succeeded);
-    let alpha = prior * PRIOR_WEIGHT + stats.succeeded as f64;
-    let beta = (1.0 - prior) * PRIOR_WEIGHT + failures as f64;
+    let (alpha, beta) = posterior(model, stats);
     let total = (alpha + beta).max(f64::MIN_POSITIVE);
     let reward_score = alpha / total;
     let reward_variance = alpha * beta / (total * total * (total + 1.0));
