@@ -2,7 +2,7 @@
 //! Ed25519 key published as a JWKS file): claim tokens redeemed by the provider's users under the
 //! spec's role mapping and collision rules, `/auth/me` with `X-BR-Tenant-Id`, the dashboard's budget
 //! mirror and OAuth consent with the member's JWT, a device linked by the device authorization grant
-//! and answering with the key it was given, and refused tokens.
+//! and answering with the key it was given, a user's own tenant provisioned once, and refused tokens.
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -263,6 +263,55 @@ async fn identity_provider_users_claim_tenants_and_link_devices(shape: Shape) ->
     assert_eq!((delivered.status, code(&delivered)), (400, "invalid_device_code"), "the key is delivered once: {}", delivered.text);
     let bogus = poll("brdc_unknown".to_string()).await?;
     assert_eq!((bogus.status, code(&bogus)), (400, "invalid_device_code"), "{}", bogus.text);
+
+    // Provisioning: a user's first sign-in makes its own tenant (it as admin, a key shown once);
+    // later calls, concurrent ones included, find that tenant and make no other.
+    let dora = provider.token("user-dora", "dora@example.com");
+    let body = json!({"tenant_name": "Dora's lab"});
+    let (first, second) = tokio::join!(
+        as_user(&gateway, Method::POST, "/auth/provision", &dora, None, Some(body.clone())),
+        as_user(&gateway, Method::POST, "/auth/provision", &dora, None, Some(body.clone())),
+    );
+    let (first, second) = (first?, second?);
+    let mut statuses = [first.status, second.status];
+    statuses.sort_unstable();
+    assert_eq!(statuses, [200, 201], "{} / {}", first.text, second.text);
+    let (made, found) = if first.status == 201 { (&first, &second) } else { (&second, &first) };
+    let dora_tenant = made.body["membership"]["tenant"]["id"].as_str().unwrap_or_default().to_string();
+    assert_eq!(found.body["membership"]["tenant"]["id"].as_str(), Some(dora_tenant.as_str()), "{}", found.text);
+    assert_eq!((found.body["created"].as_bool(), found.body["api_key"].clone()), (Some(false), Value::Null), "the key is shown once");
+    assert_eq!(
+        (
+            made.body["membership"]["role"].as_str(),
+            made.body["membership"]["claim_role"].as_str(),
+            made.body["membership"]["tenant"]["name"].as_str()
+        ),
+        (Some("admin"), Some("owner"), Some("Dora's lab")),
+        "{}",
+        made.text
+    );
+    let dora_key = made.body["api_key"]["key"].as_str().unwrap_or_default().to_string();
+    let account = gateway.call(Method::GET, "/v1/account", Some(&dora_key), None).await?;
+    assert_eq!((account.status, account.body["tenant"]["id"].as_str()), (200, Some(dora_tenant.as_str())), "{}", account.text);
+    let dora_me = as_user(&gateway, Method::GET, "/auth/me", &dora, None, None).await?;
+    assert_eq!(dora_me.body["tenant"]["tenant"]["id"].as_str(), Some(dora_tenant.as_str()), "{}", dora_me.text);
+    let again = as_user(&gateway, Method::POST, "/auth/provision", &dora, None, None).await?;
+    assert_eq!((again.status, again.body["membership"]["tenant"]["id"].as_str()), (200, Some(dora_tenant.as_str())), "{}", again.text);
+    // Ada, a member of tenants she claimed, provisions one of her own beside them, named by her email.
+    let own = as_user(&gateway, Method::POST, "/auth/provision", &ada, None, None).await?;
+    assert_eq!((own.status, own.body["membership"]["tenant"]["name"].as_str()), (201, Some("ada@example.com")), "{}", own.text);
+    let bad = as_user(
+        &gateway,
+        Method::POST,
+        "/auth/provision",
+        &provider.token("user-eve", "eve@example.com"),
+        None,
+        Some(json!({"tenant_name": 7})),
+    )
+    .await?;
+    assert_eq!(bad.status, 400, "{}", bad.text);
+    let unsigned = gateway.call(Method::POST, "/auth/provision", Some("eyJ.x.y"), None).await?;
+    assert_eq!((unsigned.status, code(&unsigned)), (401, "invalid_idp_token"), "{}", unsigned.text);
 
     // A rejected tenant's members act in it no more than its keys do.
     let rejected =

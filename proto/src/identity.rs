@@ -86,6 +86,8 @@ crate::grpc::service_contract! {
         fn redeem_claim(RedeemClaimRequest) -> IdpMembership;
         /// The tenants an identity has claimed.
         fn list_idp_memberships(IdpSubject) -> IdpMembershipList;
+        /// An identity's own tenant: made (with an admin key) at its first call, found after.
+        fn provision_tenant(ProvisionTenantRequest) -> ProvisionedTenant;
         /// Starts a device authorization.
         fn start_device_authorization(StartDeviceAuthorizationRequest) -> DeviceAuthorization;
         /// Confirms a device's user code for one of the identity's tenants.

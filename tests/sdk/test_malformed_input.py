@@ -280,7 +280,7 @@ def probed(gateway):
 
 
 # Routes of the spec that are not served, and why (docs/architecture.md): the spec shows no shape for them.
-NOT_SERVED = {("POST", "/auth/provision"), ("POST", "/v1/agent/auth/cert")}
+NOT_SERVED = {("POST", "/v1/agent/auth/cert")}
 
 
 def test_every_route_of_the_spec_is_served(probed):

@@ -251,6 +251,7 @@ fn router(state: EdgeState, trace_requests: bool) -> Router {
         .route("/v1/auth/device/token", post(bridge::device_token))
         .route("/v1/auth/link", post(bridge::link))
         .route("/auth/claim", post(bridge::claim))
+        .route("/auth/provision", post(bridge::provision))
         .route("/auth/me", get(bridge::me))
         .route("/auth/device/confirm", post(bridge::device_confirm))
         .route("/auth/budget/status", get(bridge::budget_mirror::status))

@@ -70,6 +70,50 @@ impl IdentityServiceImpl {
         }
     }
 
+    /// A new tenant's status under the registration mode: `active`, or `pending` (approval mode
+    /// without an invite code); invite mode without a code is refused.
+    fn registration_status(&self, invite_code: Option<&str>) -> ServiceResult<&'static str> {
+        if invite_code.is_none() && self.options.registration_mode == RegistrationMode::Invite {
+            return Err(ServiceError::invalid("invite_code_required", "registration requires an invite code (field `invite_code`)"));
+        }
+        Ok(match (invite_code, self.options.registration_mode) {
+            (None, RegistrationMode::Approval) => "pending",
+            _ => "active",
+        })
+    }
+
+    /// A stored membership as the bridge shows it; None when its tenant or user was deleted since.
+    async fn membership_of(&self, row: MembershipRow) -> ServiceResult<Option<IdpMembership>> {
+        let Some(tenant) = self.store.tenant(&row.tenant_id).await.map_err(store_failure)? else { return Ok(None) };
+        let Some(user) = self.store.user(&row.tenant_id, &row.user_id).await.map_err(store_failure)? else { return Ok(None) };
+        Ok(Some(IdpMembership {
+            tenant: Some(tenant),
+            user_id: user.id,
+            permissions: role_permission_list(&user.role),
+            role: user.role,
+            claim_role: row.claim_role,
+            email: row.email,
+            claimed_at: row.claimed_at,
+        }))
+    }
+
+    /// The tenant the identity provisioned before, as a membership (no key: it was shown once); 404
+    /// `provisioned_tenant_gone` when that tenant or the identity's user in it was deleted since.
+    async fn provisioned(&self, identity: &IdpSubject) -> ServiceResult<Option<ProvisionedTenant>> {
+        let Some(tenant_id) = self.store.provisioned_tenant(&identity.issuer, &identity.subject).await.map_err(store_failure)? else {
+            return Ok(None);
+        };
+        let rows = self.store.memberships(&identity.issuer, &identity.subject).await.map_err(store_failure)?;
+        let membership = match rows.into_iter().find(|row| row.tenant_id == tenant_id) {
+            Some(row) => self.membership_of(row).await?,
+            None => None,
+        };
+        let membership = membership.ok_or_else(|| {
+            ServiceError::not_found("provisioned_tenant_gone", "the tenant this identity provisioned, or its user there, was deleted")
+        })?;
+        Ok(Some(ProvisionedTenant { membership: Some(membership), api_key: None, created: false }))
+    }
+
     async fn agent_or_not_found(&self, tenant_id: &str, agent_id: &str) -> ServiceResult<AgentProfile> {
         self.agents
             .get(tenant_id, agent_id)
@@ -170,13 +214,7 @@ impl IdentityService for IdentityServiceImpl {
     async fn register(&self, request: RegisterRequest) -> ServiceResult<RegisterResponse> {
         let name = validated_name("tenant_name", &request.tenant_name)?;
         let invite_code = request.invite_code.as_deref().map(str::trim).filter(|code| !code.is_empty());
-        if invite_code.is_none() && self.options.registration_mode == RegistrationMode::Invite {
-            return Err(ServiceError::invalid("invite_code_required", "registration requires an invite code (field `invite_code`)"));
-        }
-        let status = match (invite_code, self.options.registration_mode) {
-            (None, RegistrationMode::Approval) => "pending",
-            _ => "active",
-        };
+        let status = self.registration_status(invite_code)?;
         let id = match request.tenant_id.as_deref() {
             None => uuid::Uuid::new_v4(),
             Some(text) => {
@@ -185,30 +223,8 @@ impl IdentityService for IdentityServiceImpl {
         };
         let now = Utc::now();
         let created_at = format_timestamp(now);
-        let tenant = Tenant {
-            id: id.hyphenated().to_string(),
-            slug: slug_of(&name),
-            name,
-            plan: SANDBOX_PLAN.to_string(),
-            tier: tier_of_plan(SANDBOX_PLAN).to_string(),
-            status: status.to_string(),
-            user_count: 0,
-            created_at: created_at.clone(),
-            updated_at: created_at.clone(),
-            email_verified_at: None,
-            graduated_at: None,
-        };
-        let plaintext_key = secrets::mint(LIVE_KEY_PREFIX);
-        let key = ApiKey {
-            id: uuid::Uuid::new_v4().to_string(),
-            tenant_id: tenant.id.clone(),
-            name: "registration".to_string(),
-            prefix: secrets::display_prefix(&plaintext_key),
-            role: "admin".to_string(),
-            scopes: vec!["admin".to_string()],
-            created_at: created_at.clone(),
-            ..ApiKey::default()
-        };
+        let tenant = new_sandbox_tenant(id.hyphenated().to_string(), name, status, &created_at);
+        let (key, plaintext_key) = new_admin_key(&tenant.id, "registration", &created_at);
         let claim_token = secrets::mint(CLAIM_TOKEN_PREFIX);
         let claim = ClaimTokenRecord {
             id: uuid::Uuid::new_v4().to_string(),
@@ -224,21 +240,7 @@ impl IdentityService for IdentityServiceImpl {
         };
 
         let mut transaction = self.store.begin().await.map_err(store_failure)?;
-        if let Some(code) = invite_code {
-            let consumed = IdentityStore::consume_invite_code(&mut transaction, code, &created_at).await.map_err(store_failure)?;
-            if !consumed {
-                return Err(ServiceError::invalid("invalid_invite_code", "the invite code is unknown, expired or used up"));
-            }
-        }
-        IdentityStore::insert_tenant(&mut transaction, &tenant).await.map_err(|error| {
-            if brainstorm_common::store::is_unique_violation(&error) {
-                ServiceError::conflict("tenant_exists", format!("tenant `{}` already exists", tenant.id))
-            } else {
-                store_failure(error)
-            }
-        })?;
-        let key_hash = secrets::digest(&plaintext_key);
-        IdentityStore::insert_api_key(&mut transaction, ApiKeyRecord { key: &key, key_hash: &key_hash }).await.map_err(store_failure)?;
+        insert_new_tenant(&mut transaction, invite_code, &tenant, &key, &plaintext_key).await?;
         IdentityStore::insert_claim_token(&mut transaction, &claim).await.map_err(store_failure)?;
         transaction.commit().await.map_err(store_failure)?;
         tracing::info!(tenant_id = %tenant.id, slug = %tenant.slug, status, "tenant registered");
@@ -1108,20 +1110,72 @@ impl IdentityService for IdentityServiceImpl {
         let rows = self.store.memberships(&identity.issuer, &identity.subject).await.map_err(store_failure)?;
         let mut memberships = Vec::with_capacity(rows.len());
         for row in rows {
-            // A tenant or user deleted since is no membership.
-            let Some(tenant) = self.store.tenant(&row.tenant_id).await.map_err(store_failure)? else { continue };
-            let Some(user) = self.store.user(&row.tenant_id, &row.user_id).await.map_err(store_failure)? else { continue };
-            memberships.push(IdpMembership {
+            memberships.extend(self.membership_of(row).await?);
+        }
+        Ok(IdpMembershipList { memberships })
+    }
+
+    async fn provision_tenant(&self, request: ProvisionTenantRequest) -> ServiceResult<ProvisionedTenant> {
+        let identity = checked_identity(request.identity)?;
+        let email = if identity.email.is_empty() { identity.subject.clone() } else { identity.email.clone() };
+        if let Some(found) = self.provisioned(&identity).await? {
+            return Ok(found);
+        }
+        let name = if request.tenant_name.trim().is_empty() {
+            email.chars().filter(|character| !character.is_control()).take(MAX_NAME_CHARS).collect()
+        } else {
+            validated_name("tenant_name", &request.tenant_name)?
+        };
+        let invite_code = request.invite_code.as_deref().map(str::trim).filter(|code| !code.is_empty());
+        let status = self.registration_status(invite_code)?;
+        let created_at = format_timestamp(Utc::now());
+        let tenant = new_sandbox_tenant(uuid::Uuid::new_v4().to_string(), name, status, &created_at);
+        let (key, plaintext_key) = new_admin_key(&tenant.id, "provision", &created_at);
+        let user = User {
+            id: uuid::Uuid::new_v4().to_string(),
+            tenant_id: tenant.id.clone(),
+            email: email.clone(),
+            role: "admin".to_string(),
+            status: "active".to_string(),
+            created_at: created_at.clone(),
+        };
+        let membership = MembershipRow {
+            tenant_id: tenant.id.clone(),
+            user_id: user.id.clone(),
+            claim_role: "owner".to_string(),
+            email,
+            claimed_at: created_at.clone(),
+        };
+        let mut transaction = self.store.begin().await.map_err(store_failure)?;
+        // First, so that of two concurrent first provisions one makes the tenant and the other finds it.
+        if !IdentityStore::insert_provision(&mut transaction, &identity.issuer, &identity.subject, &tenant.id, &created_at)
+            .await
+            .map_err(store_failure)?
+        {
+            drop(transaction);
+            return self.provisioned(&identity).await?.ok_or_else(|| ServiceError::internal("a provision vanished while read"));
+        }
+        insert_new_tenant(&mut transaction, invite_code, &tenant, &key, &plaintext_key).await?;
+        IdentityStore::insert_user(&mut transaction, &user).await.map_err(store_failure)?;
+        IdentityStore::insert_membership(&mut transaction, &identity.issuer, &identity.subject, &membership)
+            .await
+            .map_err(store_failure)?;
+        transaction.commit().await.map_err(store_failure)?;
+        tracing::info!(tenant_id = %tenant.id, status, "tenant provisioned for an identity provider's user");
+        let tenant = Tenant { user_count: 1, ..tenant };
+        Ok(ProvisionedTenant {
+            membership: Some(IdpMembership {
                 tenant: Some(tenant),
                 user_id: user.id,
                 permissions: role_permission_list(&user.role),
                 role: user.role,
-                claim_role: row.claim_role,
-                email: row.email,
-                claimed_at: row.claimed_at,
-            });
-        }
-        Ok(IdpMembershipList { memberships })
+                claim_role: membership.claim_role,
+                email: membership.email,
+                claimed_at: membership.claimed_at,
+            }),
+            api_key: Some(CreatedApiKey { key: Some(key), plaintext: plaintext_key }),
+            created: true,
+        })
     }
 
     async fn start_device_authorization(&self, request: StartDeviceAuthorizationRequest) -> ServiceResult<DeviceAuthorization> {
@@ -1375,6 +1429,65 @@ fn validated_plan(plan: &str) -> ServiceResult<&str> {
 const OAUTH_CODE_MINUTES: i64 = 10;
 /// How long a key issued for a code lives.
 const OAUTH_KEY_DAYS: i64 = 90;
+
+/// A new tenant on the sandbox plan, named `name`, with no users yet.
+fn new_sandbox_tenant(id: String, name: String, status: &str, created_at: &str) -> Tenant {
+    Tenant {
+        id,
+        slug: slug_of(&name),
+        name,
+        plan: SANDBOX_PLAN.to_string(),
+        tier: tier_of_plan(SANDBOX_PLAN).to_string(),
+        status: status.to_string(),
+        user_count: 0,
+        created_at: created_at.to_string(),
+        updated_at: created_at.to_string(),
+        email_verified_at: None,
+        graduated_at: None,
+    }
+}
+
+/// A new tenant's first key (role and scope admin), and its plaintext.
+fn new_admin_key(tenant_id: &str, name: &str, created_at: &str) -> (ApiKey, String) {
+    let plaintext = secrets::mint(LIVE_KEY_PREFIX);
+    let key = ApiKey {
+        id: uuid::Uuid::new_v4().to_string(),
+        tenant_id: tenant_id.to_string(),
+        name: name.to_string(),
+        prefix: secrets::display_prefix(&plaintext),
+        role: "admin".to_string(),
+        scopes: vec!["admin".to_string()],
+        created_at: created_at.to_string(),
+        ..ApiKey::default()
+    };
+    (key, plaintext)
+}
+
+/// Writes a new tenant and its first key, consuming `invite_code` when given (400 when it cannot be).
+async fn insert_new_tenant(
+    transaction: &mut sqlx::Transaction<'static, sqlx::Any>,
+    invite_code: Option<&str>,
+    tenant: &Tenant,
+    key: &ApiKey,
+    plaintext_key: &str,
+) -> ServiceResult<()> {
+    if let Some(code) = invite_code {
+        let consumed = IdentityStore::consume_invite_code(transaction, code, &tenant.created_at).await.map_err(store_failure)?;
+        if !consumed {
+            return Err(ServiceError::invalid("invalid_invite_code", "the invite code is unknown, expired or used up"));
+        }
+    }
+    IdentityStore::insert_tenant(transaction, tenant).await.map_err(|error| {
+        if brainstorm_common::store::is_unique_violation(&error) {
+            ServiceError::conflict("tenant_exists", format!("tenant `{}` already exists", tenant.id))
+        } else {
+            store_failure(error)
+        }
+    })?;
+    let key_hash = secrets::digest(plaintext_key);
+    IdentityStore::insert_api_key(transaction, ApiKeyRecord { key, key_hash: &key_hash }).await.map_err(store_failure)?;
+    Ok(())
+}
 
 fn validated_name(field: &str, name: &str) -> ServiceResult<String> {
     let trimmed = name.trim();

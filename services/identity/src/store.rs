@@ -532,6 +532,38 @@ impl IdentityStore {
         Ok(inserted.rows_affected() == 1)
     }
 
+    /// Records `tenant_id` as the tenant the identity provisioned; false (and nothing written) when it
+    /// has one already.
+    pub async fn insert_provision(
+        transaction: &mut Transaction<'static, Any>,
+        issuer: &str,
+        subject: &str,
+        tenant_id: &str,
+        created_at: &str,
+    ) -> StoreResult<bool> {
+        let inserted = sqlx::query(
+            "INSERT INTO idp_provisions (issuer, subject, tenant_id, created_at) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (issuer, subject) DO NOTHING",
+        )
+        .bind(issuer)
+        .bind(subject)
+        .bind(tenant_id)
+        .bind(created_at)
+        .execute(&mut **transaction)
+        .await?;
+        Ok(inserted.rows_affected() == 1)
+    }
+
+    /// The tenant the identity provisioned, if it did.
+    pub async fn provisioned_tenant(&self, issuer: &str, subject: &str) -> StoreResult<Option<String>> {
+        let row = sqlx::query("SELECT tenant_id FROM idp_provisions WHERE issuer = $1 AND subject = $2")
+            .bind(issuer)
+            .bind(subject)
+            .fetch_optional(self.database.pool())
+            .await?;
+        row.map(|row| row.try_get("tenant_id")).transpose()
+    }
+
     /// An identity's memberships, oldest first.
     pub async fn memberships(&self, issuer: &str, subject: &str) -> StoreResult<Vec<MembershipRow>> {
         let rows = sqlx::query(

@@ -65,6 +65,8 @@ on_both_engines!(
     administration_of_tenants_and_invite_codes,
     invite_only_registration_consumes_codes,
     approval_mode_holds_tenants_until_approved,
+    an_identity_provisions_one_tenant_of_its_own,
+    provisioning_follows_the_registration_mode,
     plan_changes_record_graduation_and_publish_tenant_changed,
     invalid_plans_emails_and_tenants_are_refused,
     email_verification_graduates_the_tenant_once,
@@ -617,6 +619,80 @@ async fn approval_mode_holds_tenants_until_approved(database: Database) -> TestR
     assert_eq!(pending.map(|error| error.reason), Some("tenant_pending_approval".to_string()));
     harness.identity.set_tenant_status(SetTenantStatusRequest { tenant_id: tenant_id(&response), status: "active".to_string() }).await?;
     assert!(harness.identity.authenticate(AuthenticateRequest { api_key: plaintext(&response) }).await.is_ok());
+    Ok(())
+}
+
+fn provision_request(subject: &str, tenant_name: &str, invite_code: Option<&str>) -> ProvisionTenantRequest {
+    ProvisionTenantRequest {
+        identity: Some(IdpSubject {
+            issuer: "https://idp.example".into(),
+            subject: subject.into(),
+            email: format!("{subject}@example.com"),
+        }),
+        tenant_name: tenant_name.into(),
+        invite_code: invite_code.map(str::to_string),
+    }
+}
+
+async fn an_identity_provisions_one_tenant_of_its_own(database: Database) -> TestResult {
+    let harness = harness(database, RegistrationMode::Open);
+    // Eight concurrent first provisions of one identity make one tenant; one of them shows the key.
+    let calls = (0..8).map(|_| harness.identity.provision_tenant(provision_request("ada", "Ada's lab", None)));
+    let answers = futures::future::join_all(calls).await.into_iter().collect::<Result<Vec<_>, _>>()?;
+    let made: Vec<&ProvisionedTenant> = answers.iter().filter(|answer| answer.created).collect();
+    assert_eq!(made.len(), 1);
+    let tenant_of = |answer: &ProvisionedTenant| {
+        answer.membership.as_ref().and_then(|membership| membership.tenant.as_ref()).map(|tenant| tenant.id.clone())
+    };
+    assert!(answers.iter().all(|answer| tenant_of(answer) == tenant_of(made[0])));
+    assert!(answers.iter().filter(|answer| !answer.created).all(|answer| answer.api_key.is_none()), "the key is shown once");
+    assert_eq!(harness.identity.list_tenants(ListTenantsRequest::default()).await?.tenants.len(), 1);
+    let membership = made[0].membership.clone().unwrap_or_default();
+    assert_eq!(
+        (membership.role.as_str(), membership.claim_role.as_str(), membership.email.as_str()),
+        ("admin", "owner", "ada@example.com")
+    );
+    let tenant = membership.tenant.unwrap_or_default();
+    assert_eq!(
+        (tenant.name.as_str(), tenant.plan.as_str(), tenant.status.as_str(), tenant.user_count),
+        ("Ada's lab", "sandbox", "active", 1)
+    );
+    // The key authenticates as the tenant's admin; the identity's memberships list the tenant.
+    let key = made[0].api_key.clone().unwrap_or_default().plaintext;
+    let principal = harness.identity.authenticate(AuthenticateRequest { api_key: key }).await?;
+    assert_eq!(
+        (principal.tenant.map(|tenant| tenant.id), principal.key.map(|key| key.role)),
+        (Some(tenant.id.clone()), Some("admin".to_string()))
+    );
+    let subject = provision_request("ada", "", None).identity.unwrap_or_default();
+    let listed = harness.identity.list_idp_memberships(subject).await?;
+    assert_eq!(listed.memberships.len(), 1);
+    // Another identity gets its own, named by its email when no name is given; bad input is refused.
+    let bob = harness.identity.provision_tenant(provision_request("bob", "  ", None)).await?;
+    assert_eq!(bob.membership.and_then(|membership| membership.tenant).map(|tenant| tenant.name), Some("bob@example.com".to_string()));
+    let nameless = ProvisionTenantRequest { identity: None, ..provision_request("x", "", None) };
+    assert_eq!(harness.identity.provision_tenant(nameless).await.err().map(|error| error.reason), Some("invalid_identity".to_string()));
+    let control = harness.identity.provision_tenant(provision_request("carol", "bad\u{7}name", None)).await;
+    assert_eq!(control.err().map(|error| error.reason), Some("invalid_name".to_string()));
+    Ok(())
+}
+
+async fn provisioning_follows_the_registration_mode(database: Database) -> TestResult {
+    let invite = harness(database.clone(), RegistrationMode::Invite);
+    let refused = invite.identity.provision_tenant(provision_request("dan", "", None)).await;
+    assert_eq!(refused.err().map(|error| error.reason), Some("invite_code_required".to_string()));
+    invite
+        .identity
+        .create_invite_code(CreateInviteCodeRequest { code: "PROVISION".to_string(), max_uses: Some(1), expires_at: None })
+        .await?;
+    let spent = invite.identity.provision_tenant(provision_request("dan", "", Some("NOPE"))).await;
+    assert_eq!(spent.err().map(|error| error.reason), Some("invalid_invite_code".to_string()));
+    // The refused call wrote nothing: the identity can still provision, with a good code.
+    let made = invite.identity.provision_tenant(provision_request("dan", "", Some("PROVISION"))).await?;
+    assert!(made.created);
+    let approval = harness(database, RegistrationMode::Approval);
+    let pending = approval.identity.provision_tenant(provision_request("erin", "", None)).await?;
+    assert_eq!(pending.membership.and_then(|membership| membership.tenant).map(|tenant| tenant.status), Some("pending".to_string()));
     Ok(())
 }
 

@@ -10,8 +10,8 @@ use axum::http::StatusCode;
 use axum::http::request::Parts;
 use brainstorm_common::ApiError;
 use brainstorm_proto::identity::{
-    ConfirmDeviceRequest, CreateClaimLinkRequest, IdpMembership, IdpSubject, PollDeviceTokenRequest, RedeemClaimRequest,
-    StartDeviceAuthorizationRequest, Tenant,
+    ConfirmDeviceRequest, CreateClaimLinkRequest, IdpMembership, IdpSubject, PollDeviceTokenRequest, ProvisionTenantRequest,
+    RedeemClaimRequest, StartDeviceAuthorizationRequest, Tenant,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -266,6 +266,36 @@ pub async fn claim(
         .ok_or_else(|| ApiError::invalid_request("missing_field", "token is required"))?;
     let membership = state.identity.redeem_claim(RedeemClaimRequest { identity: Some(caller.subject()), token }).await?;
     Ok((StatusCode::CREATED, Json(membership_view(&membership))))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ProvisionBody {
+    tenant_name: Option<String>,
+    invite_code: Option<String>,
+}
+
+/// `POST /auth/provision` (identity provider JWT): the identity's own tenant. The first call makes
+/// it (sandbox plan, the identity its admin member, an admin API key shown this once): 201; later
+/// calls find it: 200, without a key. `{tenant_name?, invite_code?}` as `/v1/register` takes them.
+pub async fn provision(
+    State(state): State<EdgeState>,
+    caller: IdpCaller,
+    OptionalJsonBody(body): OptionalJsonBody<ProvisionBody>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let request = ProvisionTenantRequest {
+        identity: Some(caller.subject()),
+        tenant_name: body.tenant_name.unwrap_or_default(),
+        invite_code: body.invite_code,
+    };
+    let provisioned = state.identity.provision_tenant(request).await?;
+    let membership = provisioned.membership.as_ref().map_or(Value::Null, membership_view);
+    let api_key = provisioned.api_key.as_ref().map_or(Value::Null, |created| {
+        let key = created.key.clone().unwrap_or_default();
+        json!({"id": key.id, "key": created.plaintext, "prefix": key.prefix, "scopes": key.scopes, "role": key.role})
+    });
+    let status = if provisioned.created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(json!({"created": provisioned.created, "membership": membership, "api_key": api_key}))))
 }
 
 /// `GET /auth/me` (identity provider JWT): the identity and the tenants it has claimed; the selected
