@@ -1301,7 +1301,8 @@ async fn insights_config_and_ops_read_the_tenant_as_it_is(shape: Shape) -> TestR
     let alternative = &used["alternative"];
     assert_eq!(alternative["model"], "openai/o4-mini", "{insight}");
     let (input, output) = (used["input_tokens"].as_u64().unwrap_or(0), used["output_tokens"].as_u64().unwrap_or(0));
-    let estimate = (input * 1_100 + output * 4_400).div_ceil(1_000) as f64 / 1e9;
+    // Per million tokens: 1.10 USD is 1,100 nano-dollars a token.
+    let estimate = (input * 1_100 + output * 4_400) as f64 / 1e9;
     assert!((alternative["estimated_cost_usd"].as_f64().unwrap_or(0.0) - estimate).abs() < 1e-9, "{insight}");
     let spent = used["cost_usd"].as_f64().unwrap_or(0.0);
     assert!((alternative["savings_usd"].as_f64().unwrap_or(0.0) - (spent - estimate)).abs() < 1e-9, "{insight}");
@@ -1378,9 +1379,19 @@ async fn insights_config_and_ops_read_the_tenant_as_it_is(shape: Shape) -> TestR
         "guardrails",
         "security_policies",
         "firewall",
-        "observability",
     ] {
         assert!(config.body[section].is_object(), "{section}: {}", config.text);
+    }
+    // The optional services' sections: shown where the edge reaches the service, else named unavailable.
+    let unavailable = sections(&config.body["unavailable"], "section");
+    for (section, service) in [
+        ("mcp_governance", "mcp_gateway"),
+        ("observability", "observability_fanout"),
+        ("observability_destinations", "observability_fanout"),
+    ] {
+        let configured = config.body["gateway"]["services"][service] == true;
+        let shown = (config.body[section].is_object(), unavailable.iter().any(|name| name == section));
+        assert_eq!(shown, (configured, !configured), "{section}: {}", config.text);
     }
     assert_eq!((config.body["omitted"].clone(), config.body["api_key"]["role"].as_str()), (json!([]), Some("admin")), "{}", config.text);
     assert_eq!(config.body["kill_switch"]["active"], false);

@@ -219,7 +219,9 @@ GET /v1/usage/export
 
 
 def routes():
-    for line in (ROUTES + PREFIX_ROUTES).strip().splitlines():
+    for line in (ROUTES + PREFIX_ROUTES).split("\n"):
+        if not line.strip():
+            continue
         method, path = line.split()
         yield method, path
 

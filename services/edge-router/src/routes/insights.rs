@@ -174,7 +174,7 @@ pub async fn cost(State(state): State<EdgeState>, caller: Caller, Query(query): 
             view
         })
         .collect();
-    recommendations.sort_by(|a, b| b.0.cmp(&a.0));
+    recommendations.sort_by_key(|(savings, _)| std::cmp::Reverse(*savings));
     Ok(Json(json!({
         "window": {"since": summary.since, "until": summary.until},
         "total_requests": summary.total_requests,
