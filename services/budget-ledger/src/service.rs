@@ -79,6 +79,20 @@ pub struct BudgetLedgerServiceImpl {
 }
 
 impl BudgetLedgerServiceImpl {
+    /// A usage read's `[since, until)` in the stored form: the last 30 days up to now by default;
+    /// 400 `invalid_timestamp` for a bound that is not an RFC 3339 instant.
+    fn usage_window(&self, since: Option<&str>, until: Option<&str>) -> ServiceResult<(String, String)> {
+        let now = self.now();
+        let instant = |field: &str, value: Option<&str>, default: DateTime<Utc>| -> ServiceResult<String> {
+            match value {
+                None => Ok(format_timestamp(default)),
+                Some(text) => normalise_timestamp(text)
+                    .ok_or_else(|| ServiceError::invalid("invalid_timestamp", format!("{field} is not an RFC 3339 instant"))),
+            }
+        };
+        Ok((instant("since", since, now - Duration::days(HISTORY_DAYS))?, instant("until", until, now + Duration::milliseconds(1))?))
+    }
+
     /// The service over a migrated database.
     pub fn new(database: Database, options: BudgetLedgerOptions) -> Self {
         BudgetLedgerServiceImpl {
@@ -539,16 +553,7 @@ impl BudgetLedgerService for BudgetLedgerServiceImpl {
         let tenant_id = required("tenant_id", &request.tenant_id)?;
         let grouping = UsageGrouping::parse(&request.group_by)
             .ok_or_else(|| ServiceError::invalid("invalid_group_by", "groupBy must be one of model, provider, key, agent, day"))?;
-        let now = self.now();
-        let instant = |field: &str, value: Option<&str>, default: DateTime<Utc>| -> ServiceResult<String> {
-            match value {
-                None => Ok(format_timestamp(default)),
-                Some(text) => normalise_timestamp(text)
-                    .ok_or_else(|| ServiceError::invalid("invalid_timestamp", format!("{field} is not an RFC 3339 instant"))),
-            }
-        };
-        let since = instant("since", request.since.as_deref(), now - Duration::days(HISTORY_DAYS))?;
-        let until = instant("until", request.until.as_deref(), now + Duration::milliseconds(1))?;
+        let (since, until) = self.usage_window(request.since.as_deref(), request.until.as_deref())?;
         let groups = self.store.usage_summary(tenant_id, grouping, &since, &until).await.map_err(store_failure)?;
         let total_requests = groups.iter().map(|group| group.requests).sum();
         let total_cost_nanos = groups.iter().fold(0i64, |total, group| total.saturating_add(group.cost_nanos));
@@ -557,16 +562,7 @@ impl BudgetLedgerService for BudgetLedgerServiceImpl {
 
     async fn list_settled_requests(&self, request: SettledRequestsQuery) -> ServiceResult<SettledRequestPage> {
         let tenant_id = required("tenant_id", &request.tenant_id)?;
-        let now = self.now();
-        let instant = |field: &str, value: Option<&str>, default: DateTime<Utc>| -> ServiceResult<String> {
-            match value {
-                None => Ok(format_timestamp(default)),
-                Some(text) => normalise_timestamp(text)
-                    .ok_or_else(|| ServiceError::invalid("invalid_timestamp", format!("{field} is not an RFC 3339 instant"))),
-            }
-        };
-        let since = instant("since", request.since.as_deref(), now - Duration::days(HISTORY_DAYS))?;
-        let until = instant("until", request.until.as_deref(), now + Duration::milliseconds(1))?;
+        let (since, until) = self.usage_window(request.since.as_deref(), request.until.as_deref())?;
         let limit = if request.limit == 0 { DEFAULT_SETTLED_PAGE } else { request.limit.min(MAX_SETTLED_PAGE) };
         let after = match request.cursor.as_deref() {
             None => None,

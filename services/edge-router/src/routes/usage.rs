@@ -166,9 +166,13 @@ pub async fn export(State(state): State<EdgeState>, caller: Caller, Query(query)
         response
     };
     response.headers_mut().insert("x-br-export-rows", HeaderValue::from(rows));
-    if let Some(next) = next_cursor.and_then(|next| HeaderValue::from_str(&next).ok()) {
+    if let Some(next) = next_cursor {
         response.headers_mut().insert("x-br-export-truncated", HeaderValue::from_static("true"));
-        response.headers_mut().insert("x-br-next-cursor", next);
+        // A cursor is an instant and a request id, both header-safe text; should one not be, the
+        // truncation is still said and `/v1/usage/requests` pages on from the last row.
+        if let Ok(next) = HeaderValue::from_str(&next) {
+            response.headers_mut().insert("x-br-next-cursor", next);
+        }
     }
     Ok(response)
 }
