@@ -10,7 +10,7 @@ use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use brainstorm_common::ApiError;
 use brainstorm_common::money::Usd;
-use brainstorm_proto::budget::{SettledRequest, SettledRequestsQuery};
+use brainstorm_proto::budget::{SettledRequest, SettledRequestPage, SettledRequestsQuery};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -117,6 +117,32 @@ fn csv_line(request: &SettledRequest, out: &mut String) {
     );
 }
 
+/// Fetches pages from `cursor` on, handing each row to `row`, until the pages end (then the cursor
+/// is None) or at least `cap` rows are out (then it is where the next walk starts): the rows handed
+/// out and that cursor.
+async fn walk_pages<F, P, E>(
+    mut cursor: Option<String>,
+    cap: usize,
+    mut fetch: F,
+    mut row: impl FnMut(&SettledRequest),
+) -> Result<(usize, Option<String>), E>
+where
+    F: FnMut(Option<String>) -> P,
+    P: std::future::Future<Output = Result<SettledRequestPage, E>>,
+{
+    let mut rows = 0;
+    loop {
+        let page = fetch(cursor.take()).await?;
+        page.requests.iter().for_each(&mut row);
+        rows += page.requests.len();
+        match page.next_cursor {
+            Some(next) if rows >= cap => return Ok((rows, Some(next))),
+            Some(next) => cursor = Some(next),
+            None => return Ok((rows, None)),
+        }
+    }
+}
+
 /// `GET /v1/usage/export` (config.read): every settled request the filters of `/v1/usage/requests`
 /// select, newest first, as `format=csv` (the default; RFC 4180, formula-like text defused) or
 /// `jsonl` (one object per line, as `/v1/usage/requests` shows it). At most 50,000 rows: past
@@ -140,24 +166,16 @@ pub async fn export(State(state): State<EdgeState>, caller: Caller, Query(query)
         out.push_str(CSV_COLUMNS);
         out.push('\n');
     }
-    let (mut rows, mut cursor) = (0usize, query.cursor.clone());
-    let next_cursor = loop {
-        let page = state.budget.list_settled_requests(query.ledger_query(&tenant_id, EXPORT_PAGE, cursor.take())).await?;
-        for request in &page.requests {
-            if csv {
-                csv_line(request, &mut out);
-            } else {
-                out.push_str(&view(request).to_string());
-                out.push('\n');
-            }
+    let fetch = |cursor: Option<String>| state.budget.list_settled_requests(query.ledger_query(&tenant_id, EXPORT_PAGE, cursor));
+    let (rows, next_cursor) = walk_pages(query.cursor.clone(), MAX_EXPORT_ROWS, fetch, |request| {
+        if csv {
+            csv_line(request, &mut out);
+        } else {
+            out.push_str(&view(request).to_string());
+            out.push('\n');
         }
-        rows += page.requests.len();
-        match page.next_cursor {
-            Some(next) if rows >= MAX_EXPORT_ROWS => break Some(next),
-            Some(next) => cursor = Some(next),
-            None => break None,
-        }
-    };
+    })
+    .await?;
     let mut response = if csv {
         csv_response(out, "usage.csv")
     } else {
@@ -196,6 +214,33 @@ mod tests {
             cost_nanos: 60_000,
             latency_ms: 41,
         }
+    }
+
+    /// Pages of `size` rows out of `total`, the cursor the index of the next row.
+    fn pages(total: usize, size: usize) -> impl FnMut(Option<String>) -> std::future::Ready<Result<SettledRequestPage, ()>> {
+        move |cursor| {
+            let start: usize = cursor.map_or(0, |cursor| cursor.parse().unwrap_or(total));
+            let end = (start + size).min(total);
+            let requests = (start..end).map(|_| settled(None)).collect();
+            std::future::ready(Ok(SettledRequestPage {
+                requests,
+                next_cursor: (end < total).then(|| end.to_string()),
+                ..SettledRequestPage::default()
+            }))
+        }
+    }
+
+    #[tokio::test]
+    async fn an_export_walks_every_page_and_stops_at_its_cap_with_the_next_cursor() {
+        let mut seen = 0;
+        let all = walk_pages(None, 50, pages(23, 5), |_| seen += 1).await;
+        assert_eq!((all, seen), (Ok((23, None)), 23));
+        // Capped at 10: two pages out, the third's start named.
+        assert_eq!(walk_pages(None, 10, pages(23, 5), |_| ()).await, Ok((10, Some("10".to_string()))));
+        // Going on from that cursor gives the rest.
+        assert_eq!(walk_pages(Some("10".to_string()), 50, pages(23, 5), |_| ()).await, Ok((13, None)));
+        // A cap reached exactly on the last page: nothing follows, so no cursor.
+        assert_eq!(walk_pages(None, 23, pages(23, 23), |_| ()).await, Ok((23, None)));
     }
 
     #[test]
