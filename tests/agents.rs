@@ -24,12 +24,6 @@ brainstorm_e2e::in_both_shapes!(
 
 const ANTHROPIC_KEY: &str = "sk-ant-agents-test-0123456789abcdefghijkl";
 
-async fn key_with_role(gateway: &Gateway, admin: &str, role: &str) -> anyhow::Result<String> {
-    let reply = gateway.call(Method::POST, "/v1/api-keys", Some(admin), Some(json!({"name": role, "role": role}))).await?;
-    assert_eq!(reply.status, 201, "{}", reply.text);
-    Ok(reply.body["api_key"]["key"].as_str().unwrap_or_default().to_string())
-}
-
 fn code(reply: &brainstorm_e2e::Reply) -> &str {
     reply.body["error"]["code"].as_str().unwrap_or_default()
 }
@@ -115,9 +109,9 @@ async fn profiles_are_managed_and_moved_through_their_lifecycle(shape: Shape) ->
     assert_eq!((absent.status, code(&absent)), (400, "state_required"));
 
     // Roles: developers see nothing, auditors read, operators manage but do not delete.
-    let developer = key_with_role(&gateway, &admin, "developer").await?;
-    let auditor = key_with_role(&gateway, &admin, "auditor").await?;
-    let operator = key_with_role(&gateway, &admin, "operator").await?;
+    let developer = gateway.key_with_role(&admin, "developer").await?;
+    let auditor = gateway.key_with_role(&admin, "auditor").await?;
+    let operator = gateway.key_with_role(&admin, "operator").await?;
     assert_eq!(gateway.call(Method::GET, "/v1/agent/profiles", Some(&developer), None).await?.status, 403);
     assert_eq!(gateway.call(Method::GET, "/v1/agent/profiles/crawler", Some(&auditor), None).await?.status, 200);
     let by_auditor = gateway.call(Method::POST, "/v1/agent/profiles", Some(&auditor), Some(json!({"agentId": "auditor-made"}))).await?;
@@ -209,8 +203,8 @@ async fn agents_bootstrap_and_read_themselves_with_their_jwt(shape: Shape) -> Te
     // Who may bootstrap: a key that may call completions; never an agent JWT.
     let with_jwt = gateway.call(Method::POST, "/v1/agent/bootstrap", Some(&jwt), Some(body.clone())).await?;
     assert_eq!((with_jwt.status, code(&with_jwt)), (403, "api_key_required"), "{}", with_jwt.text);
-    let developer = key_with_role(&gateway, &admin, "developer").await?;
-    let auditor = key_with_role(&gateway, &admin, "auditor").await?;
+    let developer = gateway.key_with_role(&admin, "developer").await?;
+    let auditor = gateway.key_with_role(&admin, "auditor").await?;
     let by_developer = gateway.call(Method::POST, "/v1/agent/bootstrap", Some(&developer), Some(json!({"agent_id": "helper"}))).await?;
     assert_eq!(by_developer.status, 201, "{}", by_developer.text);
     let by_auditor = gateway.call(Method::POST, "/v1/agent/bootstrap", Some(&auditor), Some(json!({"agent_id": "watcher"}))).await?;
@@ -423,8 +417,8 @@ async fn agent_limits_cap_each_agents_budget_and_rate(shape: Shape) -> TestResul
         assert_eq!((refused.status, code(&refused)), (400, expected), "{method} {bad}: {}", refused.text);
     }
     assert_eq!(gateway.call(Method::GET, "/v1/agent-limits", Some(&admin), None).await?.body["version"], 3, "refusals write nothing");
-    let developer = key_with_role(&gateway, &admin, "developer").await?;
-    let auditor = key_with_role(&gateway, &admin, "auditor").await?;
+    let developer = gateway.key_with_role(&admin, "developer").await?;
+    let auditor = gateway.key_with_role(&admin, "auditor").await?;
     assert_eq!(gateway.call(Method::GET, "/v1/agent-limits", Some(&developer), None).await?.status, 403);
     assert_eq!(gateway.call(Method::PATCH, "/v1/agent-limits", Some(&auditor), Some(json!({"agent:x": null}))).await?.status, 403);
 

@@ -1262,12 +1262,6 @@ async fn the_leaderboard_ranks_models_by_the_tenants_own_traffic(shape: Shape) -
     Ok(())
 }
 
-async fn key_with_role(gateway: &Gateway, admin: &str, role: &str) -> anyhow::Result<String> {
-    let reply = gateway.call(Method::POST, "/v1/api-keys", Some(admin), Some(json!({"name": role, "role": role}))).await?;
-    anyhow::ensure!(reply.status == 201, "creating a {role} key: {}", reply.text);
-    Ok(reply.body["api_key"]["key"].as_str().unwrap_or_default().to_string())
-}
-
 fn sections(list: &Value, field: &str) -> Vec<String> {
     list.as_array().map_or_else(Vec::new, |items| items.iter().filter_map(|item| item[field].as_str().map(str::to_string)).collect())
 }
@@ -1401,13 +1395,13 @@ async fn insights_config_and_ops_read_the_tenant_as_it_is(shape: Shape) -> TestR
         assert!(!config.text.contains(secret), "a provider key leaked through /v1/config");
     }
     // A developer reads what config.read covers; the security sections are named, not shown.
-    let developer = key_with_role(gateway, key, "developer").await?;
+    let developer = gateway.key_with_role(key, "developer").await?;
     let limited = gateway.call(Method::GET, "/v1/config", Some(&developer), None).await?;
     assert_eq!(limited.status, 200, "{}", limited.text);
     let omitted = sections(&limited.body["omitted"], "section");
     assert_eq!(omitted, ["agent_limits", "guardrails", "security_policies", "firewall", "mcp_governance"], "{}", limited.text);
     assert!(limited.body.get("guardrails").is_none() && limited.body["budget"].is_object(), "{}", limited.text);
-    let agent = key_with_role(gateway, key, "agent").await?;
+    let agent = gateway.key_with_role(key, "agent").await?;
     for path in ["/v1/config", "/v1/insights/cost", "/v1/ops/status", "/v1/usage/requests", "/v1/usage/export"] {
         let refused = gateway.call(Method::GET, path, Some(&agent), None).await?;
         assert_eq!((refused.status, refused.body["error"]["code"].as_str()), (403, Some("forbidden")), "{path}: {}", refused.text);

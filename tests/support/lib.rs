@@ -426,6 +426,16 @@ impl Gateway {
         Ok((key, reply.body))
     }
 
+    /// A new API key of `role` in the tenant of `admin` (an admin key): its plaintext.
+    pub async fn key_with_role(&self, admin: &str, role: &str) -> anyhow::Result<String> {
+        let body = serde_json::json!({"name": role, "role": role});
+        let reply = self.call(reqwest::Method::POST, "/v1/api-keys", Some(admin), Some(body)).await?;
+        if reply.status != 201 {
+            bail!("creating a {role} key: {} {}", reply.status, reply.text);
+        }
+        Ok(reply.body["api_key"]["key"].as_str().context("no key in the answer")?.to_string())
+    }
+
     /// Every text value stored in a table, for leak checks.
     pub async fn table_text(&self, table: &str) -> anyhow::Result<String> {
         sqlx::any::install_default_drivers();

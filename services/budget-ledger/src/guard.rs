@@ -217,6 +217,9 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// Every outcome.
+    pub const ALL: [Outcome; 3] = [Outcome::Succeeded, Outcome::Failed, Outcome::ClientDisconnected];
+
     /// `succeeded`, `failed` or `client_disconnected`.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -15,12 +15,11 @@ use chrono::{DateTime, Duration, NaiveDate, Utc};
 
 use crate::alerts::{DEFAULT_THRESHOLDS, DELIVERY_NOT_SENT, DELIVERY_PENDING, PeriodProjection, WebhookOptions, deliver, webhook_payload};
 use crate::forecast::{ForecastInput, HISTORY_DAYS, forecast};
-use crate::guard::ExhaustionAction;
+use crate::guard::{ExhaustionAction, Outcome};
 use crate::period::Period;
 use crate::plans::Plan;
 use crate::store::{BudgetStore, SettlementFilters, UsageGrouping};
 
-/// The largest limit accepted: USD 1 billion (well inside i64 nano-dollars).
 /// Settled requests per page by default, and at most.
 const DEFAULT_SETTLED_PAGE: u32 = 100;
 const MAX_SETTLED_PAGE: u32 = 1_000;
@@ -32,6 +31,7 @@ fn parse_cursor(cursor: &str) -> Option<(String, String)> {
     (!request_id.is_empty()).then(|| (occurred_at, request_id.to_string()))
 }
 
+/// The largest limit accepted: USD 1 billion (well inside i64 nano-dollars).
 const MAX_LIMIT_NANOS: i64 = 1_000_000_000 * 1_000_000_000;
 const DEFAULT_ALERT_LIST: u32 = 50;
 const MAX_ALERT_LIST: u32 = 500;
@@ -571,7 +571,7 @@ impl BudgetLedgerService for BudgetLedgerServiceImpl {
             })?),
         };
         if let Some(outcome) = request.outcome.as_deref()
-            && !["succeeded", "failed", "client_disconnected"].contains(&outcome)
+            && !Outcome::ALL.iter().any(|known| known.as_str() == outcome)
         {
             return Err(ServiceError::invalid("invalid_outcome", "outcome must be one of succeeded, failed, client_disconnected"));
         }

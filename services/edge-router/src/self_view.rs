@@ -27,6 +27,9 @@ const RECENT_ERRORS: usize = 10;
 const MAX_CALLERS: usize = 10_000;
 /// The roles there are, most powerful first (`auditor` reads what `operator` reads, writes nothing).
 const ROLE_HIERARCHY: [&str; 5] = ["admin", "operator", "developer", "agent", "auditor"];
+/// What the gateway keeps of requests: the audit trail holds metadata and digests; prompt and
+/// completion text are never stored.
+pub const PRIVACY_MODE: &str = "metadata_only";
 /// A period with less than this share of its limit left suggests raising it.
 const LOW_BUDGET_SHARE: f64 = 0.10;
 
@@ -208,8 +211,7 @@ async fn tenant_view(state: &EdgeState, tenant_id: &str) -> Result<TenantView, A
         "guardrails": {"enabled": guardrails.enabled, "mode": guardrails.mode.as_str()},
         "guardian": {"mode": guardian.firewall.config().mode.as_str()},
         "kill_switch": {"active": switch.active, "reason": switch.reason},
-        // The audit trail keeps metadata and digests; prompt and completion text are never stored.
-        "privacy_mode": "metadata_only",
+        "privacy_mode": PRIVACY_MODE,
     });
     let agents = state.identity.list_agent_profiles(brainstorm_proto::identity::TenantRef { tenant_id: tenant_id.to_string() }).await?;
     Ok(TenantView {

@@ -86,15 +86,7 @@ impl IdentityServiceImpl {
     async fn membership_of(&self, row: MembershipRow) -> ServiceResult<Option<IdpMembership>> {
         let Some(tenant) = self.store.tenant(&row.tenant_id).await.map_err(store_failure)? else { return Ok(None) };
         let Some(user) = self.store.user(&row.tenant_id, &row.user_id).await.map_err(store_failure)? else { return Ok(None) };
-        Ok(Some(IdpMembership {
-            tenant: Some(tenant),
-            user_id: user.id,
-            permissions: role_permission_list(&user.role),
-            role: user.role,
-            claim_role: row.claim_role,
-            email: row.email,
-            claimed_at: row.claimed_at,
-        }))
+        Ok(Some(idp_membership(tenant, user, row)))
     }
 
     /// The tenant the identity provisioned before, as a membership (no key: it was shown once); 404
@@ -1054,7 +1046,7 @@ impl IdentityService for IdentityServiceImpl {
         }
         let tenant = self.tenant_or_not_found(&token.tenant_id).await?;
         let user_role = user_role_of_claim_role(&token.role)?;
-        let email = if identity.email.is_empty() { identity.subject.clone() } else { identity.email.clone() };
+        let email = identity_email(&identity);
         let user = match IdentityStore::user_by_email(&mut transaction, &tenant.id, &email).await.map_err(store_failure)? {
             // An invitation's user (or one made before): it is the claimant, active from now on.
             Some(mut user) => {
@@ -1081,7 +1073,7 @@ impl IdentityService for IdentityServiceImpl {
             tenant_id: tenant.id.clone(),
             user_id: user.id.clone(),
             claim_role: token.role.clone(),
-            email: email.clone(),
+            email,
             claimed_at: now.clone(),
         };
         if !IdentityStore::insert_membership(&mut transaction, &identity.issuer, &identity.subject, &membership)
@@ -1094,15 +1086,7 @@ impl IdentityService for IdentityServiceImpl {
             return Err(ServiceError::invalid("fully_redeemed", "the claim token is fully redeemed"));
         }
         transaction.commit().await.map_err(store_failure)?;
-        Ok(IdpMembership {
-            tenant: Some(tenant),
-            user_id: user.id,
-            permissions: role_permission_list(&user.role),
-            role: user.role,
-            claim_role: token.role,
-            email,
-            claimed_at: now,
-        })
+        Ok(idp_membership(tenant, user, membership))
     }
 
     async fn list_idp_memberships(&self, request: IdpSubject) -> ServiceResult<IdpMembershipList> {
@@ -1117,7 +1101,7 @@ impl IdentityService for IdentityServiceImpl {
 
     async fn provision_tenant(&self, request: ProvisionTenantRequest) -> ServiceResult<ProvisionedTenant> {
         let identity = checked_identity(request.identity)?;
-        let email = if identity.email.is_empty() { identity.subject.clone() } else { identity.email.clone() };
+        let email = identity_email(&identity);
         if let Some(found) = self.provisioned(&identity).await? {
             return Ok(found);
         }
@@ -1164,15 +1148,7 @@ impl IdentityService for IdentityServiceImpl {
         tracing::info!(tenant_id = %tenant.id, status, "tenant provisioned for an identity provider's user");
         let tenant = Tenant { user_count: 1, ..tenant };
         Ok(ProvisionedTenant {
-            membership: Some(IdpMembership {
-                tenant: Some(tenant),
-                user_id: user.id,
-                permissions: role_permission_list(&user.role),
-                role: user.role,
-                claim_role: membership.claim_role,
-                email: membership.email,
-                claimed_at: membership.claimed_at,
-            }),
+            membership: Some(idp_membership(tenant, user, membership)),
             api_key: Some(CreatedApiKey { key: Some(key), plaintext: plaintext_key }),
             created: true,
         })
@@ -1478,7 +1454,7 @@ async fn insert_new_tenant(
         }
     }
     IdentityStore::insert_tenant(transaction, tenant).await.map_err(|error| {
-        if brainstorm_common::store::is_unique_violation(&error) {
+        if is_unique_violation(&error) {
             ServiceError::conflict("tenant_exists", format!("tenant `{}` already exists", tenant.id))
         } else {
             store_failure(error)
@@ -1529,6 +1505,24 @@ fn role_permission_list(role: &str) -> Vec<String> {
 }
 
 /// An identity provider's user as a request names it: issuer and subject required.
+/// What an identity is recorded under in a tenant: its email, or its subject when it has none.
+fn identity_email(identity: &IdpSubject) -> String {
+    if identity.email.is_empty() { identity.subject.clone() } else { identity.email.clone() }
+}
+
+/// A membership as the bridge shows it: the tenant, the identity's user there, the stored row.
+fn idp_membership(tenant: Tenant, user: User, row: MembershipRow) -> IdpMembership {
+    IdpMembership {
+        tenant: Some(tenant),
+        user_id: user.id,
+        permissions: role_permission_list(&user.role),
+        role: user.role,
+        claim_role: row.claim_role,
+        email: row.email,
+        claimed_at: row.claimed_at,
+    }
+}
+
 fn checked_identity(identity: Option<IdpSubject>) -> ServiceResult<IdpSubject> {
     let identity = identity.unwrap_or_default();
     if identity.issuer.trim().is_empty() || identity.subject.trim().is_empty() || identity.subject.len() > 255 {

@@ -11,8 +11,10 @@ use serde_json::{Map, Value, json};
 
 use crate::EdgeState;
 use crate::auth::Caller;
-use crate::routes::budget::{Answer, optional_usd};
+use crate::routes::budget::Answer;
 use crate::routes::{agent_limits, budget, guardian, identity, mcp, observability, providers};
+use crate::self_view::PRIVACY_MODE;
+use crate::views;
 
 type Reader = fn(State<EdgeState>, Caller) -> Pin<Box<dyn Future<Output = Answer> + Send>>;
 
@@ -112,21 +114,16 @@ async fn kill_switch(state: State<EdgeState>, caller: Caller) -> Answer {
     Ok(Json(status))
 }
 
-/// The calling key as its own configuration (limits, model allowlist, expiry); never its secret.
+/// The calling key as its own configuration (`/v1/api-keys`'s view of it, masked, and the
+/// permissions it grants); never its secret.
 fn calling_key(caller: &Caller) -> Value {
     let identity = &caller.identity;
-    let key = identity.key.as_ref();
-    json!({
-        "id": identity.key_id,
-        "role": identity.role,
-        "scopes": identity.scopes,
-        "permissions": identity.permissions,
-        "allowed_models": identity.allowed_models,
-        "rate_limit_rpm": key.and_then(|key| key.rate_limit_rpm),
-        "budget_limit_usd": optional_usd(key.and_then(|key| key.budget_limit_nanos)),
-        "budget_period": key.and_then(|key| key.budget_period.clone()),
-        "expires_at": key.and_then(|key| key.expires_at.clone()),
-    })
+    let mut view = identity
+        .key
+        .as_ref()
+        .map_or_else(|| json!({"id": identity.key_id, "role": identity.role, "scopes": identity.scopes}), views::api_key);
+    view["permissions"] = json!(identity.permissions);
+    view
 }
 
 /// `GET /v1/config` (config.read): the sections the key may read, each as its route answers it;
@@ -146,8 +143,7 @@ pub async fn get(State(state): State<EdgeState>, caller: Caller) -> Answer {
         "gateway".into(),
         json!({
             "version": env!("CARGO_PKG_VERSION"),
-            // The audit trail keeps metadata and digests; prompt and completion text are never stored.
-            "privacy_mode": "metadata_only",
+            "privacy_mode": PRIVACY_MODE,
             "services": {
                 "mcp_gateway": state.mcp.is_some(),
                 "prompts_eval": state.prompts.is_some(),

@@ -183,7 +183,10 @@ pub async fn cost(State(state): State<EdgeState>, caller: Caller, Query(query): 
         "potential_savings_share": share(potential, summary.total_cost_nanos),
         "models": models,
         "recommendations": recommendations.into_iter().map(|(_, recommendation)| recommendation).collect::<Vec<_>>(),
-        "method": "each model's tokens in the window priced, uncached, on the cheapest model the tenant holds a key for whose circuit is closed, of the same tier or above, with every capability and at least the context of the used one, and a learned reward no more than 0.02 below; offered when it saves at least 5%",
+        "method": format!(
+            "each model's tokens in the window priced, uncached, on the cheapest model the tenant holds a key for whose circuit is closed, of the same tier or above, with every capability and at least the context of the used one, and a learned reward no more than {REWARD_TOLERANCE} below; offered when it saves at least {}%",
+            MIN_SAVINGS_SHARE * 100.0
+        ),
     })))
 }
 
@@ -247,16 +250,15 @@ pub async fn reliability(
                 };
                 recommendations.push(json!({"action": action, "model": model.model, "message": message, "endpoint": "/v1/presets", "method": "POST"}));
             }
-            let succeeded = model.succeeded > 0;
+            let observed = leaderboard::observed(model);
             json!({
                 "model": model.model,
                 "requests": model.requests,
                 "succeeded": model.succeeded,
                 "failed": failed,
-                "success_rate": (model.requests > 0).then(|| leaderboard::round(model.succeeded as f64 / model.requests as f64)),
-                "mean_latency_ms": succeeded.then(|| leaderboard::round(model.total_latency_ms as f64 / model.succeeded as f64)),
-                "tokens_per_second": (succeeded && model.total_latency_ms > 0)
-                    .then(|| leaderboard::round(model.total_output_tokens as f64 * 1000.0 / model.total_latency_ms as f64)),
+                "success_rate": observed.success_rate.map(leaderboard::round),
+                "mean_latency_ms": observed.latency_ms.map(leaderboard::round),
+                "tokens_per_second": observed.tokens_per_second.map(leaderboard::round),
                 "days_active": model.days_active,
                 "circuit": circuit.as_str(),
                 "healthy": findings.is_empty(),
@@ -267,7 +269,10 @@ pub async fn reliability(
         "window": {"since": stats.since},
         "models": models,
         "recommendations": recommendations,
-        "method": "a model is flagged when its circuit is open now, or when it failed more than 5% of at least 20 requests in the window",
+        "method": format!(
+            "a model is flagged when its circuit is open now, or when it failed more than {}% of at least {MIN_JUDGED_REQUESTS} requests in the window",
+            ERROR_RATE_ALERT * 100.0
+        ),
     })))
 }
 

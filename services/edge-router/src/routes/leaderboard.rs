@@ -76,6 +76,26 @@ pub(crate) fn reward(model: &Model, stats: Option<&ModelStats>) -> f64 {
     alpha / (alpha + beta).max(f64::MIN_POSITIVE)
 }
 
+/// What a model's settlements show, unrounded; each None where nothing measured it.
+pub(crate) struct Observed {
+    pub success_rate: Option<f64>,
+    /// Mean provider latency of the successes.
+    pub latency_ms: Option<f64>,
+    /// Output tokens of the successes over their latency.
+    pub tokens_per_second: Option<f64>,
+}
+
+/// The observed figures of `stats`.
+pub(crate) fn observed(stats: &ModelStats) -> Observed {
+    let succeeded = stats.succeeded > 0;
+    Observed {
+        success_rate: (stats.requests > 0).then(|| stats.succeeded as f64 / stats.requests as f64),
+        latency_ms: succeeded.then(|| stats.total_latency_ms as f64 / stats.succeeded as f64),
+        tokens_per_second: (succeeded && stats.total_latency_ms > 0)
+            .then(|| stats.total_output_tokens as f64 * 1000.0 / stats.total_latency_ms as f64),
+    }
+}
+
 /// The model's entry from the catalog and its observed figures (none when it was not used).
 fn entry(model: &Model, stats: Option<&ModelStats>) -> Entry {
     let empty = ModelStats::default();
@@ -85,8 +105,7 @@ fn entry(model: &Model, stats: Option<&ModelStats>) -> Entry {
     let total = (alpha + beta).max(f64::MIN_POSITIVE);
     let reward_score = alpha / total;
     let reward_variance = alpha * beta / (total * total * (total + 1.0));
-    let observed = stats.requests > 0;
-    let success_rate = observed.then(|| stats.succeeded as f64 / stats.requests as f64);
+    let observed = observed(stats);
     let succeeded = stats.succeeded > 0;
     let input_per_million = dollars(model.price.input_per_million.nanos());
     let output_per_million = dollars(model.price.output_per_million.nanos());
@@ -98,11 +117,10 @@ fn entry(model: &Model, stats: Option<&ModelStats>) -> Entry {
         reward_variance: round(reward_variance),
         validity: succeeded.then(|| round(stats.answered as f64 / stats.succeeded as f64)),
         quality: prior,
-        latency_ms: succeeded.then(|| round(stats.total_latency_ms as f64 / stats.succeeded as f64)),
-        tokens_per_second: (succeeded && stats.total_latency_ms > 0)
-            .then(|| round(stats.total_output_tokens as f64 * 1000.0 / stats.total_latency_ms as f64)),
-        success_rate: success_rate.map(round),
-        error_rate: success_rate.map(|rate| round(1.0 - rate)),
+        latency_ms: observed.latency_ms.map(round),
+        tokens_per_second: observed.tokens_per_second.map(round),
+        success_rate: observed.success_rate.map(round),
+        error_rate: observed.success_rate.map(|rate| round(1.0 - rate)),
         input_per_million,
         output_per_million,
         capabilities: model.capabilities.clone(),

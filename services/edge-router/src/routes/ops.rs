@@ -74,6 +74,7 @@ pub async fn status(State(state): State<EdgeState>, caller: Caller) -> Answer {
         Some(Box::pin(read))
     }
     let (tenant_id, edge) = (tenant.as_str(), &state);
+    let switch = &std::sync::Mutex::new(None);
     // Each service's probe: its name, whether every request needs it, and one cheap read of the
     // tenant (None: this edge runs without the service).
     let probes: Vec<(&str, bool, Option<Probing<'_>>)> = vec![
@@ -109,9 +110,12 @@ pub async fn status(State(state): State<EdgeState>, caller: Caller) -> Answer {
         (
             "policy-firewall",
             true,
+            // Its probe reads the kill switch this view shows.
             probing(async move {
                 let tenant = policy::TenantRef { tenant_id: tenant_id.to_string() };
-                edge.policy.get_kill_switch_status(tenant).await.map(drop).map_err(ApiError::from)
+                let status = edge.policy.get_kill_switch_status(tenant).await.map_err(ApiError::from)?;
+                *switch.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(status);
+                Ok(())
             }),
         ),
         (
@@ -142,21 +146,19 @@ pub async fn status(State(state): State<EdgeState>, caller: Caller) -> Answer {
             }),
         ),
     ];
-    let mut names = Vec::new();
-    let mut runs = Vec::new();
-    for (name, required, probing) in probes {
-        names.push((name, required, probing.is_some()));
-        runs.extend(probing.map(|probing| probe(probing, PROBE_TIMEOUT)));
-    }
-    let mut reaches = futures::future::join_all(runs).await.into_iter();
+    let (names, runs): (Vec<_>, Vec<_>) = probes
+        .into_iter()
+        .map(|(name, required, probing)| ((name, required), async move { Some(probe(probing?, PROBE_TIMEOUT).await) }))
+        .unzip();
+    let reaches = futures::future::join_all(runs).await;
     let (mut required_down, mut wrong) = (false, false);
     let services: Vec<Value> = names
-        .iter()
-        .map(|&(name, required, configured)| {
-            if !configured {
+        .into_iter()
+        .zip(reaches)
+        .map(|((name, required), reach)| {
+            let Some((reach, error)) = reach else {
                 return json!({"name": name, "required": false, "status": "not_configured"});
-            }
-            let (reach, error) = reaches.next().unwrap_or((Reach::Failed, None));
+            };
             let status = service_status(reach);
             required_down |= required && status == "down";
             wrong |= status != "ok";
@@ -189,7 +191,7 @@ pub async fn status(State(state): State<EdgeState>, caller: Caller) -> Answer {
         })
         .collect();
 
-    let switch = state.policy.get_kill_switch_status(brainstorm_proto::policy::TenantRef { tenant_id: tenant.clone() }).await.ok();
+    let switch = switch.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
     let kill_switch = switch.map(|switch| {
         wrong |= switch.active;
         json!({"active": switch.active, "reason": switch.reason, "activatedAt": switch.activated_at, "scopes": switch.scopes.len()})
