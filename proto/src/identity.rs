@@ -66,6 +66,10 @@ crate::grpc::service_contract! {
         fn bootstrap_agent(BootstrapAgentRequest) -> BootstrappedAgent;
         /// Resolves an agent JWT to its tenant and profile; suspended and terminated agents are refused.
         fn authenticate_agent(AuthenticateAgentRequest) -> AgentPrincipal;
+        /// Issues a short-lived client certificate from the agent CA; 503 without a master key.
+        fn issue_agent_certificate(IssueAgentCertificateRequest) -> IssuedAgentCertificate;
+        /// Resolves a presented client certificate as `authenticate_agent` does a JWT.
+        fn authenticate_agent_certificate(AuthenticateAgentCertificateRequest) -> AgentPrincipal;
         /// Creates a sub-agent of an active parent allowed to delegate, moving budget to it; idempotent per child.
         fn delegate_agent(DelegateAgentRequest) -> DelegatedAgent;
         /// Terminates a parent's sub-agent and refunds its unspent budget; repeating changes nothing.

@@ -5,6 +5,7 @@
 mod cli;
 mod shape;
 mod shutdown;
+mod tls;
 mod writer_thread;
 
 use std::process::ExitCode;

@@ -22,7 +22,7 @@ use brainstorm_common::config::{ServiceName, Settings};
 use brainstorm_common::outbox::MailOutbox;
 use brainstorm_common::store::Database;
 use brainstorm_edge_router::{CircuitOptions, Edge, EdgeDependencies, EdgeOptions};
-use brainstorm_identity::{AgentTokenSigner, IdentityOptions, IdentityServiceImpl};
+use brainstorm_identity::{AgentCertificateAuthority, AgentTokenSigner, IdentityOptions, IdentityServiceImpl};
 use brainstorm_mcp_gateway::{McpGatewayOptions, McpGatewayServiceImpl};
 use brainstorm_observability_fanout::{ObservabilityFanoutServiceImpl, spawn_fanout_consumers};
 use brainstorm_policy_firewall::{AnomalyConsumer, Guardian, GuardianOptions, PolicyFirewallOptions, PolicyFirewallServiceImpl};
@@ -84,7 +84,7 @@ pub async fn up(settings: Settings) -> anyhow::Result<()> {
         Some(key) => MasterKey::from_hex(key.expose())?,
         None => embedded_master_key(&settings).await?,
     };
-    let identity = IdentityClient::local(identity_service(&settings, database.clone(), bus.clone(), Some(&master_key)));
+    let identity = IdentityClient::local(identity_service(&settings, database.clone(), bus.clone(), Some(&master_key))?);
     let catalog = CatalogClient::local(catalog_service(&settings, database.clone(), bus.clone(), upstream.clone(), master_key.clone()));
     let mcp = McpGatewayClient::local(mcp_service(&settings, database.clone(), master_key.clone()));
     let prompts = PromptsEvalClient::local(PromptsEvalServiceImpl::new(database.clone()));
@@ -213,7 +213,7 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
         (Some(database), true) => {
             // Without a master key identity still serves everything but agent JWTs (503 on bootstrap).
             let master_key = settings.master_key.as_ref().map(|key| MasterKey::from_hex(key.expose())).transpose()?;
-            Some(IdentityClient::local(identity_service(&settings, database.clone(), bus.clone(), master_key.as_ref())))
+            Some(IdentityClient::local(identity_service(&settings, database.clone(), bus.clone(), master_key.as_ref())?))
         }
         _ if hosts_edge => Some(IdentityClient::grpc(remote(&settings, ServiceName::Identity)?)),
         _ => None,
@@ -431,15 +431,16 @@ fn identity_service(
     database: Database,
     bus: Arc<dyn EventBus>,
     master_key: Option<&MasterKey>,
-) -> IdentityServiceImpl {
+) -> anyhow::Result<IdentityServiceImpl> {
     let options = IdentityOptions {
         dashboard_url: settings.dashboard_url.clone(),
         registration_mode: settings.registration_mode,
         outbox: MailOutbox::new(&settings.mail_outbox),
         require_agent_owner: settings.require_agent_owner,
         agent_tokens: master_key.map(|key| AgentTokenSigner::new(key.agent_token_secret(), settings.agent_token_ttl)),
+        agent_ca: master_key.map(|key| AgentCertificateAuthority::from_seed(key.agent_ca_secret()).map(Arc::new)).transpose()?,
     };
-    IdentityServiceImpl::new(database, bus, options)
+    Ok(IdentityServiceImpl::new(database, bus, options))
 }
 
 fn catalog_service(
@@ -739,7 +740,10 @@ async fn serve_edge(settings: &Settings, dependencies: EdgeDependencies, bus: Ar
         let edge = edge.clone();
         tokio::spawn(async move { edge.follow_bus(bus, "edge-router").await })
     };
-    let result = serve_http(settings.listen, edge.router.clone(), shutdown).await;
+    let result = match &settings.tls {
+        Some(files) => crate::tls::serve_https(settings.listen, edge.router.clone(), files, shutdown).await,
+        None => serve_http(settings.listen, edge.router.clone(), shutdown).await,
+    };
     follower.abort();
     result
 }

@@ -184,6 +184,9 @@ pub struct ConfigLayer {
     pub idp_audience: Option<String>,
     pub idp_jwks_url: Option<String>,
     pub idp_jwks_file: Option<PathBuf>,
+    /// The REST listener's TLS certificate chain and key (see `Settings::tls`).
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_key_file: Option<PathBuf>,
     pub otel_exporter_otlp_endpoint: Option<String>,
     pub public_url: Option<String>,
     pub dashboard_url: Option<String>,
@@ -254,6 +257,8 @@ impl ConfigLayer {
             idp_audience: text("BR_IDP_AUDIENCE"),
             idp_jwks_url: text("BR_IDP_JWKS_URL"),
             idp_jwks_file: text("BR_IDP_JWKS_FILE").map(PathBuf::from),
+            tls_cert_file: text("BR_TLS_CERT_FILE").map(PathBuf::from),
+            tls_key_file: text("BR_TLS_KEY_FILE").map(PathBuf::from),
             otel_exporter_otlp_endpoint: text("OTEL_EXPORTER_OTLP_ENDPOINT"),
             public_url: text("BR_PUBLIC_URL"),
             dashboard_url: text("BR_DASHBOARD_URL"),
@@ -329,6 +334,8 @@ impl ConfigLayer {
             idp_audience,
             idp_jwks_url,
             idp_jwks_file,
+            tls_cert_file,
+            tls_key_file,
             otel_exporter_otlp_endpoint,
             public_url,
             dashboard_url,
@@ -380,6 +387,13 @@ pub enum IdpJwks {
     File(PathBuf),
 }
 
+/// The REST listener's certificate chain and private key, as PEM files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub certificate_chain: PathBuf,
+    pub private_key: PathBuf,
+}
+
 /// Validated settings, shared read-only by every service of the process.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -401,6 +415,9 @@ pub struct Settings {
     pub xdr_bidirectional: bool,
     /// The identity provider whose JWTs the `/auth/*` bridge routes accept; None switches them off.
     pub idp: Option<IdpSettings>,
+    /// When set, the REST listener speaks HTTPS with this certificate chain and key (PEM files)
+    /// and accepts agent client certificates (mTLS); otherwise plain HTTP.
+    pub tls: Option<TlsFiles>,
     pub otel_exporter_otlp_endpoint: Option<String>,
     /// The gateway's public base URL (`{base_url}` of the spec).
     pub public_url: String,
@@ -566,6 +583,16 @@ impl Settings {
                 ));
             }
         };
+        let tls = match (layer.tls_cert_file, layer.tls_key_file) {
+            (None, None) => None,
+            (Some(certificate_chain), Some(private_key)) => Some(TlsFiles { certificate_chain, private_key }),
+            _ => {
+                return Err(ConfigError::new(
+                    "BR_TLS_CERT_FILE",
+                    "HTTPS needs both BR_TLS_CERT_FILE and BR_TLS_KEY_FILE (PEM files), or neither for plain HTTP".to_string(),
+                ));
+            }
+        };
         Ok(Settings {
             listen,
             grpc_listen,
@@ -581,6 +608,7 @@ impl Settings {
             mcp_allow_private_urls: layer.mcp_allow_private_urls.unwrap_or(false),
             xdr_bidirectional: layer.xdr_bidirectional.unwrap_or(false),
             idp,
+            tls,
             otel_exporter_otlp_endpoint: layer.otel_exporter_otlp_endpoint,
             public_url,
             dashboard_url,

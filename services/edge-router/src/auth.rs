@@ -16,7 +16,8 @@ use brainstorm_common::{ApiError, Recovery};
 use brainstorm_proto::ErrorKind;
 use brainstorm_proto::events::{IDENTITY_EVENTS_TOPIC, IdentityEvent, identity_event};
 use brainstorm_proto::identity::{
-    AgentProfile, AgentProfileRef, ApiKey, AuthenticateAgentRequest, AuthenticateRequest, IdentityClient, Principal, Tenant,
+    AgentProfile, AgentProfileRef, ApiKey, AuthenticateAgentCertificateRequest, AuthenticateAgentRequest, AuthenticateRequest,
+    IdentityClient, Principal, Tenant,
 };
 use chrono::{DateTime, Utc};
 use sha2::{Digest, Sha256};
@@ -294,12 +295,63 @@ impl FromRequestParts<EdgeState> for Caller {
 pub struct AgentCaller {
     pub tenant: Tenant,
     pub profile: AgentProfile,
-    /// When the presented token expires (RFC 3339).
+    /// When the presented credential expires (RFC 3339).
     pub token_expires_at: String,
+    /// What the agent presented.
+    pub credential: AgentCredential,
     owner_missing: bool,
 }
 
+/// How an agent proved who it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AgentCredential {
+    /// The JWT bootstrap or delegation minted.
+    Jwt,
+    /// A client certificate from the agent CA, presented in the TLS handshake.
+    Certificate,
+}
+
+impl AgentCredential {
+    /// The name `/v1/self` and evidence give it: `agent_jwt` or `mtls`.
+    pub fn name(self) -> &'static str {
+        match self {
+            AgentCredential::Jwt => "agent_jwt",
+            AgentCredential::Certificate => "mtls",
+        }
+    }
+}
+
+/// The leaf certificate a client presented in the TLS handshake (DER), put on every request of its
+/// connection by the HTTPS listener. The handshake proved the client holds its key; whether the
+/// agent CA vouches for it is identity's decision, made on each use.
+#[derive(Debug, Clone)]
+pub struct ClientCertificate(pub Arc<[u8]>);
+
 impl AgentCaller {
+    /// Fails with 403 `agent_jwt_required` for a client certificate: delegation and sub-agents
+    /// take the agent's JWT only, as the spec has it.
+    pub fn require_jwt(&self) -> Result<(), ApiError> {
+        match self.credential {
+            AgentCredential::Jwt => Ok(()),
+            AgentCredential::Certificate => {
+                let mut error = ApiError::forbidden(
+                    "agent_jwt_required",
+                    "this endpoint takes the agent's JWT, not its client certificate: send `Authorization: Bearer <jwt>`",
+                );
+                error.recovery = Recovery {
+                    action: "use_agent_jwt",
+                    endpoint: "/v1/agent/bootstrap".to_string(),
+                    method: "POST",
+                    body_template: serde_json::json!({"agent_id": self.profile.agent_id}),
+                    message: "send the agent's JWT (bootstrap with the tenant API key mints a fresh one)".to_string(),
+                    wait_ms: None,
+                    reason: None,
+                };
+                Err(error)
+            }
+        }
+    }
+
     /// Fails with 403 `owner_required` when the gateway requires owners and this agent has none
     /// (every agent endpoint but status and the profile itself).
     pub fn require_owner(&self) -> Result<(), ApiError> {
@@ -327,22 +379,27 @@ impl FromRequestParts<EdgeState> for AgentCaller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &EdgeState) -> Result<Self, Self::Rejection> {
-        let token = match presented_key(&parts.headers) {
-            Ok(token) if looks_like_jwt(token) => token,
-            Ok(_) => {
-                return Err(ApiError::agent_unauthenticated(
-                    "agent_token_required",
-                    "this endpoint takes an agent JWT, not an API key: bootstrap the agent with POST /v1/agent/bootstrap and send its jwt",
-                ));
-            }
-            Err(_) => {
-                return Err(ApiError::agent_unauthenticated(
-                    "agent_token_required",
-                    "no agent JWT: send the jwt from POST /v1/agent/bootstrap as `Authorization: Bearer <jwt>`",
-                ));
-            }
+        let (principal, credential) = if presents_credential(&parts.headers) {
+            let token = match presented_key(&parts.headers) {
+                Ok(token) if looks_like_jwt(token) => token,
+                Ok(_) => {
+                    return Err(ApiError::agent_unauthenticated(
+                        "agent_token_required",
+                        "this endpoint takes an agent JWT or an agent client certificate, not an API key: bootstrap the agent with POST /v1/agent/bootstrap and send its jwt",
+                    ));
+                }
+                Err(error) => return Err(error),
+            };
+            (state.identity.authenticate_agent(AuthenticateAgentRequest { token: token.to_string() }).await?, AgentCredential::Jwt)
+        } else if let Some(ClientCertificate(certificate)) = parts.extensions.get::<ClientCertificate>() {
+            let request = AuthenticateAgentCertificateRequest { certificate_der: certificate.to_vec() };
+            (state.identity.authenticate_agent_certificate(request).await?, AgentCredential::Certificate)
+        } else {
+            return Err(ApiError::agent_unauthenticated(
+                "agent_token_required",
+                "no agent JWT: send the jwt from POST /v1/agent/bootstrap as `Authorization: Bearer <jwt>`, or present the agent's client certificate over TLS",
+            ));
         };
-        let principal = state.identity.authenticate_agent(AuthenticateAgentRequest { token: token.to_string() }).await?;
         let (Some(tenant), Some(profile)) = (principal.tenant, principal.profile) else {
             tracing::error!("identity returned an agent principal without tenant or profile");
             return Err(ApiError::internal());
@@ -351,8 +408,25 @@ impl FromRequestParts<EdgeState> for AgentCaller {
         if let Some(error) = state.guardian.kill_switch(&tenant.id, &facts).await.api_error() {
             return Err(error);
         }
-        Ok(AgentCaller { tenant, profile, token_expires_at: principal.token_expires_at, owner_missing: principal.owner_missing })
+        Ok(AgentCaller {
+            tenant,
+            profile,
+            token_expires_at: principal.token_expires_at,
+            credential,
+            owner_missing: principal.owner_missing,
+        })
     }
+}
+
+/// Whether a request carries a bearer credential header (`Authorization` or `x-api-key`), well
+/// formed or not.
+pub fn presents_credential(headers: &HeaderMap) -> bool {
+    headers.contains_key(axum::http::header::AUTHORIZATION) || headers.contains_key("x-api-key")
+}
+
+/// Whether a request's only credential is a client certificate: the agent-certificate path.
+pub fn presents_only_certificate(parts: &Parts) -> bool {
+    !presents_credential(&parts.headers) && parts.extensions.get::<ClientCertificate>().is_some()
 }
 
 /// Whether the bearer credential of a request is a JWT rather than an API key (three base64url

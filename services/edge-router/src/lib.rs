@@ -44,7 +44,7 @@ use brainstorm_proto::prompts::PromptsEvalClient;
 use brainstorm_providers::catalog::ModelCatalog;
 use brainstorm_providers::upstream::UpstreamClient;
 
-pub use auth::Authenticator;
+pub use auth::{Authenticator, ClientCertificate};
 pub use circuits::CircuitOptions;
 pub use routing_cache::RoutingCache;
 
@@ -327,6 +327,7 @@ fn router(state: EdgeState, trace_requests: bool) -> Router {
         .route("/v1/agent/limits/me", get(agent_self::my_limits))
         .route("/v1/agent/anomaly/me", get(agent_self::my_anomalies))
         .route("/v1/agent/profiles/me", get(agent_self::my_profile))
+        .route("/v1/agent/auth/cert", post(agent_self::exchange_certificate))
         .route("/v1/agent/delegate", post(agent_self::delegate))
         .route("/v1/agent/sub-agents", get(agent_self::sub_agents))
         .route("/v1/agent/sub-agents/{child_agent_id}", delete(agent_self::end_sub_agent))

@@ -3,6 +3,7 @@
 //! `IdentityServiceImpl` implements the `IdentityService` contract of `brainstorm-proto` over a
 //! `Database`; callers reach it through an `IdentityClient`, in process or over gRPC.
 
+pub mod agent_cert;
 pub mod agent_token;
 mod agents;
 mod bridge;
@@ -12,5 +13,6 @@ mod secrets;
 mod service;
 mod store;
 
+pub use agent_cert::AgentCertificateAuthority;
 pub use agent_token::AgentTokenSigner;
 pub use service::{IdentityOptions, IdentityServiceImpl};

@@ -15,6 +15,7 @@ use brainstorm_proto::{ErrorKind, ServiceError, ServiceResult};
 use chrono::{Duration, Utc};
 use prost::Message;
 
+use crate::agent_cert::{self, AgentCertificateAuthority, AgentSubject, CertError, RequestedKey};
 use crate::agent_token::{AgentTokenSigner, TokenError, TrustClaims};
 use crate::agents::{self, AgentStore, Delegation};
 use crate::bridge::{self, DEVICE_CODE_PREFIX, DEVICE_CODE_SECONDS, DEVICE_KEY_DAYS, POLL_INTERVAL_SECONDS};
@@ -48,6 +49,9 @@ pub struct IdentityOptions {
     /// Mints and verifies agent JWTs; None (no master key) answers bootstrap and agent
     /// authentication with 503 `agent_tokens_unavailable`.
     pub agent_tokens: Option<AgentTokenSigner>,
+    /// Issues and verifies agent client certificates (mTLS); None (no master key) answers both
+    /// with 503 `agent_certificates_unavailable`.
+    pub agent_ca: Option<Arc<AgentCertificateAuthority>>,
 }
 
 /// The identity service.
@@ -1299,16 +1303,93 @@ impl IdentityService for IdentityServiceImpl {
                 ServiceError::unauthenticated("invalid_agent_token", "the agent token is not one this gateway issued")
             }
         })?;
-        let revoked = || ServiceError::unauthenticated("agent_token_revoked", "the agent this token was minted for no longer exists");
-        let tenant = self.store.tenant(&claims.tid).await.map_err(store_failure)?.ok_or_else(revoked)?;
+        let expires_at = chrono::DateTime::from_timestamp(claims.exp, 0).map(format_timestamp).unwrap_or_default();
+        let subject = AgentSubject { tenant_id: claims.tid, agent_id: claims.sub, profile_id: claims.pid };
+        self.agent_principal(subject, expires_at, claims.jti).await
+    }
+
+    async fn issue_agent_certificate(&self, request: IssueAgentCertificateRequest) -> ServiceResult<IssuedAgentCertificate> {
+        let authority = self.agent_ca()?;
+        let subject = AgentSubject { tenant_id: request.tenant_id, agent_id: request.agent_id, profile_id: request.profile_id };
+        // The agent as it stands now: a suspension between authentication and issuance still refuses.
+        self.agent_principal(subject.clone(), String::new(), String::new()).await?;
+        let key = match request.csr_pem.as_deref() {
+            Some(pem) => RequestedKey::Csr(pem),
+            None => RequestedKey::Generate,
+        };
+        let lifetime = request.lifetime_seconds.unwrap_or(agent_cert::DEFAULT_LIFETIME_SECONDS);
+        let issued = authority.issue(&subject, key, lifetime, Utc::now()).map_err(|error| match error {
+            CertError::BadCsr(_) => ServiceError::invalid("invalid_csr", error.to_string()),
+            CertError::BadLifetime => ServiceError::invalid("invalid_ttl", format!("ttl_seconds: {error}")),
+            CertError::NotIssuedHere | CertError::OutsideValidity | CertError::Signing(_) => {
+                tracing::error!(%error, "the agent CA could not issue a certificate");
+                ServiceError::internal("the agent CA could not issue a certificate")
+            }
+        })?;
+        tracing::info!(
+            tenant_id = %subject.tenant_id,
+            agent_id = %subject.agent_id,
+            serial = %issued.serial,
+            not_after = %format_timestamp(issued.not_after),
+            "issued an agent client certificate"
+        );
+        Ok(IssuedAgentCertificate {
+            certificate_pem: issued.certificate_pem,
+            ca_certificate_pem: issued.ca_certificate_pem,
+            private_key_pem: issued.private_key_pem,
+            serial: issued.serial,
+            fingerprint_sha256: issued.fingerprint_sha256,
+            spiffe_id: issued.spiffe_id,
+            not_before: format_timestamp(issued.not_before),
+            not_after: format_timestamp(issued.not_after),
+        })
+    }
+
+    async fn authenticate_agent_certificate(&self, request: AuthenticateAgentCertificateRequest) -> ServiceResult<AgentPrincipal> {
+        let authority = self.agent_ca()?;
+        let verified = authority.verify(&request.certificate_der, Utc::now()).map_err(|error| match error {
+            CertError::OutsideValidity => ServiceError::unauthenticated(
+                "agent_certificate_expired",
+                "the client certificate has expired or is not yet valid: exchange it for a fresh one at POST /v1/agent/auth/cert",
+            ),
+            _ => ServiceError::unauthenticated(
+                "invalid_agent_certificate",
+                "the client certificate is not one this gateway's agent CA issued",
+            ),
+        })?;
+        self.agent_principal(verified.subject, format_timestamp(verified.not_after), format!("cert:{}", verified.serial)).await
+    }
+}
+
+impl IdentityServiceImpl {
+    /// The agent a verified credential names, when its tenant and profile still let it act: the
+    /// profile must be the very one the credential was issued to, neither suspended, terminated
+    /// nor expired.
+    async fn agent_principal(&self, subject: AgentSubject, expires_at: String, credential_id: String) -> ServiceResult<AgentPrincipal> {
+        let revoked = || ServiceError::unauthenticated("agent_token_revoked", "the agent this credential was issued to no longer exists");
+        let tenant = self.store.tenant(&subject.tenant_id).await.map_err(store_failure)?.ok_or_else(revoked)?;
         usable_tenant(&tenant)?;
-        let profile = self.agents.get(&claims.tid, &claims.sub).await.map_err(store_failure)?;
-        // A profile deleted and created again under the same agent id has another id: old tokens die with the old one.
-        let profile = profile.filter(|profile| profile.id == claims.pid).ok_or_else(revoked)?;
+        let profile = self.agents.get(&subject.tenant_id, &subject.agent_id).await.map_err(store_failure)?;
+        // A profile deleted and created again under the same agent id has another id: old credentials die with the old one.
+        let profile = profile.filter(|profile| profile.id == subject.profile_id).ok_or_else(revoked)?;
         usable_agent(&profile)?;
-        let token_expires_at = chrono::DateTime::from_timestamp(claims.exp, 0).map(format_timestamp).unwrap_or_default();
         let owner_missing = self.options.require_agent_owner && profile.owner_id.is_none();
-        Ok(AgentPrincipal { tenant: Some(tenant), profile: Some(profile), token_expires_at, token_id: claims.jti, owner_missing })
+        Ok(AgentPrincipal {
+            tenant: Some(tenant),
+            profile: Some(profile),
+            token_expires_at: expires_at,
+            token_id: credential_id,
+            owner_missing,
+        })
+    }
+
+    fn agent_ca(&self) -> ServiceResult<&AgentCertificateAuthority> {
+        self.options.agent_ca.as_deref().ok_or_else(|| {
+            ServiceError::unavailable(
+                "agent_certificates_unavailable",
+                "agent certificates need the agent CA, derived from the master key: start identity with BR_MASTER_KEY",
+            )
+        })
     }
 }
 

@@ -21,6 +21,7 @@ async fn remote_identity() -> Result<IdentityClient, Box<dyn std::error::Error>>
         outbox,
         require_agent_owner: false,
         agent_tokens: None,
+        agent_ca: None,
     };
     let local = IdentityClient::local(IdentityServiceImpl::new(database, Arc::new(InProcessBus::new()), options));
 

@@ -7,7 +7,7 @@ use brainstorm_common::bus::{EventBus, InProcessBus, Subscription};
 use brainstorm_common::config::RegistrationMode;
 use brainstorm_common::outbox::MailOutbox;
 use brainstorm_common::store::{Database, testing};
-use brainstorm_identity::{AgentTokenSigner, IdentityOptions, IdentityServiceImpl};
+use brainstorm_identity::{AgentCertificateAuthority, AgentTokenSigner, IdentityOptions, IdentityServiceImpl};
 use brainstorm_proto::events::{IDENTITY_EVENTS_TOPIC, IdentityEvent, identity_event};
 use brainstorm_proto::identity::*;
 use brainstorm_proto::{ErrorKind, ServiceError};
@@ -32,6 +32,7 @@ fn harness(database: Database, registration_mode: RegistrationMode) -> Harness {
         outbox: MailOutbox::new(&outbox),
         require_agent_owner: false,
         agent_tokens: Some(AgentTokenSigner::new([3; 32], std::time::Duration::from_secs(3600))),
+        agent_ca: Some(Arc::new(AgentCertificateAuthority::from_seed([4; 32]).expect("the agent CA"))),
     };
     let shared_bus: Arc<dyn EventBus> = Arc::new(bus.clone());
     Harness { identity: IdentityServiceImpl::new(database.clone(), shared_bus, options), bus, outbox, database }

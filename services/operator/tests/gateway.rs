@@ -32,6 +32,7 @@ async fn gateway(registration_mode: RegistrationMode) -> Result<Gateway, Box<dyn
         outbox: MailOutbox::new(&outbox),
         require_agent_owner: false,
         agent_tokens: None,
+        agent_ca: None,
     };
     let identity = IdentityClient::local(IdentityServiceImpl::new(database.clone(), bus.clone(), options));
     let policy = PolicyFirewallClient::local(PolicyFirewallServiceImpl::new(database, bus, PolicyFirewallOptions::default()));

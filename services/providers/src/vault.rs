@@ -54,6 +54,11 @@ impl MasterKey {
         self.derived_secret(b"brainstorm/agent-jwt/v1\0")
     }
 
+    /// The seed of the agent CA's Ed25519 key (agent client certificates for mTLS).
+    pub fn agent_ca_secret(&self) -> [u8; 32] {
+        self.derived_secret(b"brainstorm/agent-ca/v1\0")
+    }
+
     /// A secret for signing liaison session ids and plans.
     pub fn liaison_secret(&self) -> [u8; 32] {
         self.derived_secret(b"brainstorm/liaison/v2\0")

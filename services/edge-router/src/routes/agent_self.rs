@@ -3,25 +3,26 @@
 //! `/profiles/me`, `/v1/self`). Snake_case, as the spec spells these.
 
 use crate::extract::Path;
-use axum::Json;
 use axum::extract::{FromRequestParts, State};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, HeaderName, StatusCode, header};
+use axum::{Extension, Json};
 use brainstorm_budget_ledger::{BudgetContext, ScopeKind, ScopeLevel};
 use brainstorm_common::ApiError;
 use brainstorm_common::money::Usd;
 use brainstorm_common::time::parse_timestamp;
 use brainstorm_proto::budget::{AgentBudget, AgentLimit, PutAgentBudgetRequest};
 use brainstorm_proto::identity::{
-    AgentProfile, AgentProfileRef, BootstrapAgentRequest, DelegateAgentRequest, EndSubAgentRequest, EndedSubAgent, TenantRef,
+    AgentProfile, AgentProfileRef, BootstrapAgentRequest, DelegateAgentRequest, EndSubAgentRequest, EndedSubAgent,
+    IssueAgentCertificateRequest, TenantRef,
 };
 use brainstorm_proto::policy::ListAnomaliesRequest;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::EdgeState;
-use crate::auth::{self, AgentCaller, Caller};
-use crate::extract::JsonBody;
+use crate::auth::{self, AgentCaller, AgentCredential, Caller, ClientCertificate};
+use crate::extract::{JsonBody, JsonBytes, json};
 use crate::routes::agents::nanos;
 use crate::routes::budget::optional_usd;
 use crate::{self_view, views};
@@ -45,7 +46,8 @@ pub struct BootstrapBody {
     metadata: Option<Value>,
 }
 
-/// `POST /v1/agent/bootstrap` (a tenant API key with `router.write`; an agent JWT is refused): 201
+/// `POST /v1/agent/bootstrap` (a tenant API key with `router.write`; an agent JWT or a client
+/// certificate alone is refused): 201
 /// with a new profile (active; owner `owner_id`, else `key:<the bootstrapping key's id>`) or 200
 /// with the existing one, and a fresh agent JWT either way. A profile created with
 /// `budget_daily_usd` gets that budget enforced (the ledger's agent budget, action `stop`) unless
@@ -53,11 +55,15 @@ pub struct BootstrapBody {
 pub async fn bootstrap(
     State(state): State<EdgeState>,
     headers: HeaderMap,
+    certificate: Option<Extension<ClientCertificate>>,
     caller: Result<Caller, ApiError>,
     JsonBody(body): JsonBody<BootstrapBody>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     if auth::presents_jwt(&headers) {
         return Err(ApiError::forbidden("api_key_required", "bootstrap takes a tenant API key, not an agent JWT"));
+    }
+    if certificate.is_some() && !auth::presents_credential(&headers) {
+        return Err(ApiError::forbidden("api_key_required", "bootstrap takes a tenant API key, not a client certificate"));
     }
     let caller = caller?;
     caller.require(BOOTSTRAP)?;
@@ -205,6 +211,7 @@ pub async fn delegate(
     agent: AgentCaller,
     JsonBody(body): JsonBody<DelegateBody>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
+    agent.require_jwt()?;
     agent.require_owner()?;
     let child_id = body
         .agent_id
@@ -286,6 +293,7 @@ async fn end_expired_children(state: &EdgeState, parent: &AgentCaller) -> Result
 
 /// `GET /v1/agent/sub-agents` (agent JWT): the caller's sub-agents that are not terminated.
 pub async fn sub_agents(State(state): State<EdgeState>, agent: AgentCaller) -> Answer {
+    agent.require_jwt()?;
     agent.require_owner()?;
     let children = end_expired_children(&state, &agent).await?;
     let listed: Vec<Value> = children
@@ -308,6 +316,7 @@ pub async fn sub_agents(State(state): State<EdgeState>, agent: AgentCaller) -> A
 /// `DELETE /v1/agent/sub-agents/{child_agent_id}` (agent JWT, the child's parent): terminates it and
 /// refunds its unspent daily budget to the parent; again: `already_terminated: true`, refund 0.
 pub async fn end_sub_agent(State(state): State<EdgeState>, agent: AgentCaller, Path(child_agent_id): Path<String>) -> Answer {
+    agent.require_jwt()?;
     agent.require_owner()?;
     let child = state.identity.get_agent_profile(AgentProfileRef { tenant_id: agent.tenant.id.clone(), agent_id: child_agent_id }).await?;
     let ended = end_child(&state, &agent, &child).await?;
@@ -426,23 +435,23 @@ pub async fn my_profile(agent: AgentCaller) -> Answer {
     Ok(Json(json!({"profile": views::agent_profile(&agent.profile)})))
 }
 
-/// `GET /v1/self`: who the presented credential is, an agent (its JWT) or an API key, with the
+/// `GET /v1/self`: who the presented credential is, an agent (its JWT or client certificate) or an API key, with the
 /// spec's one-call view (`self_view`): identity, capabilities, health, budget, memory,
 /// configuration, suggestions, recent errors, models available and endpoints. The platform
 /// administrator, who belongs to no tenant, gets only who it is.
 pub async fn whoami(State(state): State<EdgeState>, mut parts: Parts) -> Answer {
-    if auth::presents_jwt(&parts.headers) {
+    if auth::presents_jwt(&parts.headers) || auth::presents_only_certificate(&parts) {
         let agent = AgentCaller::from_request_parts(&mut parts, &state).await?;
         agent.require_owner()?;
         let profile = &agent.profile;
         let principal = self_view::Principal {
             tenant_id: &agent.tenant.id,
-            auth_method: "agent_jwt",
+            auth_method: agent.credential.name(),
             key_id: None,
             agent_id: Some(&profile.agent_id),
             roles: vec![profile.role.clone()],
             scopes: Vec::new(),
-            permissions: AGENT_JWT_GRANTS.iter().map(|grant| grant.to_string()).collect(),
+            permissions: grants(agent.credential),
         };
         let mut view = self_view::render(&state, principal).await?;
         merge(
@@ -455,7 +464,9 @@ pub async fn whoami(State(state): State<EdgeState>, mut parts: Parts) -> Answer 
                 "lifecycle_state": profile.lifecycle_state,
                 "owner_id": profile.owner_id,
                 "parent_agent_id": profile.parent_agent_id,
-                "jwt_expires_at": agent.token_expires_at,
+                "auth_method": agent.credential.name(),
+                "jwt_expires_at": (agent.credential == AgentCredential::Jwt).then_some(&agent.token_expires_at),
+                "certificate_expires_at": (agent.credential == AgentCredential::Certificate).then_some(&agent.token_expires_at),
             }),
         );
         return Ok(Json(view));
@@ -485,17 +496,85 @@ pub async fn whoami(State(state): State<EdgeState>, mut parts: Parts) -> Answer 
     Ok(Json(view))
 }
 
-/// What an agent JWT reaches (API keys' routes need a key).
-const AGENT_JWT_GRANTS: [&str; 8] = [
-    "GET /v1/self",
-    "GET /v1/agent/status",
-    "GET /v1/agent/limits/me",
-    "GET /v1/agent/anomaly/me",
-    "GET /v1/agent/profiles/me",
-    "POST /v1/agent/delegate",
-    "GET /v1/agent/sub-agents",
-    "DELETE /v1/agent/sub-agents/{child_agent_id}",
+/// `POST /v1/agent/auth/cert` (agent JWT or client certificate; allowed without an owner): the
+/// certificate exchange. Issues the agent a short-lived X.509 client certificate from the agent CA
+/// for mutual TLS: for the public key of `csr` (PEM PKCS#10, proving the agent holds the key), or,
+/// without one, for a fresh ECDSA P-256 key returned once as `private_key`. `ttl_seconds` 300 to
+/// 604800 (default one day). A certificate presented to the gateway's HTTPS listener then
+/// authenticates the agent on its self endpoints instead of the JWT; presenting it here renews it.
+pub async fn exchange_certificate(
+    State(state): State<EdgeState>,
+    agent: AgentCaller,
+    JsonBytes(bytes): JsonBytes,
+) -> Result<(StatusCode, [(HeaderName, &'static str); 1], Json<Value>), ApiError> {
+    let body: CertificateBody = if bytes.iter().all(u8::is_ascii_whitespace) { CertificateBody::default() } else { json(&bytes)? };
+    let lifetime_seconds = match body.ttl_seconds {
+        None => None,
+        Some(ttl) => Some(
+            ttl.as_u64()
+                .and_then(|ttl| u32::try_from(ttl).ok())
+                .ok_or_else(|| ApiError::invalid_request("invalid_ttl", "ttl_seconds must be a whole number of seconds, 300 to 604800"))?,
+        ),
+    };
+    let key_source = if body.csr.is_some() { "csr" } else { "generated" };
+    let request = IssueAgentCertificateRequest {
+        tenant_id: agent.tenant.id.clone(),
+        agent_id: agent.profile.agent_id.clone(),
+        profile_id: agent.profile.id.clone(),
+        csr_pem: body.csr,
+        lifetime_seconds,
+    };
+    let issued = state.identity.issue_agent_certificate(request).await?;
+    let answer = json!({
+        "agent_id": agent.profile.agent_id,
+        "tenant_id": agent.tenant.id,
+        "certificate": issued.certificate_pem,
+        "ca_certificate": issued.ca_certificate_pem,
+        "private_key": issued.private_key_pem,
+        "key_source": key_source,
+        "serial": issued.serial,
+        "fingerprint_sha256": issued.fingerprint_sha256,
+        "spiffe_id": issued.spiffe_id,
+        "not_before": issued.not_before,
+        "not_after": issued.not_after,
+        "next_steps": {
+            "authenticate": "present the certificate and its key in the TLS handshake with the gateway's HTTPS listener; the agent self endpoints (/v1/agent/status, /limits/me, /anomaly/me, /profiles/me, /v1/self) then need no JWT",
+            "renew": "POST /v1/agent/auth/cert again before not_after, with the JWT or this certificate",
+        },
+    });
+    // The answer may hold a private key: no cache may keep it.
+    Ok((StatusCode::CREATED, [(header::CACHE_CONTROL, "no-store")], Json(answer)))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct CertificateBody {
+    csr: Option<String>,
+    ttl_seconds: Option<serde_json::Number>,
+}
+
+/// What an agent's own credential reaches (API keys' routes need a key): a client certificate
+/// everything a JWT does but delegation and sub-agents, which take the JWT only.
+const AGENT_GRANTS: [(&str, bool); 9] = [
+    ("GET /v1/self", true),
+    ("GET /v1/agent/status", true),
+    ("GET /v1/agent/limits/me", true),
+    ("GET /v1/agent/anomaly/me", true),
+    ("GET /v1/agent/profiles/me", true),
+    ("POST /v1/agent/auth/cert", true),
+    ("POST /v1/agent/delegate", false),
+    ("GET /v1/agent/sub-agents", false),
+    ("DELETE /v1/agent/sub-agents/{child_agent_id}", false),
 ];
+
+/// The routes `credential` reaches.
+fn grants(credential: AgentCredential) -> Vec<String> {
+    AGENT_GRANTS
+        .iter()
+        .filter(|(_, certificate_too)| credential == AgentCredential::Jwt || *certificate_too)
+        .map(|(grant, _)| grant.to_string())
+        .collect()
+}
 
 /// `extra`'s members added to `view` (both objects).
 fn merge(view: &mut Value, extra: Value) {
