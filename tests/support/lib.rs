@@ -50,6 +50,8 @@ pub struct Gateway {
     pub outbox: PathBuf,
     pub work_dir: PathBuf,
     pub client: reqwest::Client,
+    /// `https` when the gateway was started with `BR_TLS_CERT_FILE`, else `http`.
+    pub edge_scheme: &'static str,
     processes: Vec<(String, Child)>,
     /// The distributed shape's gRPC services: `BR_<SERVICE>_URL` and its value.
     service_urls: Vec<(String, String)>,
@@ -163,9 +165,20 @@ impl Gateway {
         })?;
         let outbox = work_dir.join("outbox");
         let edge_port = free_port()?;
-        let base_url = format!("http://127.0.0.1:{edge_port}");
-        let client = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
+        // `BR_TLS_CERT_FILE` given: the edges speak HTTPS, and the client trusts the chain file's last certificate.
+        let tls_chain = env.iter().find(|(name, _)| *name == "BR_TLS_CERT_FILE").map(|(_, path)| PathBuf::from(path));
+        let edge_scheme = if tls_chain.is_some() { "https" } else { "http" };
+        let base_url = format!("{edge_scheme}://127.0.0.1:{edge_port}");
+        let mut client = reqwest::Client::builder().timeout(Duration::from_secs(30));
+        if let Some(chain) = &tls_chain {
+            let text = std::fs::read_to_string(chain)?;
+            let root =
+                text.rfind("-----BEGIN CERTIFICATE-----").map(|start| &text[start..]).context("no certificate in BR_TLS_CERT_FILE")?;
+            client = client.add_root_certificate(reqwest::Certificate::from_pem(root.as_bytes())?);
+        }
+        let client = client.build()?;
         let mut gateway = Gateway {
+            edge_scheme,
             base_url: base_url.clone(),
             edge_urls: vec![base_url],
             database_url: String::new(),
@@ -191,7 +204,7 @@ impl Gateway {
                 let data_dir = data_dir.display().to_string();
                 let listen = format!("127.0.0.1:{edge_port}");
                 gateway.spawn("up", &["up", "--listen", &listen, "--data-dir", &data_dir], &common)?;
-                gateway.wait_healthy(edge_port).await?;
+                gateway.wait_healthy(edge_port, edge_scheme).await?;
                 // `BR_GRPC_LISTEN` given: the embedded services answer gRPC there too.
                 if let Some((_, address)) = common.iter().find(|(name, _)| name == "BR_GRPC_LISTEN") {
                     for service in ["identity", "catalog-health-sentinel", "budget-ledger", "audit-lineage", "policy-firewall"] {
@@ -221,7 +234,7 @@ impl Gateway {
                     let health_port = free_port()?;
                     let health_listen = format!("127.0.0.1:{health_port}");
                     gateway.spawn(label, &["serve", service, "--grpc-listen", &grpc_listen, "--listen", &health_listen], &common)?;
-                    gateway.wait_healthy(health_port).await?;
+                    gateway.wait_healthy(health_port, "http").await?;
                     let variable = format!("BR_{}_URL", service.to_uppercase().replace('-', "_"));
                     edge_env.push((variable.clone(), format!("http://{grpc_listen}")));
                     gateway.service_urls.push((variable, format!("http://{grpc_listen}")));
@@ -230,14 +243,14 @@ impl Gateway {
                 edge_env.retain(|(name, _)| name != "BR_DATABASE_URL" && name != "BR_MASTER_KEY");
                 let edge_listen = format!("127.0.0.1:{edge_port}");
                 gateway.spawn("edge-router", &["serve", "edge-router", "--listen", &edge_listen], &edge_env)?;
-                gateway.wait_healthy(edge_port).await?;
+                gateway.wait_healthy(edge_port, edge_scheme).await?;
                 // With shared counters (Redis), a second edge replica shows that budgets and rate limits hold across replicas.
                 if edge_env.iter().any(|(name, _)| name == "BR_REDIS_URL") {
                     let second_port = free_port()?;
                     let second_listen = format!("127.0.0.1:{second_port}");
                     gateway.spawn("edge-router-2", &["serve", "edge-router", "--listen", &second_listen], &edge_env)?;
-                    gateway.wait_healthy(second_port).await?;
-                    gateway.edge_urls.push(format!("http://{second_listen}"));
+                    gateway.wait_healthy(second_port, edge_scheme).await?;
+                    gateway.edge_urls.push(format!("{edge_scheme}://{second_listen}"));
                 }
             }
         }
@@ -259,7 +272,7 @@ impl Gateway {
         settings.push(("RUST_LOG".to_string(), "info,brainstorm_operator=debug".to_string()));
         settings.extend(env.iter().map(|(name, value)| (name.to_string(), value.to_string())));
         self.spawn("operator", &["operator", "--listen", &listen], &settings)?;
-        self.wait_healthy(port).await
+        self.wait_healthy(port, "http").await
     }
 
     fn spawn(&mut self, label: &str, arguments: &[&str], env: &[(String, String)]) -> anyhow::Result<()> {
@@ -319,12 +332,13 @@ impl Gateway {
             .and_then(|port| port.parse::<u16>().ok())
             .with_context(|| format!("`{label}` has no --listen port"))?;
         self.spawn(label, &arguments, &env)?;
-        self.wait_healthy(health_port).await
+        let scheme = if label == "up" || label.starts_with("edge-router") { self.edge_scheme } else { "http" };
+        self.wait_healthy(health_port, scheme).await
     }
 
-    async fn wait_healthy(&mut self, port: u16) -> anyhow::Result<()> {
+    async fn wait_healthy(&mut self, port: u16, scheme: &str) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(30);
-        let url = format!("http://127.0.0.1:{port}/health");
+        let url = format!("{scheme}://127.0.0.1:{port}/health");
         loop {
             if let Ok(response) = self.client.get(&url).send().await
                 && response.status().is_success()
@@ -488,7 +502,7 @@ pub struct Reply {
 }
 
 impl Reply {
-    async fn read(response: reqwest::Response) -> anyhow::Result<Reply> {
+    pub async fn read(response: reqwest::Response) -> anyhow::Result<Reply> {
         let status = response.status().as_u16();
         let headers = response.headers().clone();
         let text = response.text().await?;

@@ -140,6 +140,8 @@ impl AgentCertificateAuthority {
         if !(MIN_LIFETIME_SECONDS..=MAX_LIFETIME_SECONDS).contains(&lifetime_seconds) {
             return Err(CertError::BadLifetime);
         }
+        // X.509 times are whole seconds: the answer names the very instants the certificate holds.
+        let now = DateTime::from_timestamp(now.timestamp(), 0).unwrap_or(now);
         let not_before = now - Duration::seconds(BACKDATE_SECONDS);
         let not_after = now + Duration::seconds(i64::from(lifetime_seconds));
         let spiffe_id = spiffe_id(subject);
