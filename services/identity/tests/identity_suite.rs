@@ -57,6 +57,7 @@ on_both_engines!(
     registration_with_a_chosen_id_happens_once,
     agent_profiles_are_stored_changed_and_moved,
     agents_bootstrap_once_and_authenticate_while_usable,
+    agent_certificates_are_issued_and_resolved_while_the_agent_may_act,
     sub_agents_take_budget_from_their_parent_and_give_back_the_unspent,
     keys_are_stored_hashed_and_authenticate_until_revoked,
     expired_keys_and_malformed_keys_are_refused,
@@ -234,6 +235,84 @@ async fn agents_bootstrap_once_and_authenticate_while_usable(database: Database)
         assert_eq!(reason(harness.identity.authenticate_agent(AuthenticateAgentRequest { token }).await.err()), invalid);
     }
     Ok(())
+}
+
+async fn agent_certificates_are_issued_and_resolved_while_the_agent_may_act(database: Database) -> TestResult {
+    let harness = harness(database, RegistrationMode::Open);
+    let tenant = tenant_id(&register(&harness.identity, "Certified").await?);
+    let bootstrap = BootstrapAgentRequest { tenant_id: tenant.clone(), agent_id: "signer".to_string(), ..BootstrapAgentRequest::default() };
+    let profile = harness.identity.bootstrap_agent(bootstrap.clone()).await?.profile.ok_or("no profile")?;
+    let issue = |profile_id: &str, lifetime_seconds: Option<u32>| IssueAgentCertificateRequest {
+        tenant_id: tenant.clone(),
+        agent_id: "signer".to_string(),
+        profile_id: profile_id.to_string(),
+        csr_pem: None,
+        lifetime_seconds,
+    };
+    let issued = harness.identity.issue_agent_certificate(issue(&profile.id, None)).await?;
+    assert!(issued.private_key_pem.is_some(), "without a CSR the CA makes the key");
+    let der = pem_contents(&issued.certificate_pem)?;
+    let authenticate = |certificate_der: Vec<u8>| AuthenticateAgentCertificateRequest { certificate_der };
+    let principal = harness.identity.authenticate_agent_certificate(authenticate(der.clone())).await?;
+    assert_eq!(principal.profile.as_ref(), Some(&profile));
+    assert_eq!(
+        (principal.token_expires_at.as_str(), principal.token_id.as_str()),
+        (issued.not_after.as_str(), format!("cert:{}", issued.serial).as_str())
+    );
+
+    let reason = |error: Option<ServiceError>| error.map(|error| (error.kind, error.reason));
+    // Not for a profile the agent does not have, nor for a life out of bounds.
+    assert_eq!(
+        reason(harness.identity.issue_agent_certificate(issue("another-profile", None)).await.err()),
+        Some((ErrorKind::Unauthenticated, "agent_token_revoked".to_string()))
+    );
+    assert_eq!(
+        reason(harness.identity.issue_agent_certificate(issue(&profile.id, Some(60))).await.err()),
+        Some((ErrorKind::InvalidArgument, "invalid_ttl".to_string()))
+    );
+    let bad_csr = IssueAgentCertificateRequest {
+        csr_pem: Some("-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n-----END CERTIFICATE REQUEST-----\n".to_string()),
+        ..issue(&profile.id, None)
+    };
+    assert_eq!(
+        reason(harness.identity.issue_agent_certificate(bad_csr).await.err()),
+        Some((ErrorKind::InvalidArgument, "invalid_csr".to_string()))
+    );
+
+    // Suspended: its certificates and new ones are refused; a deleted profile's are revoked.
+    let mv = |state: &str| SetAgentLifecycleRequest { tenant_id: tenant.clone(), agent_id: "signer".to_string(), state: state.to_string() };
+    harness.identity.set_agent_lifecycle(mv("suspended")).await?;
+    let suspended = Some((ErrorKind::PermissionDenied, "agent_suspended".to_string()));
+    assert_eq!(reason(harness.identity.authenticate_agent_certificate(authenticate(der.clone())).await.err()), suspended);
+    assert_eq!(reason(harness.identity.issue_agent_certificate(issue(&profile.id, None)).await.err()), suspended);
+    harness.identity.set_agent_lifecycle(mv("active")).await?;
+    harness.identity.authenticate_agent_certificate(authenticate(der.clone())).await?;
+    harness.identity.delete_agent_profile(AgentProfileRef { tenant_id: tenant.clone(), agent_id: "signer".to_string() }).await?;
+    harness.identity.bootstrap_agent(bootstrap).await?;
+    assert_eq!(
+        reason(harness.identity.authenticate_agent_certificate(authenticate(der)).await.err()),
+        Some((ErrorKind::Unauthenticated, "agent_token_revoked".to_string()))
+    );
+    // Another CA's certificate and garbage are not agent certificates.
+    let foreign = AgentCertificateAuthority::from_seed([9; 32])?;
+    let subject = brainstorm_identity::agent_cert::AgentSubject {
+        tenant_id: tenant.clone(),
+        agent_id: "signer".to_string(),
+        profile_id: profile.id.clone(),
+    };
+    let forged = foreign.issue(&subject, brainstorm_identity::agent_cert::RequestedKey::Generate, 3600, chrono::Utc::now())?;
+    let invalid = Some((ErrorKind::Unauthenticated, "invalid_agent_certificate".to_string()));
+    for certificate_der in [pem_contents(&forged.certificate_pem)?, b"garbage".to_vec()] {
+        assert_eq!(reason(harness.identity.authenticate_agent_certificate(authenticate(certificate_der)).await.err()), invalid);
+    }
+    Ok(())
+}
+
+/// The DER inside one PEM block.
+fn pem_contents(pem: &str) -> Result<Vec<u8>, Box<dyn std::error::Error>> {
+    use base64::Engine;
+    let body: String = pem.lines().filter(|line| !line.starts_with("-----")).collect();
+    Ok(base64::engine::general_purpose::STANDARD.decode(body)?)
 }
 
 async fn sub_agents_take_budget_from_their_parent_and_give_back_the_unspent(database: Database) -> TestResult {
