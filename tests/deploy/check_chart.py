@@ -414,6 +414,20 @@ def check_production_render(rendered: Render) -> None:
                         ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://otel-collector.observability:4317"), ("BR_KAFKA_BROKERS", "kafka-0.kafka:9092,kafka-1.kafka:9092")]:
         expect(env_value(spec, name) == value, f"edge-router {name} is {env_value(spec, name)}, expected {value}")
     expect(edge["spec"]["template"]["spec"].get("imagePullSecrets") == [{"name": "registry-credentials"}], "imagePullSecrets are not passed to the pods")
+    # services.edge-router.tls.secretName: HTTPS (and agent mTLS) from the mounted kubernetes.io/tls Secret.
+    expect((env_value(spec, "BR_TLS_CERT_FILE"), env_value(spec, "BR_TLS_KEY_FILE")) == ("/etc/brainstorm/tls/tls.crt", "/etc/brainstorm/tls/tls.key"),
+           f"edge-router TLS files {env_value(spec, 'BR_TLS_CERT_FILE')}, {env_value(spec, 'BR_TLS_KEY_FILE')}")
+    volumes = {volume["name"]: volume for volume in edge["spec"]["template"]["spec"]["volumes"]}
+    expect(volumes.get("tls", {}).get("secret", {}).get("secretName") == "brainstorm-edge-tls", f"edge-router volumes {volumes}")
+    mounts = {mount["name"]: mount for mount in spec["volumeMounts"]}
+    expect(mounts.get("tls", {}).get("mountPath") == "/etc/brainstorm/tls" and mounts["tls"].get("readOnly") is True, f"edge-router mounts {mounts}")
+    for probe in ("readinessProbe", "livenessProbe"):
+        expect(spec[probe]["httpGet"].get("scheme") == "HTTPS", f"edge-router {probe} {spec[probe]} must probe over HTTPS")
+    edge_service = rendered.one("Service", fullname("edge-router"))
+    expect(edge_service["spec"]["ports"][0].get("appProtocol") == "https", f"edge-router Service ports {edge_service['spec']['ports']}")
+    identity_spec = container(rendered.one("Deployment", fullname("identity")))
+    expect(env_value(identity_spec, "BR_TLS_CERT_FILE") is None and identity_spec["readinessProbe"]["httpGet"].get("scheme") == "HTTP",
+           "only the edge-router given a TLS Secret serves HTTPS")
 
 
 def check_third_service(chart: helm.Chart, kube_version: str) -> None:

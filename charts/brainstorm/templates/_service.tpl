@@ -81,6 +81,12 @@ app.kubernetes.io/component: {{ .name }}
       optional: true
       {{- end }}
 {{- end }}
+{{- if ($svc.tls | default dict).secretName }}
+- name: BR_TLS_CERT_FILE
+  value: /etc/brainstorm/tls/tls.crt
+- name: BR_TLS_KEY_FILE
+  value: /etc/brainstorm/tls/tls.key
+{{- end }}
 {{- with $values.config.extraEnv }}
 {{ toYaml . }}
 {{- end }}
@@ -95,6 +101,7 @@ app.kubernetes.io/component: {{ .name }}
 {{- $svc := .svc }}
 {{- $values := $root.Values }}
 {{- $autoscaling := $svc.autoscaling | default dict -}}
+{{- $tls := ($svc.tls | default dict).secretName | default "" -}}
 apiVersion: apps/v1
 kind: Deployment
 metadata:
@@ -167,11 +174,13 @@ spec:
             httpGet:
               path: /health
               port: http
+              scheme: {{ if $tls }}HTTPS{{ else }}HTTP{{ end }}
             {{- toYaml $values.probes.readiness | nindent 12 }}
           livenessProbe:
             httpGet:
               path: /health
               port: http
+              scheme: {{ if $tls }}HTTPS{{ else }}HTTP{{ end }}
             {{- toYaml $values.probes.liveness | nindent 12 }}
           {{- if gt (int $values.preStopSleepSeconds) 0 }}
           lifecycle:
@@ -190,6 +199,11 @@ spec:
               mountPath: /tmp
             - name: outbox
               mountPath: {{ $values.mailOutbox.path }}
+            {{- if $tls }}
+            - name: tls
+              mountPath: /etc/brainstorm/tls
+              readOnly: true
+            {{- end }}
       volumes:
         - name: tmp
           emptyDir:
@@ -197,6 +211,11 @@ spec:
         - name: outbox
           emptyDir:
             sizeLimit: {{ $values.mailOutbox.sizeLimit }}
+        {{- if $tls }}
+        - name: tls
+          secret:
+            secretName: {{ $tls }}
+        {{- end }}
       {{- with $svc.nodeSelector }}
       nodeSelector:
         {{- toYaml . | nindent 8 }}
@@ -238,7 +257,7 @@ spec:
       port: {{ $root.Values.ports.http }}
       targetPort: http
       protocol: TCP
-      appProtocol: http
+      appProtocol: {{ if ($svc.tls | default dict).secretName }}https{{ else }}http{{ end }}
     {{- if $svc.grpc }}
     - name: grpc
       port: {{ $root.Values.ports.grpc }}
