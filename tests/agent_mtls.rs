@@ -98,6 +98,7 @@ async fn agents_authenticate_with_client_certificates_the_gateway_issued(shape: 
     assert_eq!(issued.status, 201, "{}", issued.text);
     assert_eq!(issued.header("cache-control"), Some("no-store"));
     assert_eq!(issued.body["key_source"], "csr");
+    assert_eq!(issued.body["mtls_available"], true);
     assert!(issued.body["private_key"].is_null(), "{}", issued.text);
     assert_eq!(issued.body["agent_id"], "scout");
     let spiffe_id = issued.body["spiffe_id"].as_str().unwrap_or_default();

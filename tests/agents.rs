@@ -181,6 +181,15 @@ async fn agents_bootstrap_and_read_themselves_with_their_jwt(shape: Shape) -> Te
     let expires_at = chrono::DateTime::parse_from_rfc3339(boot.body["jwt_expires_at"].as_str().unwrap_or_default())?;
     let lifetime = expires_at.signed_duration_since(chrono::Utc::now()).num_seconds();
     assert!((3500..=3600).contains(&lifetime), "an hour by default, got {lifetime} s");
+    // A plain-HTTP edge still issues client certificates, and says they cannot reach it (tests/agent_mtls.rs serves HTTPS).
+    let certificate = gateway.call(Method::POST, "/v1/agent/auth/cert", Some(&jwt), None).await?;
+    assert_eq!(certificate.status, 201, "{}", certificate.text);
+    assert_eq!(certificate.body["mtls_available"], false, "{}", certificate.text);
+    assert!(
+        certificate.body["next_steps"]["authenticate"].as_str().is_some_and(|step| step.contains("BR_TLS_CERT_FILE")),
+        "{}",
+        certificate.text
+    );
     // The enforced budget is the ledger's agent budget, visible where budgets are managed.
     let agents = gateway.call(Method::GET, "/v1/budget/agents", Some(&admin), None).await?;
     let configured = agents.body["agents"].as_array().cloned().unwrap_or_default();

@@ -1389,6 +1389,7 @@ async fn insights_config_and_ops_read_the_tenant_as_it_is(shape: Shape) -> TestR
     }
     assert_eq!((config.body["omitted"].clone(), config.body["api_key"]["role"].as_str()), (json!([]), Some("admin")), "{}", config.text);
     assert_eq!(config.body["kill_switch"]["active"], false);
+    assert_eq!(config.body["gateway"]["tls"], false, "the test gateway serves plain HTTP: {}", config.text);
     assert!(config.body["kill_switch"].get("history").is_none(), "{}", config.text);
     assert_eq!(config.body["providers"]["providers"].as_array().map(Vec::len), Some(3), "{}", config.text);
     for secret in [OPENAI_KEY, ANTHROPIC_KEY, GOOGLE_KEY] {

@@ -731,6 +731,7 @@ async fn serve_edge(settings: &Settings, dependencies: EdgeDependencies, bus: Ar
         circuits: CircuitOptions { failures_to_open: settings.circuit_failures, open_for: settings.circuit_open },
         sentinel_interval: settings.sentinel_interval,
         xdr_bidirectional: settings.xdr_bidirectional,
+        serves_tls: settings.tls.is_some(),
         idp: settings.idp.clone(),
         dashboard_url: settings.dashboard_url.clone(),
         stopping: shutdown.watch(),

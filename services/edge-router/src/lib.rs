@@ -67,6 +67,8 @@ pub struct EdgeOptions {
     pub sentinel_interval: Duration,
     /// Whether the platform administrator may push XDR risk scores (`BR_XDR_BIDIRECTIONAL`).
     pub xdr_bidirectional: bool,
+    /// Whether this edge serves HTTPS and so accepts agent client certificates (`BR_TLS_CERT_FILE`).
+    pub serves_tls: bool,
     /// The identity provider the `/auth/*` bridge routes verify JWTs of; None answers them 503.
     pub idp: Option<brainstorm_common::config::IdpSettings>,
     /// Where browser-facing links point (`BR_DASHBOARD_URL`): the device flow's verification page.
@@ -147,6 +149,8 @@ pub struct EdgeShared {
     recent_errors: self_view::RecentErrors,
     /// Whether `/v1/admin/xdr/risk-push` is on.
     xdr_bidirectional: bool,
+    /// Whether this edge serves HTTPS (agent client certificates reach it).
+    serves_tls: bool,
     /// Verifies identity-provider JWTs for the `/auth/*` bridge routes, when one is configured.
     idp: Option<idp::IdpVerifier>,
     dashboard_url: String,
@@ -182,6 +186,7 @@ impl Edge {
             tenant_views: self_view::TenantViews::default(),
             recent_errors: self_view::RecentErrors::default(),
             xdr_bidirectional: options.xdr_bidirectional,
+            serves_tls: options.serves_tls,
             idp: options.idp.clone().map(idp::IdpVerifier::new),
             dashboard_url: options.dashboard_url.clone(),
             stopping: options.stopping.clone(),

@@ -537,8 +537,13 @@ pub async fn exchange_certificate(
         "spiffe_id": issued.spiffe_id,
         "not_before": issued.not_before,
         "not_after": issued.not_after,
+        "mtls_available": state.serves_tls,
         "next_steps": {
-            "authenticate": "present the certificate and its key in the TLS handshake with the gateway's HTTPS listener; the agent self endpoints (/v1/agent/status, /limits/me, /anomaly/me, /profiles/me, /v1/self) then need no JWT",
+            "authenticate": if state.serves_tls {
+                "present the certificate and its key in the TLS handshake with this gateway; the agent self endpoints (/v1/agent/status, /limits/me, /anomaly/me, /profiles/me, /v1/self) then need no JWT"
+            } else {
+                "this edge serves plain HTTP, where no certificate reaches it: use an edge started with BR_TLS_CERT_FILE and BR_TLS_KEY_FILE (the chart's services.edge-router.tls.secretName), or keep the JWT"
+            },
             "renew": "POST /v1/agent/auth/cert again before not_after, with the JWT or this certificate",
         },
     });

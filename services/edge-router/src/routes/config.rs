@@ -150,6 +150,7 @@ pub async fn get(State(state): State<EdgeState>, caller: Caller) -> Answer {
                 "observability_fanout": state.observability.is_some(),
             },
             "xdr_bidirectional": state.xdr_bidirectional,
+            "tls": state.serves_tls,
         }),
     );
     document.insert("api_key".into(), calling_key(&caller));
