@@ -340,7 +340,8 @@ async fn an_ownerless_agent_is_held_to_the_switch_turned_on_later(shape: Shape) 
     let jwt = boot.body["jwt"].as_str().unwrap_or_default().to_string();
     assert_eq!(as_agent(&gateway, "/v1/agent/limits/me", &jwt).await?.status, 200);
 
-    // Identity restarted with the switch on: the agent may read its status and profile, nothing else.
+    // Identity restarted with the switch on: the agent may read its status and profile and exchange
+    // its JWT for a certificate, nothing else.
     let identity = match shape {
         Shape::Embedded => "up",
         Shape::Distributed => "identity",
@@ -355,6 +356,9 @@ async fn an_ownerless_agent_is_held_to_the_switch_turned_on_later(shape: Shape) 
     for path in ["/v1/agent/status", "/v1/agent/profiles/me"] {
         assert_eq!(as_agent(&gateway, path, &jwt).await?.status, 200, "{path}");
     }
+    // The certificate exchange is the spec's third exemption.
+    let certificate = gateway.call(Method::POST, "/v1/agent/auth/cert", Some(&jwt), None).await?;
+    assert_eq!(certificate.status, 201, "{}", certificate.text);
     let owned = gateway.call(Method::PATCH, "/v1/agent/profiles/orphan", Some(&admin), Some(json!({"ownerId": "user_7"}))).await?;
     assert_eq!(owned.status, 200, "{}", owned.text);
     assert_eq!(as_agent(&gateway, "/v1/agent/limits/me", &jwt).await?.status, 200);
