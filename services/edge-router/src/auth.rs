@@ -288,9 +288,9 @@ impl FromRequestParts<EdgeState> for Caller {
     }
 }
 
-/// An agent authenticated by the JWT its bootstrap minted (the agent self endpoints). Resolved by
-/// identity on every request, not cached: these endpoints are off the hot path, and a suspension or
-/// termination applies to the very next call.
+/// An agent authenticated by the JWT its bootstrap minted or by the client certificate the agent CA
+/// issued it (the agent self endpoints). Resolved by identity on every request, not cached: these
+/// endpoints are off the hot path, and a suspension or termination applies to the very next call.
 #[derive(Debug, Clone)]
 pub struct AgentCaller {
     pub tenant: Tenant,
@@ -353,7 +353,7 @@ impl AgentCaller {
     }
 
     /// Fails with 403 `owner_required` when the gateway requires owners and this agent has none
-    /// (every agent endpoint but status and the profile itself).
+    /// (every agent endpoint but status, the profile itself and the certificate exchange).
     pub fn require_owner(&self) -> Result<(), ApiError> {
         if !self.owner_missing {
             return Ok(());
