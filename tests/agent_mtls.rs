@@ -15,6 +15,32 @@ type TestResult = anyhow::Result<()>;
 
 brainstorm_e2e::in_both_shapes!(agents_authenticate_with_client_certificates_the_gateway_issued);
 
+/// The listener is the same code in both shapes: one shape shows the rotation.
+#[tokio::test]
+async fn a_rotated_server_certificate_is_served_without_a_restart() -> TestResult {
+    let dir = brainstorm_e2e::temp_dir("mtls-rotation")?;
+    let (chain, key, old_ca) = server_tls(&dir)?;
+    let gateway = Gateway::start_with(Shape::Embedded, &[("BR_TLS_CERT_FILE", &chain), ("BR_TLS_KEY_FILE", &key)]).await?;
+    let health = format!("{}/health", gateway.base_url);
+    // Fresh clients: pooled connections would keep the handshake they made.
+    assert_eq!(client(&old_ca, None)?.get(&health).send().await?.status(), 200);
+    // The Secret rotated in place: another CA's certificate and key over the same files.
+    let (_, _, new_ca) = server_tls(&dir)?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        if let Ok(response) = client(&new_ca, None)?.get(&health).send().await
+            && response.status() == 200
+        {
+            break;
+        }
+        anyhow::ensure!(std::time::Instant::now() < deadline, "the rotated certificate was not served within 30 s:\n{}", gateway.logs());
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+    assert!(client(&old_ca, None)?.get(&health).send().await.is_err(), "new handshakes must get the new certificate");
+    assert!(gateway.logs().contains("new connections get the new certificate"), "{}", gateway.logs());
+    Ok(())
+}
+
 fn code(reply: &Reply) -> &str {
     reply.body["error"]["code"].as_str().unwrap_or_default()
 }
