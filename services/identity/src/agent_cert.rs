@@ -157,9 +157,8 @@ impl AgentCertificateAuthority {
         params.use_authority_key_identifier_extension = true;
         params.not_before = offset_time(not_before)?;
         params.not_after = offset_time(not_after)?;
-        let serial: [u8; 16] = rand::random();
         // Positive and 16 bytes: RFC 5280 wants serials positive and unpredictable.
-        let mut serial = serial;
+        let mut serial: [u8; 16] = rand::random();
         serial[0] &= 0x7f;
         serial[0] |= 0x01;
         params.serial_number = Some(SerialNumber::from_slice(&serial));

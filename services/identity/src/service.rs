@@ -1312,7 +1312,7 @@ impl IdentityService for IdentityServiceImpl {
         let authority = self.agent_ca()?;
         let subject = AgentSubject { tenant_id: request.tenant_id, agent_id: request.agent_id, profile_id: request.profile_id };
         // The agent as it stands now: a suspension between authentication and issuance still refuses.
-        self.agent_principal(subject.clone(), String::new(), String::new()).await?;
+        self.acting_agent(&subject).await?;
         let key = match request.csr_pem.as_deref() {
             Some(pem) => RequestedKey::Csr(pem),
             None => RequestedKey::Generate,
@@ -1362,10 +1362,10 @@ impl IdentityService for IdentityServiceImpl {
 }
 
 impl IdentityServiceImpl {
-    /// The agent a verified credential names, when its tenant and profile still let it act: the
+    /// The tenant and profile a verified credential names, when they still let the agent act: the
     /// profile must be the very one the credential was issued to, neither suspended, terminated
     /// nor expired.
-    async fn agent_principal(&self, subject: AgentSubject, expires_at: String, credential_id: String) -> ServiceResult<AgentPrincipal> {
+    async fn acting_agent(&self, subject: &AgentSubject) -> ServiceResult<(Tenant, AgentProfile)> {
         let revoked = || ServiceError::unauthenticated("agent_token_revoked", "the agent this credential was issued to no longer exists");
         let tenant = self.store.tenant(&subject.tenant_id).await.map_err(store_failure)?.ok_or_else(revoked)?;
         usable_tenant(&tenant)?;
@@ -1373,6 +1373,12 @@ impl IdentityServiceImpl {
         // A profile deleted and created again under the same agent id has another id: old credentials die with the old one.
         let profile = profile.filter(|profile| profile.id == subject.profile_id).ok_or_else(revoked)?;
         usable_agent(&profile)?;
+        Ok((tenant, profile))
+    }
+
+    /// `acting_agent` as the principal of a credential that expires at `expires_at`.
+    async fn agent_principal(&self, subject: AgentSubject, expires_at: String, credential_id: String) -> ServiceResult<AgentPrincipal> {
+        let (tenant, profile) = self.acting_agent(&subject).await?;
         let owner_missing = self.options.require_agent_owner && profile.owner_id.is_none();
         Ok(AgentPrincipal {
             tenant: Some(tenant),

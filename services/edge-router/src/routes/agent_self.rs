@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 
 use crate::EdgeState;
 use crate::auth::{self, AgentCaller, AgentCredential, Caller, ClientCertificate};
-use crate::extract::{JsonBody, JsonBytes, json};
+use crate::extract::{JsonBody, OptionalJsonBody};
 use crate::routes::agents::nanos;
 use crate::routes::budget::optional_usd;
 use crate::{self_view, views};
@@ -505,17 +505,16 @@ pub async fn whoami(State(state): State<EdgeState>, mut parts: Parts) -> Answer 
 pub async fn exchange_certificate(
     State(state): State<EdgeState>,
     agent: AgentCaller,
-    JsonBytes(bytes): JsonBytes,
+    OptionalJsonBody(body): OptionalJsonBody<CertificateBody>,
 ) -> Result<(StatusCode, [(HeaderName, &'static str); 1], Json<Value>), ApiError> {
-    let body: CertificateBody = if bytes.iter().all(u8::is_ascii_whitespace) { CertificateBody::default() } else { json(&bytes)? };
-    let lifetime_seconds = match body.ttl_seconds {
-        None => None,
-        Some(ttl) => Some(
+    let lifetime_seconds = body
+        .ttl_seconds
+        .map(|ttl| {
             ttl.as_u64()
                 .and_then(|ttl| u32::try_from(ttl).ok())
-                .ok_or_else(|| ApiError::invalid_request("invalid_ttl", "ttl_seconds must be a whole number of seconds, 300 to 604800"))?,
-        ),
-    };
+                .ok_or_else(|| ApiError::invalid_request("invalid_ttl", "ttl_seconds must be a whole number of seconds, 300 to 604800"))
+        })
+        .transpose()?;
     let key_source = if body.csr.is_some() { "csr" } else { "generated" };
     let request = IssueAgentCertificateRequest {
         tenant_id: agent.tenant.id.clone(),
