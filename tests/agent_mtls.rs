@@ -2,7 +2,8 @@
 //! `BR_TLS_KEY_FILE`); an agent exchanges its JWT for a client certificate at
 //! `POST /v1/agent/auth/cert` (its own CSR, or a key the CA makes), then reads itself with nothing
 //! but that certificate in the TLS handshake, renews it, and loses it with its profile. Forged
-//! certificates, API-key routes, delegation and bootstrap refuse it.
+//! certificates, API-key routes, delegation and bootstrap refuse it. Operators list and revoke
+//! issued certificates one by one, and so does an agent its own.
 
 use std::path::Path;
 
@@ -13,7 +14,10 @@ use serde_json::{Value, json};
 
 type TestResult = anyhow::Result<()>;
 
-brainstorm_e2e::in_both_shapes!(agents_authenticate_with_client_certificates_the_gateway_issued);
+brainstorm_e2e::in_both_shapes!(
+    agents_authenticate_with_client_certificates_the_gateway_issued,
+    one_certificate_is_revoked_while_the_agents_others_keep_working
+);
 
 /// The listener is the same code in both shapes: one shape shows the rotation.
 #[tokio::test]
@@ -217,6 +221,112 @@ async fn agents_authenticate_with_client_certificates_the_gateway_issued(shape: 
     assert_eq!(again.status, 201, "{}", again.text);
     let revoked = send(&agent, &gateway, Method::GET, "/v1/agent/status", None, None).await?;
     assert_eq!((revoked.status, code(&revoked)), (401, "agent_token_revoked"), "{}", revoked.text);
+    Ok(())
+}
+
+async fn one_certificate_is_revoked_while_the_agents_others_keep_working(shape: Shape) -> TestResult {
+    let dir = brainstorm_e2e::temp_dir("mtls-revocation")?;
+    let (chain, key, server_ca) = server_tls(&dir)?;
+    let gateway = Gateway::start_with(shape, &[("BR_TLS_CERT_FILE", &chain), ("BR_TLS_KEY_FILE", &key)]).await?;
+    let (admin, _) = gateway.register("Revocations Ltd").await?;
+    let auditor = gateway.key_with_role(&admin, "auditor").await?;
+    let mut jwts = Vec::new();
+    for agent_id in ["courier", "sibling"] {
+        let boot = gateway.call(Method::POST, "/v1/agent/bootstrap", Some(&admin), Some(json!({"agent_id": agent_id}))).await?;
+        assert_eq!(boot.status, 201, "{}", boot.text);
+        jwts.push(boot.body["jwt"].as_str().unwrap_or_default().to_string());
+    }
+    let exchange = |jwt: String| {
+        let gateway = &gateway;
+        async move {
+            let issued = gateway.call(Method::POST, "/v1/agent/auth/cert", Some(&jwt), None).await?;
+            anyhow::ensure!(issued.status == 201, "{}", issued.text);
+            let text = |name: &str| issued.body[name].as_str().unwrap_or_default().to_string();
+            Ok::<_, anyhow::Error>((text("serial"), text("certificate"), text("private_key")))
+        }
+    };
+    let (old_serial, old_certificate, old_key) = exchange(jwts[0].clone()).await?;
+    let (new_serial, new_certificate, new_key) = exchange(jwts[0].clone()).await?;
+    let (sibling_serial, _, _) = exchange(jwts[1].clone()).await?;
+    let old = client(&server_ca, Some((&old_certificate, &old_key)))?;
+    let new = client(&server_ca, Some((&new_certificate, &new_key)))?;
+    assert_eq!(send(&old, &gateway, Method::GET, "/v1/agent/status", None, None).await?.status, 200);
+
+    // Operators (and auditors) see what was issued, newest first; agents are not operators.
+    let listed = gateway.call(Method::GET, "/v1/agent/certificates?agent_id=courier", Some(&auditor), None).await?;
+    assert_eq!(listed.status, 200, "{}", listed.text);
+    let serials = |reply: &Reply| -> Vec<(String, String)> {
+        reply.body["certificates"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| (c["serial"].as_str().unwrap_or_default().to_string(), c["status"].as_str().unwrap_or_default().to_string()))
+            .collect()
+    };
+    let active = |serial: &str| (serial.to_string(), "active".to_string());
+    assert_eq!(serials(&listed), vec![active(&new_serial), active(&old_serial)], "{}", listed.text);
+    assert_eq!(listed.body["total"], 2);
+    let first = &listed.body["certificates"][0];
+    assert_eq!((&first["key_source"], &first["agent_id"], &first["revoked_at"]), (&json!("generated"), &json!("courier"), &Value::Null));
+    assert!(first.get("certificate").is_none() && first.get("private_key").is_none(), "{first}");
+    let everyone = gateway.call(Method::GET, "/v1/agent/certificates", Some(&admin), None).await?;
+    assert_eq!(everyone.body["total"], 3, "{}", everyone.text);
+    let bad_status = gateway.call(Method::GET, "/v1/agent/certificates?status=valid", Some(&admin), None).await?;
+    assert_eq!((bad_status.status, code(&bad_status)), (400, "invalid_status"), "{}", bad_status.text);
+    let bad_limit = gateway.call(Method::GET, "/v1/agent/certificates?limit=many", Some(&admin), None).await?;
+    assert_eq!(bad_limit.status, 400, "{}", bad_limit.text);
+    let by_agent = send(&old, &gateway, Method::GET, "/v1/agent/certificates", None, None).await?;
+    assert_eq!(by_agent.status, 401, "{}", by_agent.text);
+    let forbidden = gateway.call(Method::POST, &format!("/v1/agent/certificates/{old_serial}/revoke"), Some(&auditor), None).await?;
+    assert_eq!(forbidden.status, 403, "{}", forbidden.text);
+
+    // The operator revokes the old certificate: refused at its next request, the new one and the
+    // JWT still work.
+    let path = format!("/v1/agent/certificates/{old_serial}/revoke");
+    let revoked = gateway.call(Method::POST, &path, Some(&admin), Some(json!({"reason": "laptop lost"}))).await?;
+    assert_eq!(revoked.status, 200, "{}", revoked.text);
+    let certificate = &revoked.body["certificate"];
+    assert_eq!((&certificate["status"], &certificate["revoked_reason"]), (&json!("revoked"), &json!("laptop lost")), "{}", revoked.text);
+    assert!(certificate["revoked_by"].as_str().unwrap_or_default().starts_with("key:"), "{}", revoked.text);
+    let refused = send(&old, &gateway, Method::GET, "/v1/agent/status", None, None).await?;
+    assert_eq!((refused.status, code(&refused)), (401, "agent_certificate_revoked"), "{}", refused.text);
+    let renewal = send(&old, &gateway, Method::POST, "/v1/agent/auth/cert", None, None).await?;
+    assert_eq!((renewal.status, code(&renewal)), (401, "agent_certificate_revoked"), "{}", renewal.text);
+    assert_eq!(send(&new, &gateway, Method::GET, "/v1/agent/status", None, None).await?.status, 200);
+    // Revoking again changes nothing; an unknown serial is 404.
+    let again = gateway.call(Method::POST, &path, Some(&admin), Some(json!({"reason": "again"}))).await?;
+    assert_eq!((again.status, &again.body["certificate"]), (200, certificate), "{}", again.text);
+    let unknown = gateway.call(Method::POST, "/v1/agent/certificates/00ff/revoke", Some(&admin), None).await?;
+    assert_eq!((unknown.status, code(&unknown)), (404, "certificate_not_found"), "{}", unknown.text);
+    for odd in ["%00ff", "not-hex", "%C3%A9"] {
+        let odd = gateway.call(Method::POST, &format!("/v1/agent/certificates/{odd}/revoke"), Some(&admin), None).await?;
+        assert_eq!((odd.status, code(&odd)), (404, "certificate_not_found"), "{}", odd.text);
+    }
+    let odd_agent = gateway.call(Method::GET, "/v1/agent/certificates?agent_id=%00x", Some(&admin), None).await?;
+    assert_eq!((odd_agent.status, code(&odd_agent)), (400, "invalid_agent_id"), "{}", odd_agent.text);
+    let extra = gateway.call(Method::POST, &path, Some(&admin), Some(json!({"why": "no"}))).await?;
+    assert_eq!(extra.status, 400, "{}", extra.text);
+
+    // The agent lists and revokes its own, with its certificate or its JWT, never a sibling's.
+    let own = send(&new, &gateway, Method::GET, "/v1/agent/auth/cert", None, None).await?;
+    assert_eq!(own.status, 200, "{}", own.text);
+    assert_eq!(serials(&own), vec![active(&new_serial), (old_serial.clone(), "revoked".to_string())], "{}", own.text);
+    let revoked_list = send(&new, &gateway, Method::GET, "/v1/agent/auth/cert?status=revoked", Some(&jwts[0]), None).await?;
+    assert_eq!(serials(&revoked_list), vec![(old_serial.clone(), "revoked".to_string())], "{}", revoked_list.text);
+    let sibling_path = format!("/v1/agent/auth/cert/{sibling_serial}/revoke");
+    let not_theirs = send(&new, &gateway, Method::POST, &sibling_path, None, None).await?;
+    assert_eq!((not_theirs.status, code(&not_theirs)), (404, "certificate_not_found"), "{}", not_theirs.text);
+    let own_path = format!("/v1/agent/auth/cert/{new_serial}/revoke");
+    let self_revoked = send(&new, &gateway, Method::POST, &own_path, None, Some(json!({"reason": "rotating"}))).await?;
+    assert_eq!(self_revoked.status, 200, "{}", self_revoked.text);
+    assert_eq!(self_revoked.body["certificate"]["revoked_by"], "agent:courier", "{}", self_revoked.text);
+    let gone = send(&new, &gateway, Method::GET, "/v1/agent/status", None, None).await?;
+    assert_eq!((gone.status, code(&gone)), (401, "agent_certificate_revoked"), "{}", gone.text);
+    // The JWT is not a certificate: it still works, and the sibling's certificate is untouched.
+    let status = gateway.call(Method::GET, "/v1/agent/status", Some(&jwts[0]), None).await?;
+    assert_eq!(status.status, 200, "{}", status.text);
+    let sibling = gateway.call(Method::GET, "/v1/agent/certificates?agent_id=sibling&status=active", Some(&admin), None).await?;
+    assert_eq!(serials(&sibling), vec![active(&sibling_serial)], "{}", sibling.text);
     Ok(())
 }
 

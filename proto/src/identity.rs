@@ -70,6 +70,10 @@ crate::grpc::service_contract! {
         fn issue_agent_certificate(IssueAgentCertificateRequest) -> IssuedAgentCertificate;
         /// Resolves a presented client certificate as `authenticate_agent` does a JWT.
         fn authenticate_agent_certificate(AuthenticateAgentCertificateRequest) -> AgentPrincipal;
+        /// The certificates issued to a tenant's agents (or one agent's), newest first.
+        fn list_agent_certificates(ListAgentCertificatesRequest) -> AgentCertificateList;
+        /// Revokes one issued certificate (refused at its next use); revoking it again changes nothing.
+        fn revoke_agent_certificate(RevokeAgentCertificateRequest) -> RevokedAgentCertificate;
         /// Creates a sub-agent of an active parent allowed to delegate, moving budget to it; idempotent per child.
         fn delegate_agent(DelegateAgentRequest) -> DelegatedAgent;
         /// Terminates a parent's sub-agent and refunds its unspent budget; repeating changes nothing.

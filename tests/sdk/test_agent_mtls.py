@@ -2,7 +2,8 @@
 HTTPS with a certificate made by the `openssl` command line; an agent bootstraps over it with
 Python's `ssl` and httpx (the HTTP client of the official openai SDK), exchanges its JWT for a
 client certificate (a CSR made by `openssl req`, and a key the gateway makes), and reads itself
-with nothing but the certificate in the handshake."""
+with nothing but the certificate in the handshake. An operator revokes one of its certificates, which
+the next handshake's request finds refused, and the tenant's webhook receives both as audit events."""
 
 import json
 import os
@@ -10,7 +11,9 @@ import shutil
 import ssl
 import subprocess
 import tempfile
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
@@ -67,6 +70,32 @@ def trust(server_ca, certificate=None, key=None):
     return context
 
 
+class Webhook(BaseHTTPRequestHandler):
+    events = []
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("content-length", 0)))
+        Webhook.events.extend(json.loads(body)["events"])
+        self.send_response(200)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def webhook():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Webhook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/events"
+    server.shutdown()
+
+
+def certificate_events():
+    return [event for event in Webhook.events if event["event"].startswith("audit.agent_certificate.")]
+
+
 def write(directory, name, text):
     path = os.path.join(directory, name)
     with open(path, "w") as file:
@@ -74,10 +103,14 @@ def write(directory, name, text):
     return path
 
 
-def test_an_agent_reads_itself_with_the_certificate_it_exchanged_its_jwt_for(tls_gateway):
+def test_an_agent_reads_itself_with_the_certificate_it_exchanged_its_jwt_for(tls_gateway, webhook):
     base, work_dir = tls_gateway["base_url"], tls_gateway["work_dir"]
     with httpx.Client(base_url=base, verify=trust(tls_gateway["server_ca"]), timeout=30) as plain:
         admin = plain.post("/v1/register", json={"tenant_name": "mtls-sdk", "accept_tos": True}).json()["api_key"]["key"]
+        destination = plain.post("/v1/observability/destinations", headers={"authorization": f"Bearer {admin}"}, json={
+            "name": "soc", "type": "webhook", "config": {"url": webhook}, "event_types": ["audit"],
+            "batch": {"max_size": 10, "flush_interval_ms": 100}})
+        assert destination.status_code == 201, destination.text
         boot = plain.post("/v1/agent/bootstrap", json={"agent_id": "openssl-agent"}, headers={"authorization": f"Bearer {admin}"})
         assert boot.status_code == 201, boot.text
         jwt = boot.json()["jwt"]
@@ -121,3 +154,28 @@ def test_an_agent_reads_itself_with_the_certificate_it_exchanged_its_jwt_for(tls
         limits = renewed_agent.get("/v1/agent/limits/me")
         assert limits.status_code == 200, limits.text
         assert renewed_agent.get("/v1/agent/profiles/me").json()["profile"]["agentId"] == "openssl-agent"
+
+    # The operator revokes the first certificate: its next request is refused, the renewed one works.
+    with httpx.Client(base_url=base, verify=trust(tls_gateway["server_ca"]), timeout=30) as plain:
+        revoked = plain.post(f"/v1/agent/certificates/{body['serial']}/revoke", json={"reason": "rotated"},
+                             headers={"authorization": f"Bearer {admin}"})
+        assert revoked.status_code == 200 and revoked.json()["certificate"]["status"] == "revoked", revoked.text
+    with httpx.Client(base_url=base, verify=context, timeout=30) as agent:
+        refused = agent.get("/v1/agent/status")
+        assert refused.status_code == 401 and refused.json()["error"]["code"] == "agent_certificate_revoked", refused.text
+    with httpx.Client(base_url=base, verify=fresh_context, timeout=30) as renewed_agent:
+        own = renewed_agent.get("/v1/agent/auth/cert").json()["certificates"]
+        assert [(c["serial"], c["status"]) for c in own] == [(fresh["serial"], "active"), (body["serial"], "revoked")], own
+
+    # The tenant's SIEM hears of both issuances and the revocation, with who did it.
+    deadline = time.time() + 15
+    while len(certificate_events()) < 3 and time.time() < deadline:
+        time.sleep(0.1)
+    seen = sorted((event["event"], event["data"]["serial"], event["data"]["actor"]) for event in certificate_events())
+    assert seen == sorted([
+        ("audit.agent_certificate.issued", body["serial"], "agent:openssl-agent"),
+        ("audit.agent_certificate.issued", fresh["serial"], "agent:openssl-agent"),
+        ("audit.agent_certificate.revoked", body["serial"], revoked.json()["certificate"]["revoked_by"]),
+    ]), seen
+    revocation = next(event for event in certificate_events() if event["event"].endswith(".revoked"))
+    assert revocation["severity"] == 3 and revocation["data"]["reason"] == "rotated", revocation

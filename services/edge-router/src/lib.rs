@@ -222,8 +222,9 @@ impl Edge {
 
 fn router(state: EdgeState, trace_requests: bool) -> Router {
     use routes::{
-        admin, agent_limits, agent_self, agents, bridge, budget, completions, config, datasets, governance, guardian, identity, insights,
-        leaderboard, liaison, mcp, mcp_connect, memory, oauth, observability, ops, prompts, provider_health, providers, usage,
+        admin, agent_certificates, agent_limits, agent_self, agents, bridge, budget, completions, config, datasets, governance, guardian,
+        identity, insights, leaderboard, liaison, mcp, mcp_connect, memory, oauth, observability, ops, prompts, provider_health, providers,
+        usage,
     };
     let routes = Router::new()
         .route("/health", get(routes::health))
@@ -332,7 +333,10 @@ fn router(state: EdgeState, trace_requests: bool) -> Router {
         .route("/v1/agent/limits/me", get(agent_self::my_limits))
         .route("/v1/agent/anomaly/me", get(agent_self::my_anomalies))
         .route("/v1/agent/profiles/me", get(agent_self::my_profile))
-        .route("/v1/agent/auth/cert", post(agent_self::exchange_certificate))
+        .route("/v1/agent/auth/cert", post(agent_self::exchange_certificate).get(agent_certificates::mine))
+        .route("/v1/agent/auth/cert/{serial}/revoke", post(agent_certificates::revoke_mine))
+        .route("/v1/agent/certificates", get(agent_certificates::list))
+        .route("/v1/agent/certificates/{serial}/revoke", post(agent_certificates::revoke))
         .route("/v1/agent/delegate", post(agent_self::delegate))
         .route("/v1/agent/sub-agents", get(agent_self::sub_agents))
         .route("/v1/agent/sub-agents/{child_agent_id}", delete(agent_self::end_sub_agent))

@@ -1,6 +1,7 @@
 //! The edge's handlers, by area.
 
 pub mod admin;
+pub mod agent_certificates;
 pub mod agent_limits;
 pub mod agent_self;
 pub mod agents;

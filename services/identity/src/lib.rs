@@ -7,6 +7,7 @@ pub mod agent_cert;
 pub mod agent_token;
 mod agents;
 mod bridge;
+mod certificates;
 mod oauth;
 pub mod rbac;
 mod secrets;

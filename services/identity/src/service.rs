@@ -19,6 +19,7 @@ use crate::agent_cert::{self, AgentCertificateAuthority, AgentSubject, CertError
 use crate::agent_token::{AgentTokenSigner, TokenError, TrustClaims};
 use crate::agents::{self, AgentStore, Delegation};
 use crate::bridge::{self, DEVICE_CODE_PREFIX, DEVICE_CODE_SECONDS, DEVICE_KEY_DAYS, POLL_INTERVAL_SECONDS};
+use crate::certificates::{self, CertificateStore, Selection};
 use crate::oauth;
 use crate::rbac::{self, ROLES};
 use crate::secrets::{self, CLAIM_TOKEN_PREFIX, LIVE_KEY_PREFIX};
@@ -59,6 +60,7 @@ pub struct IdentityOptions {
 pub struct IdentityServiceImpl {
     store: IdentityStore,
     agents: AgentStore,
+    certificates: CertificateStore,
     bus: Arc<dyn EventBus>,
     options: Arc<IdentityOptions>,
 }
@@ -68,7 +70,8 @@ impl IdentityServiceImpl {
     pub fn new(database: Database, bus: Arc<dyn EventBus>, options: IdentityOptions) -> Self {
         IdentityServiceImpl {
             store: IdentityStore::new(database.clone()),
-            agents: AgentStore::new(database),
+            agents: AgentStore::new(database.clone()),
+            certificates: CertificateStore::new(database),
             bus,
             options: Arc::new(options),
         }
@@ -1317,8 +1320,10 @@ impl IdentityService for IdentityServiceImpl {
             Some(pem) => RequestedKey::Csr(pem),
             None => RequestedKey::Generate,
         };
+        let key_source = if matches!(key, RequestedKey::Csr(_)) { "csr" } else { "generated" };
         let lifetime = request.lifetime_seconds.unwrap_or(agent_cert::DEFAULT_LIFETIME_SECONDS);
-        let issued = authority.issue(&subject, key, lifetime, Utc::now()).map_err(|error| match error {
+        let now = Utc::now();
+        let issued = authority.issue(&subject, key, lifetime, now).map_err(|error| match error {
             CertError::BadCsr(_) => ServiceError::invalid("invalid_csr", error.to_string()),
             CertError::BadLifetime => ServiceError::invalid("invalid_ttl", format!("ttl_seconds: {error}")),
             CertError::NotIssuedHere | CertError::OutsideValidity | CertError::Signing(_) => {
@@ -1333,6 +1338,24 @@ impl IdentityService for IdentityServiceImpl {
             not_after = %format_timestamp(issued.not_after),
             "issued an agent client certificate"
         );
+        // Recorded before it is handed over: a certificate identity has no record of is refused.
+        let record = AgentCertificate {
+            serial: issued.serial.clone(),
+            tenant_id: subject.tenant_id.clone(),
+            agent_id: subject.agent_id.clone(),
+            profile_id: subject.profile_id.clone(),
+            fingerprint_sha256: issued.fingerprint_sha256.clone(),
+            key_source: key_source.to_string(),
+            not_before: format_timestamp(issued.not_before),
+            not_after: format_timestamp(issued.not_after),
+            issued_at: format_timestamp(now),
+            revoked_at: None,
+            revoked_reason: None,
+            revoked_by: None,
+            status: String::new(),
+        };
+        let prune_before = format_timestamp(now - Duration::days(certificates::RETENTION_DAYS));
+        self.certificates.record(&record, &prune_before).await.map_err(store_failure)?;
         Ok(IssuedAgentCertificate {
             certificate_pem: issued.certificate_pem,
             ca_certificate_pem: issued.ca_certificate_pem,
@@ -1357,7 +1380,90 @@ impl IdentityService for IdentityServiceImpl {
                 "the client certificate is not one this gateway's agent CA issued",
             ),
         })?;
+        // The CA vouches for it; the record says whether it still stands.
+        let record = self.certificates.get(&verified.serial).await.map_err(store_failure)?;
+        let record = record
+            .filter(|record| {
+                record.tenant_id == verified.subject.tenant_id
+                    && record.agent_id == verified.subject.agent_id
+                    && record.profile_id == verified.subject.profile_id
+            })
+            .ok_or_else(|| {
+                ServiceError::unauthenticated(
+                    "agent_certificate_unknown",
+                    "the client certificate is not on this gateway's record of issued certificates: exchange it for a fresh one at POST /v1/agent/auth/cert",
+                )
+            })?;
+        if record.revoked_at.is_some() {
+            return Err(ServiceError::unauthenticated(
+                "agent_certificate_revoked",
+                "the client certificate was revoked: exchange the agent's JWT for a fresh one at POST /v1/agent/auth/cert",
+            ));
+        }
         self.agent_principal(verified.subject, format_timestamp(verified.not_after), format!("cert:{}", verified.serial)).await
+    }
+
+    async fn list_agent_certificates(&self, request: ListAgentCertificatesRequest) -> ServiceResult<AgentCertificateList> {
+        let status = request.status.as_deref().map(str::trim).filter(|status| !status.is_empty());
+        if let Some(status) = status
+            && !certificates::STATUSES.contains(&status)
+        {
+            return Err(ServiceError::invalid("invalid_status", format!("status must be one of {}", certificates::STATUSES.join(", "))));
+        }
+        let limit = request.limit.unwrap_or(certificates::DEFAULT_LIST_LIMIT);
+        if !(1..=certificates::MAX_LIST_LIMIT).contains(&limit) {
+            return Err(ServiceError::invalid("invalid_limit", format!("limit must be 1 to {}", certificates::MAX_LIST_LIMIT)));
+        }
+        // One agent's: those of the profile that holds its id now (an earlier profile's are dead).
+        let profile = match request.agent_id.as_deref() {
+            Some(agent_id) => Some(self.agent_or_not_found(&request.tenant_id, agents::validated_agent_id(agent_id)?).await?),
+            None => None,
+        };
+        let now = now_timestamp();
+        let selection = Selection {
+            tenant_id: &request.tenant_id,
+            agent: profile.as_ref().map(|profile| (profile.agent_id.as_str(), profile.id.as_str())),
+            status,
+            limit,
+            now: &now,
+        };
+        let listed = self.certificates.list(selection).await.map_err(store_failure)?;
+        let certificates = listed.into_iter().map(|certificate| certificates::with_status(certificate, &now)).collect();
+        Ok(AgentCertificateList { certificates })
+    }
+
+    async fn revoke_agent_certificate(&self, request: RevokeAgentCertificateRequest) -> ServiceResult<RevokedAgentCertificate> {
+        let reason = certificates::validated_reason(request.reason.as_deref())?;
+        let serial = request.serial.trim().to_ascii_lowercase();
+        let not_found = || ServiceError::not_found("certificate_not_found", format!("no agent certificate with serial `{serial}`"));
+        let theirs = |certificate: &AgentCertificate| {
+            certificate.tenant_id == request.tenant_id
+                && request.agent_id.as_deref().is_none_or(|agent_id| agent_id == certificate.agent_id)
+        };
+        // Serials are hex (the CA writes 32 digits): anything else was never issued.
+        if serial.is_empty() || serial.len() > 64 || !serial.bytes().all(|byte| byte.is_ascii_hexdigit()) {
+            return Err(not_found());
+        }
+        let certificate = self.certificates.get(&serial).await.map_err(store_failure)?.filter(theirs).ok_or_else(not_found)?;
+        if certificate.revoked_at.is_some() {
+            let certificate = certificates::with_status(certificate, &now_timestamp());
+            return Ok(RevokedAgentCertificate { certificate: Some(certificate), changed: false });
+        }
+        // Of two concurrent revocations one writes (`changed`); the other reads what it wrote.
+        let changed =
+            self.certificates.revoke(&serial, &now_timestamp(), reason.as_deref(), &request.revoked_by).await.map_err(store_failure)?;
+        let certificate = self.certificates.get(&serial).await.map_err(store_failure)?.ok_or_else(not_found)?;
+        if changed {
+            tracing::info!(
+                tenant_id = %certificate.tenant_id,
+                agent_id = %certificate.agent_id,
+                serial = %certificate.serial,
+                revoked_by = %request.revoked_by,
+                "revoked an agent client certificate"
+            );
+        }
+        let certificate = certificates::with_status(certificate, &now_timestamp());
+        Ok(RevokedAgentCertificate { certificate: Some(certificate), changed })
     }
 }
 

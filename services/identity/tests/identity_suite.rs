@@ -58,6 +58,7 @@ on_both_engines!(
     agent_profiles_are_stored_changed_and_moved,
     agents_bootstrap_once_and_authenticate_while_usable,
     agent_certificates_are_issued_and_resolved_while_the_agent_may_act,
+    issued_certificates_are_listed_and_revoked_one_by_one,
     sub_agents_take_budget_from_their_parent_and_give_back_the_unspent,
     keys_are_stored_hashed_and_authenticate_until_revoked,
     expired_keys_and_malformed_keys_are_refused,
@@ -305,6 +306,119 @@ async fn agent_certificates_are_issued_and_resolved_while_the_agent_may_act(data
     for certificate_der in [pem_contents(&forged.certificate_pem)?, b"garbage".to_vec()] {
         assert_eq!(reason(harness.identity.authenticate_agent_certificate(authenticate(certificate_der)).await.err()), invalid);
     }
+    Ok(())
+}
+
+async fn issued_certificates_are_listed_and_revoked_one_by_one(database: Database) -> TestResult {
+    let harness = harness(database, RegistrationMode::Open);
+    let tenant = tenant_id(&register(&harness.identity, "Revokers").await?);
+    let other_tenant = tenant_id(&register(&harness.identity, "Bystanders").await?);
+    let bootstrap = |agent: &str| BootstrapAgentRequest { tenant_id: tenant.clone(), agent_id: agent.to_string(), ..Default::default() };
+    let profile = harness.identity.bootstrap_agent(bootstrap("courier")).await?.profile.ok_or("no profile")?;
+    let sibling = harness.identity.bootstrap_agent(bootstrap("sibling")).await?.profile.ok_or("no profile")?;
+    let issue = |profile: &AgentProfile| IssueAgentCertificateRequest {
+        tenant_id: tenant.clone(),
+        agent_id: profile.agent_id.clone(),
+        profile_id: profile.id.clone(),
+        csr_pem: None,
+        lifetime_seconds: Some(3600),
+    };
+    let first = harness.identity.issue_agent_certificate(issue(&profile)).await?;
+    let second = harness.identity.issue_agent_certificate(issue(&profile)).await?;
+    let theirs = harness.identity.issue_agent_certificate(issue(&sibling)).await?;
+    let list = |agent_id: Option<&str>, status: Option<&str>, limit: Option<u32>| ListAgentCertificatesRequest {
+        tenant_id: tenant.clone(),
+        agent_id: agent_id.map(str::to_string),
+        status: status.map(str::to_string),
+        limit,
+    };
+    let serials = |list: AgentCertificateList| list.certificates.into_iter().map(|c| (c.serial, c.status)).collect::<Vec<_>>();
+    let active = |serial: &str| (serial.to_string(), "active".to_string());
+    // Newest first; one agent's, or the tenant's.
+    assert_eq!(
+        serials(harness.identity.list_agent_certificates(list(Some("courier"), None, None)).await?),
+        vec![active(&second.serial), active(&first.serial)]
+    );
+    assert_eq!(serials(harness.identity.list_agent_certificates(list(None, None, None)).await?).len(), 3);
+    assert_eq!(serials(harness.identity.list_agent_certificates(list(None, None, Some(1))).await?).len(), 1);
+    let listed = harness.identity.list_agent_certificates(list(Some("courier"), None, Some(1))).await?.certificates;
+    let record = listed.first().ok_or("no certificate")?;
+    assert_eq!(
+        (record.fingerprint_sha256.as_str(), record.key_source.as_str(), record.not_after.as_str(), record.profile_id.as_str()),
+        (second.fingerprint_sha256.as_str(), "generated", second.not_after.as_str(), profile.id.as_str())
+    );
+
+    // Revoking one refuses it at its next use and leaves the agent's other certificate working.
+    let revoke = |tenant_id: &str, serial: &str, agent_id: Option<&str>, reason: Option<&str>| RevokeAgentCertificateRequest {
+        tenant_id: tenant_id.to_string(),
+        serial: serial.to_string(),
+        agent_id: agent_id.map(str::to_string),
+        reason: reason.map(str::to_string),
+        revoked_by: "key:k_admin".to_string(),
+    };
+    let reason = |error: Option<ServiceError>| error.map(|error| (error.kind, error.reason));
+    let not_found = Some((ErrorKind::NotFound, "certificate_not_found".to_string()));
+    // Not another tenant's, nor another agent's when an agent revokes its own, nor an unknown serial.
+    assert_eq!(reason(harness.identity.revoke_agent_certificate(revoke(&other_tenant, &first.serial, None, None)).await.err()), not_found);
+    assert_eq!(
+        reason(harness.identity.revoke_agent_certificate(revoke(&tenant, &theirs.serial, Some("courier"), None)).await.err()),
+        not_found
+    );
+    assert_eq!(reason(harness.identity.revoke_agent_certificate(revoke(&tenant, "00ff", None, None)).await.err()), not_found);
+    assert_eq!(
+        reason(harness.identity.revoke_agent_certificate(revoke(&tenant, &first.serial, None, Some("two\nlines"))).await.err()),
+        Some((ErrorKind::InvalidArgument, "invalid_reason".to_string()))
+    );
+    // Two revocations at once: one changes the record, the other finds it revoked.
+    let upper = first.serial.to_uppercase();
+    let (one, other) = tokio::join!(
+        harness.identity.revoke_agent_certificate(revoke(&tenant, &upper, Some("courier"), Some(" key leaked "))),
+        harness.identity.revoke_agent_certificate(revoke(&tenant, &first.serial, None, Some("key leaked"))),
+    );
+    let (one, other) = (one?, other?);
+    assert_eq!(u8::from(one.changed) + u8::from(other.changed), 1, "exactly one revocation writes");
+    assert_eq!(one.certificate, other.certificate);
+    let revoked = one.certificate.ok_or("no certificate")?;
+    assert_eq!(
+        (revoked.status.as_str(), revoked.revoked_reason.as_deref(), revoked.revoked_by.as_deref(), revoked.revoked_at.is_some()),
+        ("revoked", Some("key leaked"), Some("key:k_admin"), true)
+    );
+    let again = harness.identity.revoke_agent_certificate(revoke(&tenant, &first.serial, None, Some("again"))).await?;
+    assert_eq!((again.changed, again.certificate.as_ref()), (false, Some(&revoked)));
+    let authenticate = |pem: &str| -> Result<AuthenticateAgentCertificateRequest, Box<dyn std::error::Error>> {
+        Ok(AuthenticateAgentCertificateRequest { certificate_der: pem_contents(pem)? })
+    };
+    assert_eq!(
+        reason(harness.identity.authenticate_agent_certificate(authenticate(&first.certificate_pem)?).await.err()),
+        Some((ErrorKind::Unauthenticated, "agent_certificate_revoked".to_string()))
+    );
+    harness.identity.authenticate_agent_certificate(authenticate(&second.certificate_pem)?).await?;
+    assert_eq!(
+        serials(harness.identity.list_agent_certificates(list(Some("courier"), Some("revoked"), None)).await?),
+        vec![(first.serial.clone(), "revoked".to_string())]
+    );
+    assert_eq!(serials(harness.identity.list_agent_certificates(list(None, Some("active"), None)).await?).len(), 2);
+    assert!(serials(harness.identity.list_agent_certificates(list(None, Some("expired"), None)).await?).is_empty());
+
+    // A certificate the CA signed but identity has no record of (one issued before the record
+    // existed) is refused; so are bad listings.
+    sqlx::query("DELETE FROM agent_certificates WHERE serial = $1").bind(&second.serial).execute(harness.database.pool()).await?;
+    assert_eq!(
+        reason(harness.identity.authenticate_agent_certificate(authenticate(&second.certificate_pem)?).await.err()),
+        Some((ErrorKind::Unauthenticated, "agent_certificate_unknown".to_string()))
+    );
+    for (request, refused) in [
+        (list(None, Some("valid"), None), "invalid_status"),
+        (list(None, None, Some(0)), "invalid_limit"),
+        (list(None, None, Some(1001)), "invalid_limit"),
+        (list(Some("nobody"), None, None), "agent_not_found"),
+    ] {
+        assert_eq!(harness.identity.list_agent_certificates(request).await.err().map(|error| error.reason), Some(refused.to_string()));
+    }
+    // A profile made again under the same id does not list the old one's certificates.
+    harness.identity.delete_agent_profile(AgentProfileRef { tenant_id: tenant.clone(), agent_id: "courier".to_string() }).await?;
+    harness.identity.bootstrap_agent(bootstrap("courier")).await?;
+    assert!(serials(harness.identity.list_agent_certificates(list(Some("courier"), None, None)).await?).is_empty());
     Ok(())
 }
 

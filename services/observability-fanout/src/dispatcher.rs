@@ -52,6 +52,7 @@ pub enum Source {
     Budget(Arc<BudgetEvent>),
     Audit(Arc<AuditRecord>),
     Quality(brainstorm_proto::observability::QualityEvent),
+    Credential(brainstorm_proto::observability::CredentialEvent),
 }
 
 impl Source {
@@ -63,6 +64,7 @@ impl Source {
             },
             Source::Audit(record) => Some(&record.tenant_id),
             Source::Quality(event) => Some(&event.tenant_id),
+            Source::Credential(event) => Some(&event.tenant_id),
         }
     }
 
@@ -71,6 +73,7 @@ impl Source {
             Source::Budget(event) => events::from_budget_event(&event),
             Source::Audit(record) => Some(events::from_audit(&record)),
             Source::Quality(event) => Some(events::from_quality(&event)),
+            Source::Credential(event) => Some(events::from_credential(&event)),
         }
     }
 }

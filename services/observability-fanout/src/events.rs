@@ -5,7 +5,8 @@
 //! - `guardrail`: an audit record denied by a guardrail, the tool firewall, a policy or an approval
 //!   rule, named `guardrail.<reason_code>`.
 //! - `error`: an audit record whose outcome is `error`, named `error.<reason_code>`.
-//! - `audit`: every other audit record, named `audit.<outcome>[.<reason_code>]`.
+//! - `audit`: every other audit record, named `audit.<outcome>[.<reason_code>]`, and each agent
+//!   certificate issued or revoked (`audit.agent_certificate.issued`, `.revoked`).
 //!
 //! Severities (OCSF's 1 Informational to 5 Critical): allowed requests and usage 1, errors 2, other
 //! denials 3 (budget, rate limits, permissions), guardrail denials 4, the kill switch 5.
@@ -95,6 +96,28 @@ pub fn from_quality(event: &brainstorm_proto::observability::QualityEvent) -> Ev
             "fail_count": event.fail_count,
             "avg_score": event.avg_score,
             "key_id": event.key_id,
+        }),
+    }
+}
+
+/// An agent certificate issued or revoked as an `audit` event: `audit.agent_certificate.issued`
+/// (severity 1) or `audit.agent_certificate.revoked` (severity 3: a credential was pulled).
+pub fn from_credential(event: &brainstorm_proto::observability::CredentialEvent) -> Event {
+    Event {
+        tenant_id: event.tenant_id.clone(),
+        event_type: "audit",
+        name: format!("audit.agent_certificate.{}", event.action),
+        severity: if event.action == "revoked" { 3 } else { 1 },
+        timestamp: event.occurred_at.clone(),
+        request_id: format!("cert:{}", event.serial),
+        data: json!({
+            "agent_id": event.agent_id,
+            "serial": event.serial,
+            "fingerprint_sha256": event.fingerprint_sha256,
+            "not_after": event.not_after,
+            "actor": event.actor,
+            "reason": (!event.reason.is_empty()).then_some(&event.reason),
+            "outcome": "succeeded",
         }),
     }
 }
@@ -258,5 +281,26 @@ mod tests {
         assert_eq!(ocsf["metadata"]["version"], "1.3.0");
         assert_eq!(ocsf["time"].as_i64(), Some(1_795_946_400_000));
         assert_eq!(ocsf["api"]["request"]["uid"], "req_1");
+    }
+
+    #[test]
+    fn certificate_revocations_weigh_more_than_issuances() {
+        let credential = |action: &str, reason: &str| brainstorm_proto::observability::CredentialEvent {
+            tenant_id: "t1".into(),
+            action: action.into(),
+            agent_id: "scout".into(),
+            serial: "4a0b".into(),
+            occurred_at: "2026-11-29T10:00:00.000Z".into(),
+            actor: "key:k1".into(),
+            reason: reason.into(),
+            ..Default::default()
+        };
+        let issued = from_credential(&credential("issued", ""));
+        assert_eq!((issued.event_type, issued.name.as_str(), issued.severity), ("audit", "audit.agent_certificate.issued", 1));
+        assert_eq!((issued.request_id.as_str(), issued.data["reason"].is_null()), ("cert:4a0b", true));
+        let revoked = from_credential(&credential("revoked", "key leaked"));
+        assert_eq!((revoked.name.as_str(), revoked.severity), ("audit.agent_certificate.revoked", 3));
+        assert_eq!((revoked.data["actor"].as_str(), revoked.data["reason"].as_str()), (Some("key:k1"), Some("key leaked")));
+        assert_eq!(ocsf(&revoked)["status"], "Success");
     }
 }

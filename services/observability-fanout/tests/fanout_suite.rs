@@ -131,8 +131,17 @@ async fn destinations_seal_secrets_batch_and_count(database: Database) -> TestRe
             occurred_at: "2026-11-29T10:00:00.000Z".into(),
             ..QualityEvent::default()
         }],
+        credential_events: vec![CredentialEvent {
+            tenant_id: "t1".into(),
+            action: "revoked".into(),
+            agent_id: "scout".into(),
+            serial: "4a0b".into(),
+            occurred_at: "2026-11-29T10:00:00.000Z".into(),
+            actor: "key:k1".into(),
+            ..CredentialEvent::default()
+        }],
     };
-    assert_eq!(service.record_events(events).await?.events, 6);
+    assert_eq!(service.record_events(events).await?.events, 7);
     let bodies = wait_for(&received, "/hook", 5).await;
     let names: Vec<String> = bodies
         .iter()
@@ -142,6 +151,7 @@ async fn destinations_seal_secrets_batch_and_count(database: Database) -> TestRe
     assert_eq!(names.iter().filter(|name| *name == "usage.succeeded").count(), 3);
     assert_eq!(names.iter().filter(|name| *name == "audit.allowed").count(), 1, "t2's record is not t1's");
     assert_eq!(names.iter().filter(|name| *name == "quality.evaluation.failed").count(), 1, "an evaluation with a failed case");
+    assert_eq!(names.iter().filter(|name| *name == "audit.agent_certificate.revoked").count(), 1, "a certificate pulled");
 
     // Merging config: a member set to null goes, the secret stays sealed.
     let update = UpdateDestinationRequest {
@@ -205,7 +215,7 @@ async fn transient_failures_are_retried(database: Database) -> TestResult {
     let service = service(database)?;
     let flaky = service.create_destination(create("observability", "webhook", json!({"url": format!("{base}/flaky")}))).await?;
     let rejecting = service.create_destination(create("observability", "webhook", json!({"url": format!("{base}/reject")}))).await?;
-    let events = FanoutEvents { budget_events: vec![settlement("req_9")], audit_records: Vec::new(), quality_events: Vec::new() };
+    let events = FanoutEvents { budget_events: vec![settlement("req_9")], ..FanoutEvents::default() };
     assert_eq!(service.record_events(events).await?.events, 1);
     let reference = |id: &str| DestinationRef { tenant_id: "t1".into(), id: id.into(), kind: "observability".into() };
     let mut flaky_stats = DeliveryStats::default();
@@ -234,11 +244,7 @@ async fn a_stop_sends_what_waits(database: Database) -> TestResult {
         ..create("observability", "webhook", json!({"url": format!("{base}/later")}))
     };
     service.create_destination(patient).await?;
-    let events = FanoutEvents {
-        budget_events: vec![settlement("req_20"), settlement("req_21")],
-        audit_records: Vec::new(),
-        quality_events: Vec::new(),
-    };
+    let events = FanoutEvents { budget_events: vec![settlement("req_20"), settlement("req_21")], ..FanoutEvents::default() };
     assert_eq!(service.record_events(events).await?.events, 2);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(requests_to(&received, "/later"), 0, "the batch waits for its interval");

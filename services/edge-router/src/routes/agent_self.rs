@@ -10,12 +10,13 @@ use axum::{Extension, Json};
 use brainstorm_budget_ledger::{BudgetContext, ScopeKind, ScopeLevel};
 use brainstorm_common::ApiError;
 use brainstorm_common::money::Usd;
-use brainstorm_common::time::parse_timestamp;
+use brainstorm_common::time::{now_timestamp, parse_timestamp};
 use brainstorm_proto::budget::{AgentBudget, AgentLimit, PutAgentBudgetRequest};
 use brainstorm_proto::identity::{
     AgentProfile, AgentProfileRef, BootstrapAgentRequest, DelegateAgentRequest, EndSubAgentRequest, EndedSubAgent,
     IssueAgentCertificateRequest, TenantRef,
 };
+use brainstorm_proto::observability::CredentialEvent;
 use brainstorm_proto::policy::ListAnomaliesRequest;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -23,6 +24,7 @@ use serde_json::{Value, json};
 use crate::EdgeState;
 use crate::auth::{self, AgentCaller, AgentCredential, Caller, ClientCertificate};
 use crate::extract::{JsonBody, OptionalJsonBody};
+use crate::routes::agent_certificates;
 use crate::routes::agents::nanos;
 use crate::routes::budget::optional_usd;
 use crate::{self_view, views};
@@ -524,6 +526,20 @@ pub async fn exchange_certificate(
         lifetime_seconds,
     };
     let issued = state.identity.issue_agent_certificate(request).await?;
+    agent_certificates::announce(
+        &state,
+        CredentialEvent {
+            tenant_id: agent.tenant.id.clone(),
+            action: "issued".to_string(),
+            agent_id: agent.profile.agent_id.clone(),
+            serial: issued.serial.clone(),
+            fingerprint_sha256: issued.fingerprint_sha256.clone(),
+            not_after: issued.not_after.clone(),
+            occurred_at: now_timestamp(),
+            actor: format!("agent:{}", agent.profile.agent_id),
+            reason: String::new(),
+        },
+    );
     let answer = json!({
         "agent_id": agent.profile.agent_id,
         "tenant_id": agent.tenant.id,
@@ -544,6 +560,7 @@ pub async fn exchange_certificate(
                 "this edge serves plain HTTP, where no certificate reaches it: use an edge started with BR_TLS_CERT_FILE and BR_TLS_KEY_FILE (the chart's services.edge-router.tls.secretName), or keep the JWT"
             },
             "renew": "POST /v1/agent/auth/cert again before not_after, with the JWT or this certificate",
+            "revoke": "POST /v1/agent/auth/cert/{serial}/revoke once the agent has moved to a newer certificate, or at once if its key leaked",
         },
     });
     // The answer may hold a private key: no cache may keep it.
@@ -559,13 +576,15 @@ pub struct CertificateBody {
 
 /// What an agent's own credential reaches (API keys' routes need a key): a client certificate
 /// everything a JWT does but delegation and sub-agents, which take the JWT only.
-const AGENT_GRANTS: [(&str, bool); 9] = [
+const AGENT_GRANTS: [(&str, bool); 11] = [
     ("GET /v1/self", true),
     ("GET /v1/agent/status", true),
     ("GET /v1/agent/limits/me", true),
     ("GET /v1/agent/anomaly/me", true),
     ("GET /v1/agent/profiles/me", true),
     ("POST /v1/agent/auth/cert", true),
+    ("GET /v1/agent/auth/cert", true),
+    ("POST /v1/agent/auth/cert/{serial}/revoke", true),
     ("POST /v1/agent/delegate", false),
     ("GET /v1/agent/sub-agents", false),
     ("DELETE /v1/agent/sub-agents/{child_agent_id}", false),
