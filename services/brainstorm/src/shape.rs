@@ -660,7 +660,7 @@ async fn relay_fanout(fanout: ObservabilityFanoutClient, budget_events: Vec<Vec<
     if budget_events.is_empty() && audit_records.is_empty() {
         return;
     }
-    let batch = FanoutEvents { budget_events, audit_records, quality_events: Vec::new() };
+    let batch = FanoutEvents { budget_events, audit_records, ..FanoutEvents::default() };
     delivered("observability-fanout", || fanout.record_events(batch.clone())).await;
 }
 
