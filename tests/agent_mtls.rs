@@ -298,11 +298,15 @@ async fn one_certificate_is_revoked_while_the_agents_others_keep_working(shape: 
     assert_eq!((again.status, &again.body["certificate"]), (200, certificate), "{}", again.text);
     let unknown = gateway.call(Method::POST, "/v1/agent/certificates/00ff/revoke", Some(&admin), None).await?;
     assert_eq!((unknown.status, code(&unknown)), (404, "certificate_not_found"), "{}", unknown.text);
-    for odd in ["%00ff", "not-hex", "%C3%A9"] {
+    for (odd, refusal) in [
+        ("%00ff", (400, "invalid_path_parameter")),
+        ("not-hex", (404, "certificate_not_found")),
+        ("%C3%A9", (404, "certificate_not_found")),
+    ] {
         let odd = gateway.call(Method::POST, &format!("/v1/agent/certificates/{odd}/revoke"), Some(&admin), None).await?;
-        assert_eq!((odd.status, code(&odd)), (404, "certificate_not_found"), "{}", odd.text);
+        assert_eq!((odd.status, code(&odd)), refusal, "{}", odd.text);
     }
-    let odd_agent = gateway.call(Method::GET, "/v1/agent/certificates?agent_id=%00x", Some(&admin), None).await?;
+    let odd_agent = gateway.call(Method::GET, "/v1/agent/certificates?agent_id=Not%20an%20Id", Some(&admin), None).await?;
     assert_eq!((odd_agent.status, code(&odd_agent)), (400, "invalid_agent_id"), "{}", odd_agent.text);
     let extra = gateway.call(Method::POST, &path, Some(&admin), Some(json!({"why": "no"}))).await?;
     assert_eq!(extra.status, 400, "{}", extra.text);
