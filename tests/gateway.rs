@@ -20,6 +20,7 @@ brainstorm_e2e::in_both_shapes!(
     sandbox_completions_in_the_openai_format,
     sandbox_messages_in_the_anthropic_format,
     errors_always_carry_the_envelope,
+    observability_destinations_inside_the_network_are_refused,
 );
 
 fn assert_envelope(reply: &Reply, status: u16, error_type: &str) {
@@ -482,6 +483,29 @@ async fn sandbox_messages_in_the_anthropic_format(shape: Shape) -> TestResult {
         .call(Method::POST, "/v1/messages", Some(&key), Some(json!({"model": "claude", "messages": [{"role": "user", "content": "hi"}]})))
         .await?;
     assert_envelope(&missing_max_tokens, 400, "invalid_request_error");
+    Ok(())
+}
+
+/// A tenant cannot point the fan-out at the gateway's own network (no `BR_OBSERVABILITY_ALLOW_PRIVATE_URLS`).
+async fn observability_destinations_inside_the_network_are_refused(shape: Shape) -> TestResult {
+    let gateway = Gateway::start(shape).await?;
+    let (admin, _) = gateway.register("Outward Only").await?;
+    for (path, body) in [
+        ("/v1/observability/destinations", json!({"name": "meta", "type": "webhook", "config": {"url": "http://169.254.169.254/latest"}})),
+        ("/v1/observability/destinations", json!({"name": "local", "type": "otlp", "config": {"endpoint": "http://127.0.0.1:4318"}})),
+        (
+            "/v1/observability/xdr/destinations",
+            json!({"name": "soc", "type": "splunk", "config": {"hec_url": "https://10.0.0.8:8088", "hec_token": "t"}}),
+        ),
+    ] {
+        let refused = gateway.call(Method::POST, path, Some(&admin), Some(body.clone())).await?;
+        assert_envelope(&refused, 400, "invalid_request_error");
+        assert_eq!(refused.body["error"]["code"], "invalid_destination", "{}", refused.text);
+        assert!(refused.text.contains("BR_OBSERVABILITY_ALLOW_PRIVATE_URLS"), "{}", refused.text);
+    }
+    let public = json!({"name": "hooks", "type": "webhook", "config": {"url": "https://hooks.example.com/brainstorm"}});
+    let accepted = gateway.call(Method::POST, "/v1/observability/destinations", Some(&admin), Some(public)).await?;
+    assert_eq!(accepted.status, 201, "{}", accepted.text);
     Ok(())
 }
 

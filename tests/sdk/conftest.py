@@ -99,8 +99,9 @@ def gateway(request):
         processes.append(subprocess.Popen(command, env={**env, **extra_env}, stdout=subprocess.DEVNULL, stderr=log, cwd=work_dir))
 
     mock_port = free_port()
-    # MCP servers in these tests listen on 127.0.0.1, which a production gateway refuses by default.
-    env = dict(os.environ, RUST_LOG="warn", BR_MCP_ALLOW_PRIVATE_URLS="true")
+    # MCP servers and observability receivers in these tests listen on 127.0.0.1, which a production
+    # gateway refuses by default.
+    env = dict(os.environ, RUST_LOG="warn", BR_MCP_ALLOW_PRIVATE_URLS="true", BR_OBSERVABILITY_ALLOW_PRIVATE_URLS="true")
     spawn("mock", [binary("BR_MOCK_UPSTREAM"), "--listen", f"127.0.0.1:{mock_port}", "--valid-key", OPENAI_KEY, "--valid-key", ANTHROPIC_KEY], {})
     mock_url = f"http://127.0.0.1:{mock_port}"
     env.update(

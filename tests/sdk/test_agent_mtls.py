@@ -32,7 +32,7 @@ def tls_gateway():
     openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", "server-key.pem",
             "-out", "server.pem", "-days", "1", "-subj", "/CN=brainstorm test", "-addext", "subjectAltName=IP:127.0.0.1", cwd=work_dir)
     port = free_port()
-    env = dict(os.environ, RUST_LOG="warn", BR_TLS_CERT_FILE=os.path.join(work_dir, "server.pem"),
+    env = dict(os.environ, RUST_LOG="warn", BR_OBSERVABILITY_ALLOW_PRIVATE_URLS="true", BR_TLS_CERT_FILE=os.path.join(work_dir, "server.pem"),
                BR_TLS_KEY_FILE=os.path.join(work_dir, "server-key.pem"), BR_MAIL_OUTBOX=os.path.join(work_dir, "outbox"))
     log = open(os.path.join(work_dir, "up.log"), "w")
     process = subprocess.Popen([binary(), "up", "--listen", f"127.0.0.1:{port}", "--data-dir", os.path.join(work_dir, "data")],

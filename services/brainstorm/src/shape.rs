@@ -103,7 +103,12 @@ pub async fn up(settings: Settings) -> anyhow::Result<()> {
         PolicyFirewallClient::local(policy_service(database.clone(), bus.clone(), Some(master_key.clone()), &settings, &shutdown).await?);
     // The fan-out reads the settlements and audit records off the bus as their owners do, on the
     // writers' thread too, and stops with them.
-    let fanout = ObservabilityFanoutServiceImpl::new(database.clone(), master_key.clone(), writers_runtime);
+    let fanout = ObservabilityFanoutServiceImpl::new(
+        database.clone(),
+        master_key.clone(),
+        writers_runtime,
+        settings.observability_allow_private_urls,
+    );
     let fanout_consumers = spawn_fanout_consumers(
         writers_runtime,
         &bus,
@@ -305,7 +310,8 @@ pub async fn serve(settings: Settings, names: &[String]) -> anyhow::Result<()> {
     let observability = match (&database, hosted.contains(&ServiceName::ObservabilityFanout)) {
         (Some(database), true) => {
             let master_key = required_master_key(&settings, "observability-fanout", "seal destination secrets")?;
-            let fanout = ObservabilityFanoutServiceImpl::new(database.clone(), master_key, &current);
+            let fanout =
+                ObservabilityFanoutServiceImpl::new(database.clone(), master_key, &current, settings.observability_allow_private_urls);
             // On Kafka it reads the topics itself; without, edges relay to it (below, or in theirs).
             let consumers = spawn_fanout_consumers(
                 &current,

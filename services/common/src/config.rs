@@ -178,6 +178,7 @@ pub struct ConfigLayer {
     pub mail_outbox: Option<PathBuf>,
     pub require_agent_owner: Option<bool>,
     pub mcp_allow_private_urls: Option<bool>,
+    pub observability_allow_private_urls: Option<bool>,
     pub xdr_bidirectional: Option<bool>,
     /// The identity provider whose JWTs the `/auth/*` bridge routes accept (see `Settings::idp`).
     pub idp_issuer: Option<String>,
@@ -252,6 +253,7 @@ impl ConfigLayer {
             mail_outbox: text("BR_MAIL_OUTBOX").map(PathBuf::from),
             require_agent_owner: flag("BR_REQUIRE_AGENT_OWNER")?,
             mcp_allow_private_urls: flag("BR_MCP_ALLOW_PRIVATE_URLS")?,
+            observability_allow_private_urls: flag("BR_OBSERVABILITY_ALLOW_PRIVATE_URLS")?,
             xdr_bidirectional: flag("BR_XDR_BIDIRECTIONAL")?,
             idp_issuer: text("BR_IDP_ISSUER"),
             idp_audience: text("BR_IDP_AUDIENCE"),
@@ -329,6 +331,7 @@ impl ConfigLayer {
             mail_outbox,
             require_agent_owner,
             mcp_allow_private_urls,
+            observability_allow_private_urls,
             xdr_bidirectional,
             idp_issuer,
             idp_audience,
@@ -412,6 +415,9 @@ pub struct Settings {
     pub require_agent_owner: bool,
     /// Whether MCP servers may be registered at private, loopback or link-local addresses.
     pub mcp_allow_private_urls: bool,
+    /// Whether observability destinations and XDR connectors may be at private, loopback or
+    /// link-local addresses.
+    pub observability_allow_private_urls: bool,
     pub xdr_bidirectional: bool,
     /// The identity provider whose JWTs the `/auth/*` bridge routes accept; None switches them off.
     pub idp: Option<IdpSettings>,
@@ -606,6 +612,7 @@ impl Settings {
             master_key: layer.master_key,
             require_agent_owner: layer.require_agent_owner.unwrap_or(false),
             mcp_allow_private_urls: layer.mcp_allow_private_urls.unwrap_or(false),
+            observability_allow_private_urls: layer.observability_allow_private_urls.unwrap_or(false),
             xdr_bidirectional: layer.xdr_bidirectional.unwrap_or(false),
             idp,
             tls,

@@ -21,6 +21,7 @@ use brainstorm_proto::audit::AuditRecord;
 use brainstorm_proto::budget::BudgetEvent;
 use brainstorm_proto::observability::Destination;
 
+use crate::egress::{Egress, SendError};
 use crate::events::{self, Event};
 use crate::filter::{FilterRules, subscribed};
 use crate::formats;
@@ -33,8 +34,6 @@ const MAX_BUFFERED: usize = 10_000;
 const MAX_IN_FLIGHT: usize = 16;
 /// How often buffers are checked for an elapsed flush interval.
 const TICK: Duration = Duration::from_millis(100);
-/// One request's limit.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a tenant's destinations are trusted before they are read again (changes made through
 /// another replica of this service apply at most this late).
 const TENANT_TTL: Duration = Duration::from_secs(5);
@@ -97,60 +96,6 @@ struct Tenant {
     destinations: Arc<Vec<Ready>>,
 }
 
-/// Why a request did not deliver.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SendError {
-    /// What happened, for the log and the test route's answer.
-    pub message: String,
-    /// Whether the same request may succeed later (no connection, a timeout, 408, 429, 5xx).
-    pub transient: bool,
-    /// The destination's `Retry-After`, in seconds, when it gave one.
-    pub retry_after: Option<Duration>,
-}
-
-impl SendError {
-    fn permanent(message: String) -> SendError {
-        SendError { message, transient: false, retry_after: None }
-    }
-}
-
-impl std::fmt::Display for SendError {
-    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        formatter.write_str(&self.message)
-    }
-}
-
-/// Sends one request; Ok when the destination answered 2xx.
-pub async fn send(http: &reqwest::Client, request: formats::HttpRequest) -> Result<(), SendError> {
-    let method = reqwest::Method::from_bytes(request.method.as_bytes()).map_err(|error| SendError::permanent(error.to_string()))?;
-    let mut builder = http.request(method, &request.url).timeout(REQUEST_TIMEOUT).body(request.body);
-    for (name, value) in &request.headers {
-        builder = builder.header(name, value);
-    }
-    let response = builder.send().await.map_err(|error| SendError {
-        // A request the client could not even build (a bad header value) will not build later.
-        transient: !error.is_builder(),
-        message: format!("cannot reach the destination: {}", error.without_url()),
-        retry_after: None,
-    })?;
-    let status = response.status();
-    if status.is_success() {
-        return Ok(());
-    }
-    let retry_after = response
-        .headers()
-        .get(reqwest::header::RETRY_AFTER)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.trim().parse::<u64>().ok())
-        .map(Duration::from_secs);
-    let body = response.text().await.unwrap_or_default();
-    Err(SendError {
-        message: format!("the destination answered HTTP {}: {}", status.as_u16(), body.chars().take(200).collect::<String>()),
-        transient: status.is_server_error() || status.as_u16() == 408 || status.as_u16() == 429,
-        retry_after,
-    })
-}
-
 /// The wait before attempt `attempt` (1 for the first retry) after `error`.
 fn backoff(attempt: u32, error: &SendError) -> Duration {
     let doubled = FIRST_BACKOFF.saturating_mul(1 << attempt.saturating_sub(1).min(16));
@@ -159,12 +104,12 @@ fn backoff(attempt: u32, error: &SendError) -> Duration {
 
 /// Delivers one batch: built afresh for each attempt (a signature names its time), sent again while
 /// the failure may pass, `ATTEMPTS` times at most.
-async fn deliver(http: &reqwest::Client, destination: &Destination, config: &Map<String, Value>, batch: &[Event]) -> Result<(), SendError> {
+async fn deliver(egress: &Egress, destination: &Destination, config: &Map<String, Value>, batch: &[Event]) -> Result<(), SendError> {
     let mut attempt = 0;
     loop {
         let request =
             formats::request(&destination.kind, &destination.r#type, config, batch, chrono::Utc::now()).map_err(SendError::permanent)?;
-        match send(http, request).await {
+        match egress.send(request).await {
             Ok(()) => return Ok(()),
             Err(error) if error.transient && attempt + 1 < ATTEMPTS => {
                 attempt += 1;
@@ -185,12 +130,12 @@ pub struct Dispatcher {
 
 impl Dispatcher {
     /// Starts the delivery task on `runtime`.
-    pub fn spawn(runtime: &tokio::runtime::Handle, store: FanoutStore, opener: Opener, http: reqwest::Client) -> Dispatcher {
+    pub fn spawn(runtime: &tokio::runtime::Handle, store: FanoutStore, opener: Opener, egress: Egress) -> Dispatcher {
         let (sender, receiver) = mpsc::channel(256);
         let worker = Worker {
             store,
             opener,
-            http,
+            egress,
             tenants: HashMap::new(),
             buffers: HashMap::new(),
             in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
@@ -235,7 +180,7 @@ struct Buffer {
 struct Worker {
     store: FanoutStore,
     opener: Opener,
-    http: reqwest::Client,
+    egress: Egress,
     tenants: HashMap<String, Tenant>,
     buffers: HashMap<String, Buffer>,
     in_flight: Arc<Semaphore>,
@@ -378,13 +323,13 @@ impl Worker {
         let batches: Vec<Vec<Event>> = events.chunks(size).map(<[Event]>::to_vec).collect();
         let destination = buffer.destination.destination.clone();
         let config = buffer.config.clone();
-        let (store, http, in_flight) = (self.store.clone(), self.http.clone(), self.in_flight.clone());
+        let (store, egress, in_flight) = (self.store.clone(), self.egress.clone(), self.in_flight.clone());
         let delivery = tokio::spawn(async move {
             let _permit = in_flight.acquire_owned().await;
             let (mut sent, mut failed) = (0_u64, 0_u64);
             for batch in batches {
                 let count = batch.len() as u64;
-                match deliver(&http, &destination, &config, &batch).await {
+                match deliver(&egress, &destination, &config, &batch).await {
                     Ok(()) => sent += count,
                     Err(error) => {
                         tracing::warn!(destination = %destination.id, %error, events = count, "a fan-out delivery failed");

@@ -5,6 +5,7 @@
 
 mod consumer;
 mod dispatcher;
+mod egress;
 pub mod events;
 pub mod filter;
 pub mod formats;

@@ -14,7 +14,8 @@ use brainstorm_providers::vault::{self, MasterKey, SealedSecret};
 use prost::Message;
 use serde_json::{Map, Value};
 
-use crate::dispatcher::{Dispatcher, Source, send};
+use crate::dispatcher::{Dispatcher, Source};
+use crate::egress::Egress;
 use crate::events::synthetic_usage;
 use crate::filter::{FilterRules, validate_event_types};
 use crate::formats::{self, KINDS};
@@ -72,19 +73,33 @@ impl Opener {
 pub struct ObservabilityFanoutServiceImpl {
     store: FanoutStore,
     opener: Opener,
-    http: reqwest::Client,
+    egress: Egress,
     dispatcher: Dispatcher,
 }
 
 impl ObservabilityFanoutServiceImpl {
     /// The service over a migrated database, with its delivery task on `runtime` (`up` gives it the
-    /// writers' thread, off the requests' one).
-    pub fn new(database: Database, master_key: MasterKey, runtime: &tokio::runtime::Handle) -> ObservabilityFanoutServiceImpl {
+    /// writers' thread, off the requests' one); destinations at private addresses only when
+    /// `allow_private_urls` (`BR_OBSERVABILITY_ALLOW_PRIVATE_URLS`).
+    pub fn new(
+        database: Database,
+        master_key: MasterKey,
+        runtime: &tokio::runtime::Handle,
+        allow_private_urls: bool,
+    ) -> ObservabilityFanoutServiceImpl {
         let store = FanoutStore::new(database);
         let opener = Opener { master_key: Arc::new(master_key) };
-        let http = reqwest::Client::builder().tcp_nodelay(true).build().unwrap_or_default();
-        let dispatcher = Dispatcher::spawn(runtime, store.clone(), opener.clone(), http.clone());
-        ObservabilityFanoutServiceImpl { store, opener, http, dispatcher }
+        let egress = Egress::new(allow_private_urls);
+        let dispatcher = Dispatcher::spawn(runtime, store.clone(), opener.clone(), egress.clone());
+        ObservabilityFanoutServiceImpl { store, opener, egress, dispatcher }
+    }
+
+    /// Refuses a config whose requests would go where the egress does not let them: the URL of a
+    /// request built from it, so members naming only part of it are judged as well.
+    fn check_reachable(&self, kind: &str, kind_type: &str, config: &Map<String, Value>) -> ServiceResult<()> {
+        let probe = synthetic_usage("probe");
+        let request = formats::request(kind, kind_type, config, &[probe], chrono::Utc::now()).map_err(invalid)?;
+        self.egress.permits(&request.url).map_err(invalid)
     }
 
     /// Hands what becomes events to delivery.
@@ -164,6 +179,7 @@ impl ObservabilityFanoutService for ObservabilityFanoutServiceImpl {
         let kind = kind_of(&request.kind)?.to_string();
         let config = config_object(&request.config_json)?;
         formats::validate(&kind, &request.r#type, &config).map_err(invalid)?;
+        self.check_reachable(&kind, &request.r#type, &config)?;
         validate_event_types(&request.event_types).map_err(invalid)?;
         let (batch_max_size, batch_flush_interval_ms) = batching(request.batch_max_size, request.batch_flush_interval_ms)?;
         let now = now_timestamp();
@@ -211,6 +227,7 @@ impl ObservabilityFanoutService for ObservabilityFanoutServiceImpl {
                 }
             }
             formats::validate(&stored.destination.kind, &stored.destination.r#type, &config).map_err(invalid)?;
+            self.check_reachable(&stored.destination.kind, &stored.destination.r#type, &config)?;
             stored.sealed = self.opener.seal(&mut stored.destination, config)?;
         }
         let destination = &mut stored.destination;
@@ -266,7 +283,7 @@ impl ObservabilityFanoutService for ObservabilityFanoutServiceImpl {
         let event = synthetic_usage(&request.tenant_id);
         let destination = &stored.destination;
         let outcome = match formats::request(&destination.kind, &destination.r#type, &config, &[event], chrono::Utc::now()) {
-            Ok(http_request) => send(&self.http, http_request).await.map_err(|error| error.message),
+            Ok(http_request) => self.egress.send(http_request).await.map_err(|error| error.message),
             Err(error) => Err(error),
         };
         let (sent, failed) = if outcome.is_ok() { (1, 0) } else { (0, 1) };

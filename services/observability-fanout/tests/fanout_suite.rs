@@ -45,8 +45,22 @@ async fn receiver() -> Result<(String, Received), Box<dyn std::error::Error + Se
     Ok((format!("http://{address}"), received))
 }
 
+/// The service as the tests' receiver needs it: private addresses allowed (it listens on 127.0.0.1).
 fn service(database: Database) -> Result<ObservabilityFanoutServiceImpl, Box<dyn std::error::Error + Send + Sync>> {
-    Ok(ObservabilityFanoutServiceImpl::new(database, MasterKey::from_hex(&MasterKey::generate_hex())?, &tokio::runtime::Handle::current()))
+    service_with(database, &MasterKey::generate_hex(), true)
+}
+
+fn service_with(
+    database: Database,
+    master_key_hex: &str,
+    allow_private_urls: bool,
+) -> Result<ObservabilityFanoutServiceImpl, Box<dyn std::error::Error + Send + Sync>> {
+    Ok(ObservabilityFanoutServiceImpl::new(
+        database,
+        MasterKey::from_hex(master_key_hex)?,
+        &tokio::runtime::Handle::current(),
+        allow_private_urls,
+    ))
 }
 
 fn create(kind: &str, kind_type: &str, config: Value) -> CreateDestinationRequest {
@@ -254,4 +268,62 @@ async fn a_stop_sends_what_waits(database: Database) -> TestResult {
     Ok(())
 }
 
-on_both_engines!(destinations_seal_secrets_batch_and_count, transient_failures_are_retried, a_stop_sends_what_waits);
+on_both_engines!(
+    destinations_seal_secrets_batch_and_count,
+    transient_failures_are_retried,
+    a_stop_sends_what_waits,
+    destinations_inside_the_network_are_refused_unless_allowed
+);
+
+async fn destinations_inside_the_network_are_refused_unless_allowed(database: Database) -> TestResult {
+    let (base, received) = receiver().await?;
+    let master_key = MasterKey::generate_hex();
+    let strict = service_with(database.clone(), &master_key, false)?;
+    let refused = |error: Option<brainstorm_proto::ServiceError>| {
+        error.is_some_and(|error| error.reason == "invalid_destination" && error.message.contains("BR_OBSERVABILITY_ALLOW_PRIVATE_URLS"))
+    };
+    // By URL, by endpoint, and by the pieces an S3 URL is built from.
+    for (kind, kind_type, config) in [
+        ("observability", "webhook", json!({"url": format!("{base}/hook")})),
+        ("observability", "webhook", json!({"url": "http://169.254.169.254/latest/meta-data"})),
+        ("observability", "otlp", json!({"endpoint": "http://localhost:4318"})),
+        ("xdr", "splunk", json!({"hec_url": "https://10.0.0.8:8088", "hec_token": "t"})),
+        ("observability", "s3", json!({"bucket": "b@127.0.0.1#", "region": "eu-west-1", "access_key_id": "A", "secret_access_key": "S"})),
+    ] {
+        let answer = strict.create_destination(create(kind, kind_type, config.clone())).await;
+        assert!(refused(answer.as_ref().err().cloned()), "{kind_type} {config}: {answer:?}");
+    }
+    // A public one is accepted, and cannot be moved inside the network.
+    let public = strict.create_destination(create("observability", "webhook", json!({"url": "https://hooks.example.com/x"}))).await?;
+    let inward = UpdateDestinationRequest {
+        tenant_id: "t1".into(),
+        kind: "observability".into(),
+        id: public.id.clone(),
+        config_json: Some(json!({"url": format!("{base}/moved")}).to_string()),
+        ..UpdateDestinationRequest::default()
+    };
+    assert!(refused(strict.update_destination(inward).await.err()));
+    strict.delete_destination(DestinationRef { tenant_id: "t1".into(), id: public.id.clone(), kind: "observability".into() }).await?;
+
+    // Saved while the operator allowed private addresses, it is not reached once they do not.
+    let lenient = service_with(database.clone(), &master_key, true)?;
+    let inside = lenient.create_destination(create("observability", "webhook", json!({"url": format!("{base}/inside")}))).await?;
+    let test = |service: &ObservabilityFanoutServiceImpl| {
+        service.test_destination(DestinationRef { tenant_id: "t1".into(), id: inside.id.clone(), kind: "observability".into() })
+    };
+    assert!(test(&lenient).await?.delivered);
+    let strict_test = test(&strict).await?;
+    assert!(!strict_test.delivered && strict_test.error.contains("BR_OBSERVABILITY_ALLOW_PRIVATE_URLS"), "{strict_test:?}");
+    let before = received.lock().unwrap_or_else(std::sync::PoisonError::into_inner).len();
+    assert_eq!(
+        strict.record_events(FanoutEvents { budget_events: vec![settlement("req_40")], ..FanoutEvents::default() }).await?.events,
+        1
+    );
+    strict.finish_deliveries().await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(received.lock().unwrap_or_else(std::sync::PoisonError::into_inner).len(), before, "nothing reaches the private address");
+    let stats =
+        strict.destination_stats(DestinationRef { tenant_id: "t1".into(), id: inside.id.clone(), kind: "observability".into() }).await?;
+    assert!(stats.failed >= 2, "{stats:?}");
+    Ok(())
+}
