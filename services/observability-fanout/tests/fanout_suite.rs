@@ -308,11 +308,9 @@ async fn destinations_inside_the_network_are_refused_unless_allowed(database: Da
     // Saved while the operator allowed private addresses, it is not reached once they do not.
     let lenient = service_with(database.clone(), &master_key, true)?;
     let inside = lenient.create_destination(create("observability", "webhook", json!({"url": format!("{base}/inside")}))).await?;
-    let test = |service: &ObservabilityFanoutServiceImpl| {
-        service.test_destination(DestinationRef { tenant_id: "t1".into(), id: inside.id.clone(), kind: "observability".into() })
-    };
-    assert!(test(&lenient).await?.delivered);
-    let strict_test = test(&strict).await?;
+    let inside_ref = DestinationRef { tenant_id: "t1".into(), id: inside.id.clone(), kind: "observability".into() };
+    assert!(lenient.test_destination(inside_ref.clone()).await?.delivered);
+    let strict_test = strict.test_destination(inside_ref.clone()).await?;
     assert!(!strict_test.delivered && strict_test.error.contains("BR_OBSERVABILITY_ALLOW_PRIVATE_URLS"), "{strict_test:?}");
     let before = received.lock().unwrap_or_else(std::sync::PoisonError::into_inner).len();
     assert_eq!(
