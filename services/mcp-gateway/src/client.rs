@@ -64,9 +64,11 @@ pub struct McpClient {
 }
 
 impl McpClient {
-    /// A client whose every operation (a whole session) ends within `timeout`.
-    pub fn new(timeout: Duration) -> McpClient {
-        let http = reqwest::Client::builder().tcp_nodelay(true).build().unwrap_or_default();
+    /// A client whose every operation (a whole session) ends within `timeout`; it follows no
+    /// redirect and, unless `allow_private` (`BR_MCP_ALLOW_PRIVATE_URLS`), connects to no name that
+    /// resolves only to private addresses (`common::net::tenant_http_client`).
+    pub fn new(timeout: Duration, allow_private: bool) -> McpClient {
+        let http = brainstorm_common::net::tenant_http_client(allow_private).build().unwrap_or_default();
         McpClient { http, timeout }
     }
 

@@ -55,7 +55,7 @@ impl McpGatewayServiceImpl {
     pub fn new(database: Database, options: McpGatewayOptions) -> McpGatewayServiceImpl {
         McpGatewayServiceImpl {
             store: McpStore::new(database),
-            client: McpClient::new(options.call_timeout),
+            client: McpClient::new(options.call_timeout, options.allow_private_urls),
             master_key: Arc::new(options.master_key),
             allow_private_urls: options.allow_private_urls,
         }

@@ -1,11 +1,12 @@
 //! The fan-out's way out: every request to a destination (deliveries and tests) leaves through one
 //! `Egress`, which refuses a URL whose host is `localhost` or a private, loopback, link-local or
 //! unspecified address unless the operator allows those (`BR_OBSERVABILITY_ALLOW_PRIVATE_URLS`),
-//! and whose client follows no redirect (a public destination must not bounce the gateway's
-//! request into its network). The rule is applied to the URL a request is finally built with, so
+//! and whose client follows redirects only within one origin (a public destination must not
+//! bounce the gateway's request into its network). The rule is applied to the URL a request is finally built with, so
 //! members that only name part of it (an S3 bucket and region, a Datadog site) are judged too, and a
 //! destination saved while the operator allowed private addresses stops once they no longer do.
-//! Host names are judged as written, not resolved, as for MCP servers and guardrail endpoints.
+//! Names are judged when the client resolves them (`common::net::tenant_http_client`), as for MCP
+//! servers and guardrail endpoints.
 
 use std::time::Duration;
 
@@ -48,7 +49,7 @@ pub struct Egress {
 impl Egress {
     /// An egress that reaches private addresses only when `allow_private`.
     pub fn new(allow_private: bool) -> Egress {
-        let http = reqwest::Client::builder().tcp_nodelay(true).redirect(reqwest::redirect::Policy::none()).build().unwrap_or_default();
+        let http = brainstorm_common::net::tenant_http_client(allow_private).build().unwrap_or_default();
         Egress { http, allow_private }
     }
 

@@ -87,7 +87,8 @@ pub fn resolve_mapping(template: &str, custom: Option<&ResultMapping>) -> Result
 }
 
 /// Accepts `http(s)://` endpoints; private, loopback and link-local addresses only when allowed (a
-/// tenant must not make the service call into its own network). Host names are not resolved here.
+/// tenant must not make the service call into its own network). Host names are judged when the
+/// service's client resolves them (`common::net::tenant_http_client`).
 pub fn validate_endpoint(endpoint: &str, allow_private: bool) -> Result<(), String> {
     let url = reqwest::Url::parse(endpoint).map_err(|_| format!("endpoint `{endpoint}` is not a URL"))?;
     if url.scheme() != "https" && url.scheme() != "http" {
