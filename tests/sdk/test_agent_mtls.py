@@ -171,7 +171,7 @@ def test_an_agent_reads_itself_with_the_certificate_it_exchanged_its_jwt_for(tls
     deadline = time.time() + 15
     while len(certificate_events()) < 3 and time.time() < deadline:
         time.sleep(0.1)
-    seen = sorted((event["event"], event["data"]["serial"], event["data"]["actor"]) for event in certificate_events())
+    seen = sorted((event["event"], event["data"]["subject"], event["data"]["actor"]) for event in certificate_events())
     assert seen == sorted([
         ("audit.agent_certificate.issued", body["serial"], "agent:openssl-agent"),
         ("audit.agent_certificate.issued", fresh["serial"], "agent:openssl-agent"),
@@ -179,3 +179,4 @@ def test_an_agent_reads_itself_with_the_certificate_it_exchanged_its_jwt_for(tls
     ]), seen
     revocation = next(event for event in certificate_events() if event["event"].endswith(".revoked"))
     assert revocation["severity"] == 3 and revocation["data"]["reason"] == "rotated", revocation
+    assert revocation["data"]["agent_id"] == "openssl-agent" and revocation["data"]["fingerprint_sha256"] == body["fingerprint_sha256"], revocation

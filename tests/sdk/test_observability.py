@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from conftest import call
+from conftest import call, post_json
 
 WEBHOOK_SECRET = "webhook-signing-secret-7781"
 HEC_TOKEN = "hec-token-secret-5519"
@@ -171,3 +171,36 @@ def test_xdr_connectors_receive_ocsf_security_events(gateway, receiver):
     bad = call(gateway, "POST", "/v1/observability/xdr/destinations", {"name": "x", "type": "webhook", "config": {"url": receiver}}, expect=400, key=key)
     assert bad["error"]["code"] == "invalid_destination"
     call(gateway, "DELETE", f"/v1/observability/xdr/destinations/{connector['id']}", key=key)
+
+
+def test_operators_actions_reach_the_siem(gateway, receiver):
+    """Kill switches, scoped switches and agents' lifecycle moves are audit events for the tenant's
+    destinations, with who acted and why (a tenant of its own: its switch goes on and off)."""
+    shape = gateway["shape"]
+    admin = post_json(gateway["base_url"] + "/v1/register", {"tenant_name": f"soc-{shape}", "accept_tos": True})["api_key"]["key"]
+    hook = f"/activity-{shape}"
+    call(gateway, "POST", "/v1/observability/destinations", {"name": "soc", "type": "webhook", "config": {"url": receiver + hook},
+         "event_types": ["audit"], "batch": {"max_size": 50, "flush_interval_ms": 100}}, expect=201, key=admin)
+    call(gateway, "POST", "/v1/agent/profiles", {"agentId": "watched", "ownerId": "u1"}, expect=201, key=admin)
+    call(gateway, "PATCH", "/v1/agent/profiles/lifecycle/watched", {"state": "active"}, key=admin)
+    call(gateway, "PATCH", "/v1/agent/profiles/lifecycle/watched", {"state": "suspended"}, key=admin)
+    call(gateway, "POST", "/v1/killswitch/scope", {"type": "tool", "id": "shell", "reason": "exfiltration"}, key=admin)
+    call(gateway, "DELETE", "/v1/killswitch/scope/tool/shell", key=admin)
+    call(gateway, "POST", "/v1/killswitch/activate", {"reason": "incident 42"}, key=admin)
+    call(gateway, "POST", "/v1/killswitch/deactivate", key=admin)
+    expected = ["audit.agent.lifecycle_changed", "audit.agent.lifecycle_changed", "audit.kill_switch.scope_activated",
+                "audit.kill_switch.scope_deactivated", "audit.kill_switch.activated", "audit.kill_switch.deactivated"]
+    activity = lambda: [event for event in events_of(hook) if event["event"] in expected]
+    assert wait_for(lambda: len(activity()) >= len(expected)), [event["event"] for event in events_of(hook)]
+    by_name = {}
+    for event in activity():
+        by_name.setdefault(event["event"], []).append(event)
+    assert sorted(by_name) == sorted(set(expected))
+    switched = by_name["audit.kill_switch.activated"][0]
+    assert switched["severity"] == 5 and switched["data"]["reason"] == "incident 42", switched
+    assert switched["data"]["actor"].startswith("key:") and switched["data"]["outcome"] == "succeeded", switched
+    scoped = by_name["audit.kill_switch.scope_activated"][0]
+    assert (scoped["data"]["subject"], scoped["severity"], scoped["data"]["reason"]) == ("tool:shell", 4, "exfiltration"), scoped
+    states = sorted((event["data"]["state"], event["severity"]) for event in by_name["audit.agent.lifecycle_changed"])
+    assert states == [("active", 1), ("suspended", 3)], states
+    assert all(event["data"]["subject"] == "watched" for event in by_name["audit.agent.lifecycle_changed"])

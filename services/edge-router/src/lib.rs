@@ -2,6 +2,7 @@
 //! completion pipeline in the OpenAI and Anthropic formats. Handlers stay thin: extract, call a
 //! service client, map the error.
 
+mod activity;
 mod auth;
 mod budget_cache;
 mod circuits;

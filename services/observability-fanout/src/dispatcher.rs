@@ -51,7 +51,7 @@ pub enum Source {
     Budget(Arc<BudgetEvent>),
     Audit(Arc<AuditRecord>),
     Quality(brainstorm_proto::observability::QualityEvent),
-    Credential(brainstorm_proto::observability::CredentialEvent),
+    Activity(brainstorm_proto::observability::ActivityEvent),
 }
 
 impl Source {
@@ -63,7 +63,7 @@ impl Source {
             },
             Source::Audit(record) => Some(&record.tenant_id),
             Source::Quality(event) => Some(&event.tenant_id),
-            Source::Credential(event) => Some(&event.tenant_id),
+            Source::Activity(event) => Some(&event.tenant_id),
         }
     }
 
@@ -72,7 +72,7 @@ impl Source {
             Source::Budget(event) => events::from_budget_event(&event),
             Source::Audit(record) => Some(events::from_audit(&record)),
             Source::Quality(event) => Some(events::from_quality(&event)),
-            Source::Credential(event) => Some(events::from_credential(&event)),
+            Source::Activity(event) => Some(events::from_activity(&event)),
         }
     }
 }

@@ -5,8 +5,9 @@
 //! - `guardrail`: an audit record denied by a guardrail, the tool firewall, a policy or an approval
 //!   rule, named `guardrail.<reason_code>`.
 //! - `error`: an audit record whose outcome is `error`, named `error.<reason_code>`.
-//! - `audit`: every other audit record, named `audit.<outcome>[.<reason_code>]`, and each agent
-//!   certificate issued or revoked (`audit.agent_certificate.issued`, `.revoked`).
+//! - `audit`: every other audit record, named `audit.<outcome>[.<reason_code>]`, and each
+//!   control-plane action (`audit.<action>`: `audit.agent_certificate.revoked`,
+//!   `audit.kill_switch.activated`, ...).
 //!
 //! Severities (OCSF's 1 Informational to 5 Critical): allowed requests and usage 1, errors 2, other
 //! denials 3 (budget, rate limits, permissions), guardrail denials 4, the kill switch 5.
@@ -100,25 +101,22 @@ pub fn from_quality(event: &brainstorm_proto::observability::QualityEvent) -> Ev
     }
 }
 
-/// An agent certificate issued or revoked as an `audit` event: `audit.agent_certificate.issued`
-/// (severity 1) or `audit.agent_certificate.revoked` (severity 3: a credential was pulled).
-pub fn from_credential(event: &brainstorm_proto::observability::CredentialEvent) -> Event {
+/// A control-plane action as an `audit` event named `audit.<action>`, graded as its source says
+/// (1 to 5); its data: actor, subject, reason and the action's own members.
+pub fn from_activity(event: &brainstorm_proto::observability::ActivityEvent) -> Event {
+    let mut data = serde_json::from_str::<serde_json::Map<String, Value>>(&event.data_json).unwrap_or_default();
+    data.insert("actor".to_string(), json!(event.actor));
+    data.insert("subject".to_string(), json!(event.subject));
+    data.insert("reason".to_string(), if event.reason.is_empty() { Value::Null } else { json!(event.reason) });
+    data.insert("outcome".to_string(), json!("succeeded"));
     Event {
         tenant_id: event.tenant_id.clone(),
         event_type: "audit",
-        name: format!("audit.agent_certificate.{}", event.action),
-        severity: if event.action == "revoked" { 3 } else { 1 },
+        name: format!("audit.{}", event.action),
+        severity: u8::try_from(event.severity.clamp(1, 5)).unwrap_or(1),
         timestamp: event.occurred_at.clone(),
-        request_id: format!("cert:{}", event.serial),
-        data: json!({
-            "agent_id": event.agent_id,
-            "serial": event.serial,
-            "fingerprint_sha256": event.fingerprint_sha256,
-            "not_after": event.not_after,
-            "actor": event.actor,
-            "reason": (!event.reason.is_empty()).then_some(&event.reason),
-            "outcome": "succeeded",
-        }),
+        request_id: format!("{}:{}", event.action, event.subject),
+        data: Value::Object(data),
     }
 }
 
@@ -284,23 +282,25 @@ mod tests {
     }
 
     #[test]
-    fn certificate_revocations_weigh_more_than_issuances() {
-        let credential = |action: &str, reason: &str| brainstorm_proto::observability::CredentialEvent {
+    fn activities_are_audit_events_graded_by_their_source() {
+        let activity = |action: &str, severity: u32, reason: &str, data_json: &str| brainstorm_proto::observability::ActivityEvent {
             tenant_id: "t1".into(),
             action: action.into(),
-            agent_id: "scout".into(),
-            serial: "4a0b".into(),
-            occurred_at: "2026-11-29T10:00:00.000Z".into(),
             actor: "key:k1".into(),
+            subject: "4a0b".into(),
+            occurred_at: "2026-11-29T10:00:00.000Z".into(),
             reason: reason.into(),
-            ..Default::default()
+            severity,
+            data_json: data_json.into(),
         };
-        let issued = from_credential(&credential("issued", ""));
+        let issued = from_activity(&activity("agent_certificate.issued", 1, "", r#"{"agent_id": "scout"}"#));
         assert_eq!((issued.event_type, issued.name.as_str(), issued.severity), ("audit", "audit.agent_certificate.issued", 1));
-        assert_eq!((issued.request_id.as_str(), issued.data["reason"].is_null()), ("cert:4a0b", true));
-        let revoked = from_credential(&credential("revoked", "key leaked"));
-        assert_eq!((revoked.name.as_str(), revoked.severity), ("audit.agent_certificate.revoked", 3));
-        assert_eq!((revoked.data["actor"].as_str(), revoked.data["reason"].as_str()), (Some("key:k1"), Some("key leaked")));
-        assert_eq!(ocsf(&revoked)["status"], "Success");
+        assert_eq!((issued.request_id.as_str(), issued.data["reason"].is_null()), ("agent_certificate.issued:4a0b", true));
+        assert_eq!((issued.data["agent_id"].as_str(), issued.data["subject"].as_str()), (Some("scout"), Some("4a0b")));
+        let switched = from_activity(&activity("kill_switch.activated", 9, "breach", ""));
+        assert_eq!((switched.name.as_str(), switched.severity), ("audit.kill_switch.activated", 5));
+        assert_eq!((switched.data["actor"].as_str(), switched.data["reason"].as_str()), (Some("key:k1"), Some("breach")));
+        assert_eq!(ocsf(&switched)["status"], "Success");
+        assert_eq!(from_activity(&activity("api_key.created", 0, "", "not json")).severity, 1);
     }
 }

@@ -325,7 +325,7 @@ impl ObservabilityFanoutService for ObservabilityFanoutServiceImpl {
             fanned.push(Source::Audit(Arc::new(record)));
         }
         fanned.extend(request.quality_events.into_iter().map(Source::Quality));
-        fanned.extend(request.credential_events.into_iter().map(Source::Credential));
+        fanned.extend(request.activity_events.into_iter().map(Source::Activity));
         let count = u32::try_from(fanned.len()).unwrap_or(u32::MAX);
         self.submit(fanned).await;
         Ok(RecordEventsResponse { events: count })

@@ -145,14 +145,14 @@ async fn destinations_seal_secrets_batch_and_count(database: Database) -> TestRe
             occurred_at: "2026-11-29T10:00:00.000Z".into(),
             ..QualityEvent::default()
         }],
-        credential_events: vec![CredentialEvent {
+        activity_events: vec![ActivityEvent {
             tenant_id: "t1".into(),
-            action: "revoked".into(),
-            agent_id: "scout".into(),
-            serial: "4a0b".into(),
-            occurred_at: "2026-11-29T10:00:00.000Z".into(),
+            action: "agent_certificate.revoked".into(),
             actor: "key:k1".into(),
-            ..CredentialEvent::default()
+            subject: "4a0b".into(),
+            occurred_at: "2026-11-29T10:00:00.000Z".into(),
+            severity: 3,
+            ..ActivityEvent::default()
         }],
     };
     assert_eq!(service.record_events(events).await?.events, 7);

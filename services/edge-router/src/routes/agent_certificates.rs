@@ -1,19 +1,19 @@
 //! The agent client certificates identity issued, listed and revoked: by the tenant's operators
 //! (`/v1/agent/certificates`) and by an agent for its own (`/v1/agent/auth/cert`). Issuing is the
 //! certificate exchange (`agent_self::exchange_certificate`). Each issuance and revocation goes to
-//! the tenant's observability destinations as an `audit` event. Snake_case, as the exchange.
+//! the tenant's observability destinations as an `audit` event (`activity`). Snake_case, as the
+//! exchange.
 
 use axum::Json;
 use axum::extract::State;
 use brainstorm_common::ApiError;
 use brainstorm_proto::identity::{AgentCertificate, ListAgentCertificatesRequest, RevokeAgentCertificateRequest};
-use brainstorm_proto::observability::{CredentialEvent, FanoutEvents};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::EdgeState;
 use crate::auth::{AgentCaller, Caller};
 use crate::extract::{OptionalJsonBody, Path, Query};
+use crate::{EdgeState, activity};
 
 type Answer = Result<Json<Value>, ApiError>;
 
@@ -140,31 +140,16 @@ async fn revoked(state: &EdgeState, request: RevokeAgentCertificateRequest) -> A
         return Err(ApiError::internal());
     };
     if revoked.changed {
-        announce(
-            state,
-            CredentialEvent {
-                tenant_id: certificate.tenant_id.clone(),
-                action: "revoked".to_string(),
-                agent_id: certificate.agent_id.clone(),
-                serial: certificate.serial.clone(),
-                fingerprint_sha256: certificate.fingerprint_sha256.clone(),
-                not_after: certificate.not_after.clone(),
-                occurred_at: certificate.revoked_at.clone().unwrap_or_default(),
-                actor,
-                reason: certificate.revoked_reason.clone().unwrap_or_default(),
-            },
-        );
+        let mut event = activity::activity(&certificate.tenant_id, "agent_certificate.revoked", actor, &certificate.serial, 3);
+        event.occurred_at = certificate.revoked_at.clone().unwrap_or(event.occurred_at);
+        event.reason = certificate.revoked_reason.clone().unwrap_or_default();
+        event.data_json = certificate_data(&certificate.agent_id, &certificate.fingerprint_sha256, &certificate.not_after);
+        activity::announce(state, event);
     }
     Ok(Json(json!({"certificate": view(&certificate)})))
 }
 
-/// Hands an issuance or a revocation to the fan-out (when the edge has it), off the answer.
-pub fn announce(state: &EdgeState, event: CredentialEvent) {
-    let Some(observability) = state.observability.clone() else { return };
-    tokio::spawn(async move {
-        let events = FanoutEvents { credential_events: vec![event], ..Default::default() };
-        if let Err(error) = observability.record_events(events).await {
-            tracing::warn!(%error, "an agent certificate's audit event could not be handed to the fan-out");
-        }
-    });
+/// What an activity event carries of a certificate besides its serial (the subject).
+pub fn certificate_data(agent_id: &str, fingerprint_sha256: &str, not_after: &str) -> String {
+    json!({"agent_id": agent_id, "fingerprint_sha256": fingerprint_sha256, "not_after": not_after}).to_string()
 }

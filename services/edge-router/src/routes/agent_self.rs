@@ -10,23 +10,22 @@ use axum::{Extension, Json};
 use brainstorm_budget_ledger::{BudgetContext, ScopeKind, ScopeLevel};
 use brainstorm_common::ApiError;
 use brainstorm_common::money::Usd;
-use brainstorm_common::time::{now_timestamp, parse_timestamp};
+use brainstorm_common::time::parse_timestamp;
 use brainstorm_proto::budget::{AgentBudget, AgentLimit, PutAgentBudgetRequest};
 use brainstorm_proto::identity::{
     AgentProfile, AgentProfileRef, BootstrapAgentRequest, DelegateAgentRequest, EndSubAgentRequest, EndedSubAgent,
     IssueAgentCertificateRequest, TenantRef,
 };
-use brainstorm_proto::observability::CredentialEvent;
 use brainstorm_proto::policy::ListAnomaliesRequest;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::EdgeState;
 use crate::auth::{self, AgentCaller, AgentCredential, Caller, ClientCertificate};
 use crate::extract::{JsonBody, OptionalJsonBody};
 use crate::routes::agent_certificates;
 use crate::routes::agents::nanos;
 use crate::routes::budget::optional_usd;
+use crate::{EdgeState, activity};
 use crate::{self_view, views};
 
 type Answer = Result<Json<Value>, ApiError>;
@@ -526,20 +525,10 @@ pub async fn exchange_certificate(
         lifetime_seconds,
     };
     let issued = state.identity.issue_agent_certificate(request).await?;
-    agent_certificates::announce(
-        &state,
-        CredentialEvent {
-            tenant_id: agent.tenant.id.clone(),
-            action: "issued".to_string(),
-            agent_id: agent.profile.agent_id.clone(),
-            serial: issued.serial.clone(),
-            fingerprint_sha256: issued.fingerprint_sha256.clone(),
-            not_after: issued.not_after.clone(),
-            occurred_at: now_timestamp(),
-            actor: format!("agent:{}", agent.profile.agent_id),
-            reason: String::new(),
-        },
-    );
+    let mut event =
+        activity::activity(&agent.tenant.id, "agent_certificate.issued", format!("agent:{}", agent.profile.agent_id), &issued.serial, 1);
+    event.data_json = agent_certificates::certificate_data(&agent.profile.agent_id, &issued.fingerprint_sha256, &issued.not_after);
+    activity::announce(&state, event);
     let answer = json!({
         "agent_id": agent.profile.agent_id,
         "tenant_id": agent.tenant.id,

@@ -12,10 +12,10 @@ use brainstorm_proto::identity::{
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::EdgeState;
 use crate::auth::Caller;
 use crate::extract::JsonBody;
 use crate::views;
+use crate::{EdgeState, activity};
 
 type Answer = Result<Json<Value>, ApiError>;
 
@@ -200,5 +200,11 @@ pub async fn lifecycle(
     let request = SetAgentLifecycleRequest { tenant_id: caller.tenant_id()?.to_string(), agent_id, state: target };
     let profile = state.identity.set_agent_lifecycle(request).await?;
     state.authenticator.evict_agent(&profile.tenant_id, &profile.agent_id);
+    // Stopping an agent (quarantine, suspension, termination) weighs more than starting one.
+    let severity = if profile.lifecycle_state == "active" { 1 } else { 3 };
+    let actor = format!("key:{}", caller.identity.key_id);
+    let mut event = activity::activity(&profile.tenant_id, "agent.lifecycle_changed", actor, &profile.agent_id, severity);
+    event.data_json = json!({"state": profile.lifecycle_state}).to_string();
+    activity::announce(&state, event);
     Ok(Json(json!({"profile": views::agent_profile(&profile)})))
 }

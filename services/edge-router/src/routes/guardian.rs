@@ -11,9 +11,9 @@ use brainstorm_proto::policy::*;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::EdgeState;
 use crate::auth::Caller;
 use crate::extract::{JsonBody, OptionalJsonBody};
+use crate::{EdgeState, activity};
 
 type Answer = Result<Json<Value>, ApiError>;
 
@@ -35,6 +35,11 @@ async fn refresh_gate(state: &EdgeState, tenant_id: &str) {
         Ok(snapshot) => state.guardian.gate().apply_snapshot(&snapshot),
         Err(error) => tracing::warn!(%error, tenant_id, "cannot refresh the kill-switch gate; it refreshes within its TTL"),
     }
+}
+
+/// The key that acted, as activity events name it.
+fn actor(caller: &Caller) -> String {
+    format!("key:{}", caller.identity.key_id)
 }
 
 fn render<T: serde::Serialize>(message: &T) -> Answer {
@@ -67,6 +72,9 @@ pub async fn activate(State(state): State<EdgeState>, caller: Caller, JsonBody(b
         })
         .await?;
     refresh_gate(&state, &tenant_id).await;
+    let mut event = activity::activity(&tenant_id, "kill_switch.activated", actor(&caller), &tenant_id, 5);
+    event.reason = status.reason.clone().unwrap_or_default();
+    activity::announce(&state, event);
     Ok(Json(
         json!({"ok": true, "active": status.active, "activated_at": status.activated_at, "activated_by": status.activated_by, "reason": status.reason}),
     ))
@@ -84,6 +92,7 @@ pub async fn deactivate(State(state): State<EdgeState>, caller: Caller) -> Answe
         })
         .await?;
     refresh_gate(&state, &tenant_id).await;
+    activity::announce(&state, activity::activity(&tenant_id, "kill_switch.deactivated", actor(&caller), &tenant_id, 3));
     Ok(Json(json!({"ok": true, "active": false, "deactivated_at": status.deactivated_at})))
 }
 
@@ -117,6 +126,10 @@ pub async fn activate_scope(State(state): State<EdgeState>, caller: Caller, Json
     let tenant_id = request.tenant_id.clone();
     let scope = state.policy.activate_scope(request).await?;
     refresh_gate(&state, &tenant_id).await;
+    let subject = format!("{}:{}", scope.r#type, scope.id);
+    let mut event = activity::activity(&tenant_id, "kill_switch.scope_activated", actor(&caller), &subject, 4);
+    event.reason = scope.reason.clone();
+    activity::announce(&state, event);
     Ok(Json(json!({"ok": true, "type": scope.r#type, "id": scope.id, "reason": scope.reason})))
 }
 
@@ -133,6 +146,8 @@ pub async fn deactivate_scope(State(state): State<EdgeState>, caller: Caller, Pa
     let tenant_id = caller.tenant_id()?.to_string();
     let scope = state.policy.deactivate_scope(ScopeRef { tenant_id: tenant_id.clone(), r#type: kind, id }).await?;
     refresh_gate(&state, &tenant_id).await;
+    let subject = format!("{}:{}", scope.r#type, scope.id);
+    activity::announce(&state, activity::activity(&tenant_id, "kill_switch.scope_deactivated", actor(&caller), &subject, 3));
     Ok(Json(json!({"ok": true, "type": scope.r#type, "id": scope.id})))
 }
 

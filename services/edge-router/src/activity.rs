@@ -1,0 +1,34 @@
+//! Control-plane actions (agent certificates issued and revoked, kill switches, API keys, agents'
+//! lifecycle) handed to the tenant's observability destinations and XDR connectors as `audit`
+//! events (`audit.<action>`), off the answer: a SIEM sees who pulled a credential or switched a
+//! tenant off, beside the requests those actions affect. An edge without the fan-out hands nothing.
+
+use brainstorm_common::time::now_timestamp;
+use brainstorm_proto::observability::{ActivityEvent, FanoutEvents};
+
+use crate::EdgeState;
+
+/// An action `actor` (`key:<id>` or `agent:<id>`) took now on `subject`, at `severity` (1 to 5).
+pub fn activity(tenant_id: &str, action: &str, actor: String, subject: &str, severity: u32) -> ActivityEvent {
+    ActivityEvent {
+        tenant_id: tenant_id.to_string(),
+        action: action.to_string(),
+        actor,
+        subject: subject.to_string(),
+        occurred_at: now_timestamp(),
+        severity,
+        ..ActivityEvent::default()
+    }
+}
+
+/// Hands an action to the fan-out, when the edge has one.
+pub fn announce(state: &EdgeState, event: ActivityEvent) {
+    let Some(observability) = state.observability.clone() else { return };
+    tokio::spawn(async move {
+        let action = event.action.clone();
+        let events = FanoutEvents { activity_events: vec![event], ..Default::default() };
+        if let Err(error) = observability.record_events(events).await {
+            tracing::warn!(%error, %action, "a control-plane action could not be handed to the fan-out");
+        }
+    });
+}
