@@ -37,7 +37,7 @@ crate::grpc::service_contract! {
         /// Lists a tenant's API keys, revoked ones included.
         fn list_api_keys(TenantRef) -> ApiKeyList;
         /// Revokes an API key; it authenticates no more.
-        fn revoke_api_key(RevokeApiKeyRequest) -> ApiKey;
+        fn revoke_api_key(RevokeApiKeyRequest) -> RevokedApiKey;
         /// Lists every tenant, optionally of one status (platform administration).
         fn list_tenants(ListTenantsRequest) -> TenantList;
         /// Sets a tenant's status (`active` on approval, `rejected` on rejection).

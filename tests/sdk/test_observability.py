@@ -174,8 +174,9 @@ def test_xdr_connectors_receive_ocsf_security_events(gateway, receiver):
 
 
 def test_operators_actions_reach_the_siem(gateway, receiver):
-    """Kill switches, scoped switches and agents' lifecycle moves are audit events for the tenant's
-    destinations, with who acted and why (a tenant of its own: its switch goes on and off)."""
+    """Kill switches, scoped switches, agents' lifecycle moves and API keys made and revoked are
+    audit events for the tenant's destinations, with who acted and why (a tenant of its own: its
+    switch goes on and off); a repeated revocation is not announced again."""
     shape = gateway["shape"]
     admin = post_json(gateway["base_url"] + "/v1/register", {"tenant_name": f"soc-{shape}", "accept_tos": True})["api_key"]["key"]
     hook = f"/activity-{shape}"
@@ -186,10 +187,14 @@ def test_operators_actions_reach_the_siem(gateway, receiver):
     call(gateway, "PATCH", "/v1/agent/profiles/lifecycle/watched", {"state": "suspended"}, key=admin)
     call(gateway, "POST", "/v1/killswitch/scope", {"type": "tool", "id": "shell", "reason": "exfiltration"}, key=admin)
     call(gateway, "DELETE", "/v1/killswitch/scope/tool/shell", key=admin)
+    made = call(gateway, "POST", "/v1/api-keys", {"name": "ci", "role": "developer"}, expect=201, key=admin)["api_key"]
+    call(gateway, "DELETE", f"/v1/api-keys/{made['id']}", key=admin)
+    call(gateway, "DELETE", f"/v1/api-keys/{made['id']}", key=admin)
     call(gateway, "POST", "/v1/killswitch/activate", {"reason": "incident 42"}, key=admin)
     call(gateway, "POST", "/v1/killswitch/deactivate", key=admin)
     expected = ["audit.agent.lifecycle_changed", "audit.agent.lifecycle_changed", "audit.kill_switch.scope_activated",
-                "audit.kill_switch.scope_deactivated", "audit.kill_switch.activated", "audit.kill_switch.deactivated"]
+                "audit.kill_switch.scope_deactivated", "audit.kill_switch.activated", "audit.kill_switch.deactivated",
+                "audit.api_key.created", "audit.api_key.revoked"]
     activity = lambda: [event for event in events_of(hook) if event["event"] in expected]
     assert wait_for(lambda: len(activity()) >= len(expected)), [event["event"] for event in events_of(hook)]
     by_name = {}
@@ -204,3 +209,7 @@ def test_operators_actions_reach_the_siem(gateway, receiver):
     states = sorted((event["data"]["state"], event["severity"]) for event in by_name["audit.agent.lifecycle_changed"])
     assert states == [("active", 1), ("suspended", 3)], states
     assert all(event["data"]["subject"] == "watched" for event in by_name["audit.agent.lifecycle_changed"])
+    created, revoked = by_name["audit.api_key.created"], by_name["audit.api_key.revoked"]
+    assert len(created) == 1 and len(revoked) == 1, (created, revoked)
+    assert (created[0]["data"]["subject"], created[0]["data"]["role"], revoked[0]["severity"]) == (made["id"], "developer", 3)
+    assert made["key"] not in json.dumps(created) and made["prefix"] == revoked[0]["data"]["prefix"]

@@ -472,7 +472,7 @@ impl IdentityService for IdentityServiceImpl {
         Ok(ApiKeyList { keys })
     }
 
-    async fn revoke_api_key(&self, request: RevokeApiKeyRequest) -> ServiceResult<ApiKey> {
+    async fn revoke_api_key(&self, request: RevokeApiKeyRequest) -> ServiceResult<RevokedApiKey> {
         let revoked_now = self.store.revoke_api_key(&request.tenant_id, &request.key_id, &now_timestamp()).await.map_err(store_failure)?;
         let key = self.store.api_key(&request.tenant_id, &request.key_id).await.map_err(store_failure)?.ok_or_else(|| {
             ServiceError::not_found("api_key_not_found", format!("API key `{}` does not exist in this tenant", request.key_id))
@@ -482,7 +482,7 @@ impl IdentityService for IdentityServiceImpl {
             let revoked = events::ApiKeyRevoked { key_id: key.id.clone() };
             self.publish(&key.tenant_id, identity_event::Kind::ApiKeyRevoked(revoked)).await;
         }
-        Ok(key)
+        Ok(RevokedApiKey { key: Some(key), changed: revoked_now })
     }
 
     async fn list_tenants(&self, request: ListTenantsRequest) -> ServiceResult<TenantList> {

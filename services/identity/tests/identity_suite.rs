@@ -568,9 +568,12 @@ async fn keys_are_stored_hashed_and_authenticate_until_revoked(database: Databas
     let listed = harness.identity.list_api_keys(TenantRef { tenant_id: tenant_id(&response) }).await?;
     assert_eq!(listed.keys.len(), 2);
 
-    let revoked =
-        harness.identity.revoke_api_key(RevokeApiKeyRequest { tenant_id: tenant_id(&response), key_id: record.id.clone() }).await?;
-    assert!(revoked.revoked_at.is_some());
+    let revoke = || RevokeApiKeyRequest { tenant_id: tenant_id(&response), key_id: record.id.clone() };
+    let revoked = harness.identity.revoke_api_key(revoke()).await?;
+    assert!(revoked.changed && revoked.key.as_ref().is_some_and(|key| key.revoked_at.is_some()));
+    // Again: the same record, unchanged.
+    let repeated = harness.identity.revoke_api_key(revoke()).await?;
+    assert_eq!((repeated.changed, repeated.key), (false, revoked.key.clone()));
     let refused = harness.identity.authenticate(AuthenticateRequest { api_key: created.plaintext.clone() }).await;
     let refused = refused.err().ok_or("revoked key authenticated")?;
     assert_eq!((refused.kind, refused.reason.as_str()), (ErrorKind::Unauthenticated, "revoked_api_key"));

@@ -12,10 +12,10 @@ use serde_json::{Value, json};
 
 use brainstorm_providers::catalog::{base_url, provider_by_id};
 
-use crate::EdgeState;
 use crate::auth::Caller;
 use crate::extract::{JsonBody, OptionalJsonBody};
 use crate::views;
+use crate::{EdgeState, activity};
 
 type Answer = Result<Json<Value>, ApiError>;
 type Created = Result<(StatusCode, Json<Value>), ApiError>;
@@ -182,7 +182,11 @@ pub async fn create_api_key(
         creator_permissions: caller.identity.permissions.iter().cloned().collect(),
     };
     let created = state.identity.create_api_key(request).await?;
-    let mut key = views::api_key(&created.key.unwrap_or_default());
+    let record = created.key.unwrap_or_default();
+    let mut event = activity::activity(&record.tenant_id, "api_key.created", format!("key:{}", caller.identity.key_id), &record.id, 1);
+    event.data_json = json!({"name": record.name, "role": record.role, "prefix": record.prefix, "scopes": record.scopes}).to_string();
+    activity::announce(&state, event);
+    let mut key = views::api_key(&record);
     if let Some(object) = key.as_object_mut() {
         object.insert("key".to_string(), json!(created.plaintext));
     }
@@ -200,8 +204,17 @@ pub async fn list_api_keys(State(state): State<EdgeState>, caller: Caller) -> An
 /// `DELETE /v1/api-keys/{id}` (config.write): the key stops authenticating at once on this edge.
 pub async fn revoke_api_key(State(state): State<EdgeState>, caller: Caller, Path(key_id): Path<String>) -> Answer {
     caller.require("config.write")?;
-    let key = state.identity.revoke_api_key(RevokeApiKeyRequest { tenant_id: caller.tenant_id()?.to_string(), key_id }).await?;
+    let revoked = state.identity.revoke_api_key(RevokeApiKeyRequest { tenant_id: caller.tenant_id()?.to_string(), key_id }).await?;
+    let Some(key) = revoked.key else {
+        tracing::error!("identity answered a revocation without its key");
+        return Err(ApiError::internal());
+    };
     state.authenticator.evict_key(&key.id);
+    if revoked.changed {
+        let mut event = activity::activity(&key.tenant_id, "api_key.revoked", format!("key:{}", caller.identity.key_id), &key.id, 3);
+        event.data_json = json!({"name": key.name, "role": key.role, "prefix": key.prefix}).to_string();
+        activity::announce(&state, event);
+    }
     Ok(Json(json!({"revoked": true, "api_key": views::api_key(&key)})))
 }
 
