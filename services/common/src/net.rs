@@ -54,6 +54,34 @@ fn nat64_embedded(v6: Ipv6Addr) -> Option<Ipv4Addr> {
     })
 }
 
+/// Why a URL a tenant gave is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UrlRefusal {
+    #[error("not a URL")]
+    NotUrl,
+    #[error("not an http(s) URL")]
+    NotHttp,
+    #[error("no host")]
+    NoHost,
+    /// The host, as the URL writes it.
+    #[error("`{0}` is localhost or a private, loopback or link-local address")]
+    Private(String),
+}
+
+/// A URL a tenant gave (an MCP server, a guardrail endpoint, an observability destination): http(s)
+/// with a host that `is_private_host` does not flag, unless `allow_private` (the operator's switch).
+pub fn tenant_url(url: &str, allow_private: bool) -> Result<reqwest::Url, UrlRefusal> {
+    let parsed = reqwest::Url::parse(url).map_err(|_| UrlRefusal::NotUrl)?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(UrlRefusal::NotHttp);
+    }
+    let host = parsed.host_str().ok_or(UrlRefusal::NoHost)?;
+    if !allow_private && is_private_host(host) {
+        return Err(UrlRefusal::Private(host.to_string()));
+    }
+    Ok(parsed)
+}
+
 /// A resolver that hands the HTTP client only public addresses: a name that resolves to nothing
 /// else (a DNS name pointing at 127.0.0.1 or a cloud metadata address, an internal service name)
 /// fails to connect, so a tenant's URL cannot reach the gateway's network by a name either. The

@@ -7,6 +7,17 @@ use brainstorm_common::time::now_timestamp;
 use brainstorm_proto::observability::{ActivityEvent, FanoutEvents};
 
 use crate::EdgeState;
+use crate::auth::{AgentCaller, Caller};
+
+/// A key that acted, as activity events (and revocation records) name it: `key:<key id>`.
+pub fn key_actor(caller: &Caller) -> String {
+    format!("key:{}", caller.identity.key_id)
+}
+
+/// An agent that acted on its own behalf: `agent:<agent id>`.
+pub fn agent_actor(agent: &AgentCaller) -> String {
+    format!("agent:{}", agent.profile.agent_id)
+}
 
 /// An action `actor` (`key:<id>` or `agent:<id>`) took now on `subject`, at `severity` (1 to 5).
 pub fn activity(tenant_id: &str, action: &str, actor: String, subject: &str, severity: u32) -> ActivityEvent {

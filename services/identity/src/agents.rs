@@ -49,12 +49,16 @@ pub fn validated_agent_id(agent_id: &str) -> Result<&str, ServiceError> {
 }
 
 fn validated_text(field: &str, text: Option<&str>) -> Result<Option<String>, ServiceError> {
-    let Some(text) = text.map(str::trim) else { return Ok(None) };
-    if text.is_empty() {
-        return Ok(None);
-    }
-    if text.chars().count() > MAX_TEXT_CHARS || text.chars().any(char::is_control) {
-        return Err(ServiceError::invalid("invalid_field", format!("{field} must be at most {MAX_TEXT_CHARS} printable characters")));
+    bounded_text(text, MAX_TEXT_CHARS)
+        .map_err(|()| ServiceError::invalid("invalid_field", format!("{field} must be at most {MAX_TEXT_CHARS} printable characters")))
+}
+
+/// `text` trimmed (None when empty); Err when it is longer than `max_chars` or holds a control
+/// character.
+pub(crate) fn bounded_text(text: Option<&str>, max_chars: usize) -> Result<Option<String>, ()> {
+    let Some(text) = text.map(str::trim).filter(|text| !text.is_empty()) else { return Ok(None) };
+    if text.chars().count() > max_chars || text.chars().any(char::is_control) {
+        return Err(());
     }
     Ok(Some(text.to_string()))
 }

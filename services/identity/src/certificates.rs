@@ -39,11 +39,8 @@ pub fn with_status(mut certificate: AgentCertificate, now: &str) -> AgentCertifi
 
 /// A revocation reason: trimmed, printable, at most 256 characters; empty means none.
 pub fn validated_reason(reason: Option<&str>) -> Result<Option<String>, ServiceError> {
-    let Some(reason) = reason.map(str::trim).filter(|reason| !reason.is_empty()) else { return Ok(None) };
-    if reason.chars().count() > MAX_REASON_CHARS || reason.chars().any(char::is_control) {
-        return Err(ServiceError::invalid("invalid_reason", format!("reason must be at most {MAX_REASON_CHARS} printable characters")));
-    }
-    Ok(Some(reason.to_string()))
+    crate::agents::bounded_text(reason, MAX_REASON_CHARS)
+        .map_err(|()| ServiceError::invalid("invalid_reason", format!("reason must be at most {MAX_REASON_CHARS} printable characters")))
 }
 
 /// What a listing selects.
@@ -70,8 +67,8 @@ impl CertificateStore {
         CertificateStore { database }
     }
 
-    /// Records an issued certificate, and forgets the same agent's certificates that expired more
-    /// than `RETENTION_DAYS` before `prune_before`.
+    /// Records an issued certificate, and forgets the same agent's certificates that expired before
+    /// `prune_before` (the caller's `RETENTION_DAYS` ago).
     pub async fn record(&self, certificate: &AgentCertificate, prune_before: &str) -> Result<(), sqlx::Error> {
         let mut transaction = self.database.pool().begin().await?;
         sqlx::query(&format!("INSERT INTO agent_certificates ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"))

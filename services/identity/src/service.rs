@@ -1445,13 +1445,12 @@ impl IdentityService for IdentityServiceImpl {
             return Err(not_found());
         }
         let certificate = self.certificates.get(&serial).await.map_err(store_failure)?.filter(theirs).ok_or_else(not_found)?;
+        let now = now_timestamp();
         if certificate.revoked_at.is_some() {
-            let certificate = certificates::with_status(certificate, &now_timestamp());
-            return Ok(RevokedAgentCertificate { certificate: Some(certificate), changed: false });
+            return Ok(RevokedAgentCertificate { certificate: Some(certificates::with_status(certificate, &now)), changed: false });
         }
         // Of two concurrent revocations one writes (`changed`); the other reads what it wrote.
-        let changed =
-            self.certificates.revoke(&serial, &now_timestamp(), reason.as_deref(), &request.revoked_by).await.map_err(store_failure)?;
+        let changed = self.certificates.revoke(&serial, &now, reason.as_deref(), &request.revoked_by).await.map_err(store_failure)?;
         let certificate = self.certificates.get(&serial).await.map_err(store_failure)?.ok_or_else(not_found)?;
         if changed {
             tracing::info!(
@@ -1462,8 +1461,7 @@ impl IdentityService for IdentityServiceImpl {
                 "revoked an agent client certificate"
             );
         }
-        let certificate = certificates::with_status(certificate, &now_timestamp());
-        Ok(RevokedAgentCertificate { certificate: Some(certificate), changed })
+        Ok(RevokedAgentCertificate { certificate: Some(certificates::with_status(certificate, &now)), changed })
     }
 }
 

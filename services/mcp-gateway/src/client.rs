@@ -64,8 +64,8 @@ pub struct McpClient {
 }
 
 impl McpClient {
-    /// A client whose every operation (a whole session) ends within `timeout`; it follows no
-    /// redirect and, unless `allow_private` (`BR_MCP_ALLOW_PRIVATE_URLS`), connects to no name that
+    /// A client whose every operation (a whole session) ends within `timeout`; it follows redirects
+    /// only within one origin and, unless `allow_private` (`BR_MCP_ALLOW_PRIVATE_URLS`), connects to no name that
     /// resolves only to private addresses (`common::net::tenant_http_client`).
     pub fn new(timeout: Duration, allow_private: bool) -> McpClient {
         let http = brainstorm_common::net::tenant_http_client(allow_private).build().unwrap_or_default();

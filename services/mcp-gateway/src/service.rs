@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use brainstorm_common::net::UrlRefusal;
 use brainstorm_common::store::{Database, is_unique_violation};
 use brainstorm_common::time::now_timestamp;
 use brainstorm_proto::mcp::*;
@@ -178,16 +179,13 @@ fn validate_transport(transport: &str) -> ServiceResult<String> {
 }
 
 fn validate_url(url: &str, allow_private: bool) -> ServiceResult<String> {
-    let parsed = match reqwest::Url::parse(url.trim()) {
-        Ok(parsed) if matches!(parsed.scheme(), "http" | "https") && parsed.host().is_some() => parsed,
-        _ => return Err(invalid(format!("url `{url}` is not an http(s) URL"))),
-    };
-    if !allow_private && brainstorm_common::net::is_private_host(parsed.host_str().unwrap_or_default()) {
-        return Err(invalid(format!(
+    match brainstorm_common::net::tenant_url(url.trim(), allow_private) {
+        Ok(parsed) => Ok(parsed.to_string()),
+        Err(UrlRefusal::Private(_)) => Err(invalid(format!(
             "url `{url}` is a private, loopback or link-local address; the operator allows those with BR_MCP_ALLOW_PRIVATE_URLS"
-        )));
+        ))),
+        Err(_) => Err(invalid(format!("url `{url}` is not an http(s) URL"))),
     }
-    Ok(parsed.to_string())
 }
 
 fn validate_allowed_keys(keys: Vec<String>) -> ServiceResult<Vec<String>> {

@@ -2,13 +2,16 @@
 //! `Egress`, which refuses a URL whose host is `localhost` or a private, loopback, link-local or
 //! unspecified address unless the operator allows those (`BR_OBSERVABILITY_ALLOW_PRIVATE_URLS`),
 //! and whose client follows redirects only within one origin (a public destination must not
-//! bounce the gateway's request into its network). The rule is applied to the URL a request is finally built with, so
-//! members that only name part of it (an S3 bucket and region, a Datadog site) are judged too, and a
-//! destination saved while the operator allowed private addresses stops once they no longer do.
+//! bounce the gateway's request into its network). The rule is applied to the URL a request is
+//! finally built with, so members that only name part of it (an S3 bucket and region, a Datadog
+//! site) are judged too, and a destination saved while the operator allowed private addresses
+//! stops once they no longer do.
 //! Names are judged when the client resolves them (`common::net::tenant_http_client`), as for MCP
 //! servers and guardrail endpoints.
 
 use std::time::Duration;
+
+use brainstorm_common::net::{UrlRefusal, tenant_url};
 
 use crate::formats::HttpRequest;
 
@@ -56,21 +59,19 @@ impl Egress {
     /// Whether a request may go to `url`: an http(s) URL with a host that is public, or any host
     /// when private ones are allowed.
     pub fn permits(&self, url: &str) -> Result<(), String> {
-        let parsed = reqwest::Url::parse(url).map_err(|_| "the destination's URL is not a URL".to_string())?;
-        if !matches!(parsed.scheme(), "http" | "https") {
-            return Err("the destination's URL must be http(s)".to_string());
-        }
-        let host = parsed.host_str().ok_or("the destination's URL has no host")?;
-        if !self.allow_private && brainstorm_common::net::is_private_host(host) {
-            return Err(format!(
+        match tenant_url(url, self.allow_private) {
+            Ok(_) => Ok(()),
+            Err(UrlRefusal::NotUrl) => Err("the destination's URL is not a URL".to_string()),
+            Err(UrlRefusal::NotHttp) => Err("the destination's URL must be http(s)".to_string()),
+            Err(UrlRefusal::NoHost) => Err("the destination's URL has no host".to_string()),
+            Err(UrlRefusal::Private(host)) => Err(format!(
                 "the destination's host `{host}` is localhost or a private, loopback or link-local address; the operator allows those with BR_OBSERVABILITY_ALLOW_PRIVATE_URLS"
-            ));
+            )),
         }
-        Ok(())
     }
 
-    /// Sends one request; Ok when the destination answered 2xx (a redirect is not followed and
-    /// counts as a refusal).
+    /// Sends one request; Ok when the destination answered 2xx (a redirect to another origin is
+    /// not followed and counts as a refusal).
     pub async fn send(&self, request: HttpRequest) -> Result<(), SendError> {
         self.permits(&request.url).map_err(SendError::permanent)?;
         let method = reqwest::Method::from_bytes(request.method.as_bytes()).map_err(|error| SendError::permanent(error.to_string()))?;

@@ -101,7 +101,7 @@ impl PolicyFirewallServiceImpl {
     /// The service over a migrated database, publishing its changes on `bus`.
     pub fn new(database: Database, bus: Arc<dyn EventBus>, options: PolicyFirewallOptions) -> Self {
         let liaison_key = options.master_key.as_ref().map(|key| LiaisonKey::new(key.liaison_secret()));
-        // Guardrail endpoints are tenants' URLs: no redirects, and names resolving inward refused.
+        // Guardrail endpoints are tenants' URLs: redirects within one origin only, names resolving inward refused.
         let http = brainstorm_common::net::tenant_http_client(options.allow_private_endpoints).build().unwrap_or_default();
         PolicyFirewallServiceImpl {
             liaison: LiaisonService::new(database.clone(), liaison_key, options.clock.clone()),

@@ -91,7 +91,7 @@ pub async fn revoke(
         serial,
         agent_id: None,
         reason: body.reason,
-        revoked_by: format!("key:{}", caller.identity.key_id),
+        revoked_by: activity::key_actor(&caller),
     };
     revoked(&state, request).await
 }
@@ -126,7 +126,7 @@ pub async fn revoke_mine(
         serial,
         agent_id: Some(agent.profile.agent_id.clone()),
         reason: body.reason,
-        revoked_by: format!("agent:{}", agent.profile.agent_id),
+        revoked_by: activity::agent_actor(&agent),
     };
     revoked(&state, request).await
 }

@@ -525,8 +525,7 @@ pub async fn exchange_certificate(
         lifetime_seconds,
     };
     let issued = state.identity.issue_agent_certificate(request).await?;
-    let mut event =
-        activity::activity(&agent.tenant.id, "agent_certificate.issued", format!("agent:{}", agent.profile.agent_id), &issued.serial, 1);
+    let mut event = activity::activity(&agent.tenant.id, "agent_certificate.issued", activity::agent_actor(&agent), &issued.serial, 1);
     event.data_json = agent_certificates::certificate_data(&agent.profile.agent_id, &issued.fingerprint_sha256, &issued.not_after);
     activity::announce(&state, event);
     let answer = json!({

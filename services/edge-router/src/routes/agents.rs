@@ -202,8 +202,8 @@ pub async fn lifecycle(
     state.authenticator.evict_agent(&profile.tenant_id, &profile.agent_id);
     // Stopping an agent (quarantine, suspension, termination) weighs more than starting one.
     let severity = if profile.lifecycle_state == "active" { 1 } else { 3 };
-    let actor = format!("key:{}", caller.identity.key_id);
-    let mut event = activity::activity(&profile.tenant_id, "agent.lifecycle_changed", actor, &profile.agent_id, severity);
+    let mut event =
+        activity::activity(&profile.tenant_id, "agent.lifecycle_changed", activity::key_actor(&caller), &profile.agent_id, severity);
     event.data_json = json!({"state": profile.lifecycle_state}).to_string();
     activity::announce(&state, event);
     Ok(Json(json!({"profile": views::agent_profile(&profile)})))

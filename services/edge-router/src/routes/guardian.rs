@@ -37,11 +37,6 @@ async fn refresh_gate(state: &EdgeState, tenant_id: &str) {
     }
 }
 
-/// The key that acted, as activity events name it.
-fn actor(caller: &Caller) -> String {
-    format!("key:{}", caller.identity.key_id)
-}
-
 fn render<T: serde::Serialize>(message: &T) -> Answer {
     serde_json::to_value(message).map(Json).map_err(|error| {
         tracing::error!(%error, "cannot render a guardian answer");
@@ -72,7 +67,7 @@ pub async fn activate(State(state): State<EdgeState>, caller: Caller, JsonBody(b
         })
         .await?;
     refresh_gate(&state, &tenant_id).await;
-    let mut event = activity::activity(&tenant_id, "kill_switch.activated", actor(&caller), &tenant_id, 5);
+    let mut event = activity::activity(&tenant_id, "kill_switch.activated", activity::key_actor(&caller), &tenant_id, 5);
     event.reason = status.reason.clone().unwrap_or_default();
     activity::announce(&state, event);
     Ok(Json(
@@ -92,7 +87,7 @@ pub async fn deactivate(State(state): State<EdgeState>, caller: Caller) -> Answe
         })
         .await?;
     refresh_gate(&state, &tenant_id).await;
-    activity::announce(&state, activity::activity(&tenant_id, "kill_switch.deactivated", actor(&caller), &tenant_id, 3));
+    activity::announce(&state, activity::activity(&tenant_id, "kill_switch.deactivated", activity::key_actor(&caller), &tenant_id, 3));
     Ok(Json(json!({"ok": true, "active": false, "deactivated_at": status.deactivated_at})))
 }
 
@@ -127,7 +122,7 @@ pub async fn activate_scope(State(state): State<EdgeState>, caller: Caller, Json
     let scope = state.policy.activate_scope(request).await?;
     refresh_gate(&state, &tenant_id).await;
     let subject = format!("{}:{}", scope.r#type, scope.id);
-    let mut event = activity::activity(&tenant_id, "kill_switch.scope_activated", actor(&caller), &subject, 4);
+    let mut event = activity::activity(&tenant_id, "kill_switch.scope_activated", activity::key_actor(&caller), &subject, 4);
     event.reason = scope.reason.clone();
     activity::announce(&state, event);
     Ok(Json(json!({"ok": true, "type": scope.r#type, "id": scope.id, "reason": scope.reason})))
@@ -147,7 +142,7 @@ pub async fn deactivate_scope(State(state): State<EdgeState>, caller: Caller, Pa
     let scope = state.policy.deactivate_scope(ScopeRef { tenant_id: tenant_id.clone(), r#type: kind, id }).await?;
     refresh_gate(&state, &tenant_id).await;
     let subject = format!("{}:{}", scope.r#type, scope.id);
-    activity::announce(&state, activity::activity(&tenant_id, "kill_switch.scope_deactivated", actor(&caller), &subject, 3));
+    activity::announce(&state, activity::activity(&tenant_id, "kill_switch.scope_deactivated", activity::key_actor(&caller), &subject, 3));
     Ok(Json(json!({"ok": true, "type": scope.r#type, "id": scope.id})))
 }
 

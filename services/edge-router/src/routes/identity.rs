@@ -183,7 +183,7 @@ pub async fn create_api_key(
     };
     let created = state.identity.create_api_key(request).await?;
     let record = created.key.unwrap_or_default();
-    let mut event = activity::activity(&record.tenant_id, "api_key.created", format!("key:{}", caller.identity.key_id), &record.id, 1);
+    let mut event = activity::activity(&record.tenant_id, "api_key.created", activity::key_actor(&caller), &record.id, 1);
     event.data_json = json!({"name": record.name, "role": record.role, "prefix": record.prefix, "scopes": record.scopes}).to_string();
     activity::announce(&state, event);
     let mut key = views::api_key(&record);
@@ -211,7 +211,7 @@ pub async fn revoke_api_key(State(state): State<EdgeState>, caller: Caller, Path
     };
     state.authenticator.evict_key(&key.id);
     if revoked.changed {
-        let mut event = activity::activity(&key.tenant_id, "api_key.revoked", format!("key:{}", caller.identity.key_id), &key.id, 3);
+        let mut event = activity::activity(&key.tenant_id, "api_key.revoked", activity::key_actor(&caller), &key.id, 3);
         event.data_json = json!({"name": key.name, "role": key.role, "prefix": key.prefix}).to_string();
         activity::announce(&state, event);
     }

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use brainstorm_common::net::UrlRefusal;
 use brainstorm_proto::policy::{GuardrailTemplate, ResultMapping};
 use serde_json::{Value, json};
 
@@ -90,16 +91,13 @@ pub fn resolve_mapping(template: &str, custom: Option<&ResultMapping>) -> Result
 /// tenant must not make the service call into its own network). Host names are judged when the
 /// service's client resolves them (`common::net::tenant_http_client`).
 pub fn validate_endpoint(endpoint: &str, allow_private: bool) -> Result<(), String> {
-    let url = reqwest::Url::parse(endpoint).map_err(|_| format!("endpoint `{endpoint}` is not a URL"))?;
-    if url.scheme() != "https" && url.scheme() != "http" {
-        return Err("the endpoint must be an http:// or https:// URL".to_string());
+    match brainstorm_common::net::tenant_url(endpoint, allow_private) {
+        Ok(_) => Ok(()),
+        Err(UrlRefusal::NotUrl) => Err(format!("endpoint `{endpoint}` is not a URL")),
+        Err(UrlRefusal::NotHttp) => Err("the endpoint must be an http:// or https:// URL".to_string()),
+        Err(UrlRefusal::NoHost) => Err("the endpoint has no host".to_string()),
+        Err(UrlRefusal::Private(_)) => Err("the endpoint must not be a private, loopback or link-local address".to_string()),
     }
-    let host = url.host_str().ok_or("the endpoint has no host")?;
-    if allow_private {
-        return Ok(());
-    }
-    let private = brainstorm_common::net::is_private_host(host);
-    if private { Err("the endpoint must not be a private, loopback or link-local address".to_string()) } else { Ok(()) }
 }
 
 /// A compiled result mapping.
