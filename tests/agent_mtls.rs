@@ -3,7 +3,9 @@
 //! `POST /v1/agent/auth/cert` (its own CSR, or a key the CA makes), then reads itself with nothing
 //! but that certificate in the TLS handshake, renews it, and loses it with its profile. Forged
 //! certificates, API-key routes, delegation and bootstrap refuse it. Operators list and revoke
-//! issued certificates one by one, and so does an agent its own.
+//! issued certificates one by one, and so does an agent its own. Behind an ingress that terminates
+//! TLS, the certificate a trusted proxy forwards (Envoy's `x-forwarded-client-cert`) works the same
+//! way, and from any other peer the header is ignored.
 
 use std::path::Path;
 
@@ -16,7 +18,8 @@ type TestResult = anyhow::Result<()>;
 
 brainstorm_e2e::in_both_shapes!(
     agents_authenticate_with_client_certificates_the_gateway_issued,
-    one_certificate_is_revoked_while_the_agents_others_keep_working
+    one_certificate_is_revoked_while_the_agents_others_keep_working,
+    certificates_forwarded_by_a_trusted_proxy_authenticate_agents
 );
 
 /// The listener is the same code in both shapes: one shape shows the rotation.
@@ -331,6 +334,88 @@ async fn one_certificate_is_revoked_while_the_agents_others_keep_working(shape: 
     assert_eq!(status.status, 200, "{}", status.text);
     let sibling = gateway.call(Method::GET, "/v1/agent/certificates?agent_id=sibling&status=active", Some(&admin), None).await?;
     assert_eq!(serials(&sibling), vec![active(&sibling_serial)], "{}", sibling.text);
+    Ok(())
+}
+
+/// Percent-encoded as Envoy writes `Cert` (and nginx `$ssl_client_escaped_cert`).
+fn escaped(text: &str) -> String {
+    text.bytes()
+        .map(
+            |byte| {
+                if byte.is_ascii_alphanumeric() || b"-_.~".contains(&byte) { (byte as char).to_string() } else { format!("%{byte:02X}") }
+            },
+        )
+        .collect()
+}
+
+async fn certificates_forwarded_by_a_trusted_proxy_authenticate_agents(shape: Shape) -> TestResult {
+    // Plain HTTP behind an Envoy (or Istio) ingress that verified the client's certificate in its
+    // handshake; only the ingress's address (127.0.0.1 here) is trusted to say so.
+    let env = [("BR_CLIENT_CERT_HEADER", "X-Forwarded-Client-Cert"), ("BR_CLIENT_CERT_TRUSTED_PROXIES", "127.0.0.1/32, fd00::/8")];
+    let gateway = Gateway::start_with(shape, &env).await?;
+    let (admin, _) = gateway.register("Forwarded Co").await?;
+    let boot = gateway.call(Method::POST, "/v1/agent/bootstrap", Some(&admin), Some(json!({"agent_id": "scout"}))).await?;
+    assert_eq!(boot.status, 201, "{}", boot.text);
+    let jwt = boot.body["jwt"].as_str().unwrap_or_default().to_string();
+    let issued = gateway.call(Method::POST, "/v1/agent/auth/cert", Some(&jwt), None).await?;
+    assert_eq!(issued.status, 201, "{}", issued.text);
+    assert_eq!(issued.body["mtls_available"], true, "certificates reach this edge through the proxy");
+    let certificate = issued.body["certificate"].as_str().unwrap_or_default().to_string();
+    let serial = issued.body["serial"].as_str().unwrap_or_default().to_string();
+    let spiffe_id = issued.body["spiffe_id"].as_str().unwrap_or_default().to_string();
+    let config = gateway.call(Method::GET, "/v1/config", Some(&admin), None).await?;
+    assert_eq!(config.body["gateway"]["forwarded_client_certificate_header"], "x-forwarded-client-cert", "{}", config.text);
+
+    let from = |address: [u8; 4]| reqwest::Client::builder().local_address(std::net::IpAddr::from(address)).build();
+    let (proxy, stranger) = (from([127, 0, 0, 1])?, from([127, 0, 0, 2])?);
+    let xfcc = |pem: &str| {
+        format!("By=spiffe://cluster.local/ns/ai/sa/brainstorm;Hash=00;Cert=\"{}\";Subject=\"CN=scout,O=x\";URI={spiffe_id}", escaped(pem))
+    };
+    let forwarded = |client: &reqwest::Client, method: Method, path: &str, value: String, bearer: Option<&str>| {
+        let mut request = client.request(method, format!("{}{path}", gateway.base_url)).header("x-forwarded-client-cert", value);
+        if let Some(bearer) = bearer {
+            request = request.bearer_auth(bearer);
+        }
+        async move { Reply::read(request.send().await?).await }
+    };
+
+    // From the proxy, the forwarded certificate is the agent's credential.
+    let me = forwarded(&proxy, Method::GET, "/v1/self", xfcc(&certificate), None).await?;
+    assert_eq!(me.status, 200, "{}", me.text);
+    assert_eq!((&me.body["auth_method"], &me.body["agent_id"]), (&json!("mtls"), &json!("scout")), "{}", me.text);
+    let status = forwarded(&proxy, Method::GET, "/v1/agent/status", xfcc(&certificate), None).await?;
+    assert_eq!(status.status, 200, "{}", status.text);
+    // Appended by an outer proxy first: the nearest proxy's element (the last) counts.
+    let appended = format!("Hash=11;Subject=\"CN=outer\",{}", xfcc(&certificate));
+    assert_eq!(forwarded(&proxy, Method::GET, "/v1/agent/status", appended, None).await?.status, 200);
+    // From any other peer the same header is a forgery: ignored.
+    let stranger_reply = forwarded(&stranger, Method::GET, "/v1/self", xfcc(&certificate), None).await?;
+    assert_eq!((stranger_reply.status, code(&stranger_reply)), (401, "agent_token_required"), "{}", stranger_reply.text);
+    // The proxy vouches for the handshake, not for the certificate: identity still judges it.
+    let forger_key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
+    let mut forged = CertificateParams::default();
+    forged.subject_alt_names = vec![SanType::URI(spiffe_id.clone().try_into()?)];
+    forged.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let forged = forged.self_signed(&forger_key)?;
+    let refused = forwarded(&proxy, Method::GET, "/v1/agent/status", xfcc(&forged.pem()), None).await?;
+    assert_eq!((refused.status, code(&refused)), (401, "invalid_agent_certificate"), "{}", refused.text);
+    // An element without the certificate itself (Envoy not told to forward it) is no credential.
+    let hash_only = forwarded(&proxy, Method::GET, "/v1/agent/status", "Hash=00;Subject=\"CN=scout\"".to_string(), None).await?;
+    assert_eq!((hash_only.status, code(&hash_only)), (401, "agent_token_required"), "{}", hash_only.text);
+    // As with a handshake certificate: bootstrap wants a tenant key, delegation the JWT, and a
+    // bearer credential wins.
+    let bootstrap = forwarded(&proxy, Method::POST, "/v1/agent/bootstrap", xfcc(&certificate), None).await?;
+    assert_eq!((bootstrap.status, code(&bootstrap)), (403, "api_key_required"), "{}", bootstrap.text);
+    let children = forwarded(&proxy, Method::GET, "/v1/agent/sub-agents", xfcc(&certificate), None).await?;
+    assert_eq!((children.status, code(&children)), (403, "agent_jwt_required"), "{}", children.text);
+    let by_jwt = forwarded(&proxy, Method::GET, "/v1/agent/sub-agents", xfcc(&certificate), Some(&jwt)).await?;
+    assert_eq!(by_jwt.status, 200, "{}", by_jwt.text);
+
+    // Revoked: refused however it arrives.
+    let revoked = gateway.call(Method::POST, &format!("/v1/agent/certificates/{serial}/revoke"), Some(&admin), None).await?;
+    assert_eq!(revoked.status, 200, "{}", revoked.text);
+    let after = forwarded(&proxy, Method::GET, "/v1/agent/status", xfcc(&certificate), None).await?;
+    assert_eq!((after.status, code(&after)), (401, "agent_certificate_revoked"), "{}", after.text);
     Ok(())
 }
 

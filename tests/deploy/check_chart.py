@@ -497,6 +497,27 @@ def check_operator_variants(chart: helm.Chart, kube_version: str) -> None:
         raise CheckFailed("the operator rendered without the policy-firewall it calls")
 
 
+def check_forwarded_client_certificates(chart: helm.Chart, kube_version: str) -> None:
+    """services.edge-router.clientCertificates: the header and the trusted proxies reach the edge
+    only; a header without proxies does not render."""
+    forwarded = {"header": "ssl-client-cert", "trustedProxies": ["10.2.0.0/16", "10.3.0.7"]}
+    rendered = render(chart, "forwarded client certificates", {"services": {"edge-router": {"clientCertificates": forwarded}}})
+    check_kubernetes_schemas(rendered, kube_version)
+    spec = container(rendered.one("Deployment", fullname("edge-router")))
+    got = (env_value(spec, "BR_CLIENT_CERT_HEADER"), env_value(spec, "BR_CLIENT_CERT_TRUSTED_PROXIES"))
+    expect(got == ("ssl-client-cert", "10.2.0.0/16,10.3.0.7"), f"edge-router forwarded-certificate settings {got}")
+    identity = container(rendered.one("Deployment", fullname("identity")))
+    expect(env_value(identity, "BR_CLIENT_CERT_HEADER") is None, "only the edge-router reads forwarded certificates")
+    default_edge = container(render(chart, "default", {}).one("Deployment", fullname("edge-router")))
+    expect(env_value(default_edge, "BR_CLIENT_CERT_HEADER") is None, "forwarded certificates are off by default")
+    try:
+        render(chart, "header without proxies", {"services": {"edge-router": {"clientCertificates": {"header": "ssl-client-cert"}}}})
+    except helm.HelmError as error:
+        expect("trustedProxies" in str(error), f"the refusal does not name trustedProxies: {error}")
+    else:
+        raise CheckFailed("a forwarded-certificate header rendered without the proxies trusted to send it")
+
+
 def check_crds(kube_version: str) -> None:
     """The chart installs manifests/crds.yaml; both are valid CRDs, and their schemas take the samples."""
     import jsonschema
@@ -547,6 +568,8 @@ def check_schema_rejects(chart: helm.Chart) -> None:
         ({"replicaCount": 3}, "replicaCount"),
         ({"operator": {"watchNamespace": "Team A"}}, "watchNamespace"),
         ({"operator": {"resyncSeconds": 0}}, "resyncSeconds"),
+        ({"services": {"edge-router": {"clientCertificates": {"header": "ssl client cert"}}}}, "header"),
+        ({"services": {"edge-router": {"clientCertificates": {"proxies": ["10.0.0.1"]}}}}, "proxies"),
     ]
     accepted = []
     for values, what in bad_values:
@@ -621,6 +644,7 @@ def main() -> int:
         checker.check("production: migrate Job reads the existing Secret", lambda: check_migrate_job(production, existing))
     checker.check("a service is one values entry (observability-fanout changed, then disabled)", lambda: check_third_service(chart, kube_version))
     checker.check("the operator watching one namespace (Role), disabled, and refused without policy-firewall", lambda: check_operator_variants(chart, kube_version))
+    checker.check("forwarded client certificates reach the edge-router, and need trusted proxies", lambda: check_forwarded_client_certificates(chart, kube_version))
     checker.check("CRDs: chart crds/ = manifests/crds.yaml, valid, samples accepted, broken specs refused", lambda: check_crds(kube_version))
     checker.check("values.schema.json rejects bad values", lambda: check_schema_rejects(chart))
     chart.close()

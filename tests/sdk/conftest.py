@@ -102,6 +102,8 @@ def gateway(request):
     # MCP servers and observability receivers in these tests listen on 127.0.0.1, which a production
     # gateway refuses by default.
     env = dict(os.environ, RUST_LOG="warn", BR_MCP_ALLOW_PRIVATE_URLS="true", BR_OBSERVABILITY_ALLOW_PRIVATE_URLS="true")
+    # A test module's own settings for every process (GATEWAY_ENV, a dict), e.g. an ingress's.
+    env.update(getattr(request.module, "GATEWAY_ENV", {}))
     spawn("mock", [binary("BR_MOCK_UPSTREAM"), "--listen", f"127.0.0.1:{mock_port}", "--valid-key", OPENAI_KEY, "--valid-key", ANTHROPIC_KEY], {})
     mock_url = f"http://127.0.0.1:{mock_port}"
     env.update(

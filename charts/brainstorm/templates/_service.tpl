@@ -87,6 +87,14 @@ app.kubernetes.io/component: {{ .name }}
 - name: BR_TLS_KEY_FILE
   value: /etc/brainstorm/tls/tls.key
 {{- end }}
+{{- with ($svc.clientCertificates | default dict) }}
+{{- if .header }}
+- name: BR_CLIENT_CERT_HEADER
+  value: {{ .header | quote }}
+- name: BR_CLIENT_CERT_TRUSTED_PROXIES
+  value: {{ required "services.edge-router.clientCertificates.trustedProxies must name the proxies trusted to forward client certificates" (join "," (.trustedProxies | default list)) | quote }}
+{{- end }}
+{{- end }}
 {{- with $values.config.extraEnv }}
 {{ toYaml . }}
 {{- end }}

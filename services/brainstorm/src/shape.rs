@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use axum::Router;
 use axum::routing::get;
-use axum::serve::ListenerExt;
+use axum::serve::{ListenerExt, TapIo};
 use brainstorm_audit_lineage::{
     ArtifactSigner, AuditLineageOptions, AuditLineageServiceImpl, AuditPublisher, PublisherOptions, spawn_audit_consumer,
 };
@@ -738,6 +738,7 @@ async fn serve_edge(settings: &Settings, dependencies: EdgeDependencies, bus: Ar
         sentinel_interval: settings.sentinel_interval,
         xdr_bidirectional: settings.xdr_bidirectional,
         serves_tls: settings.tls.is_some(),
+        forwarded_certificates: settings.forwarded_client_certificates.clone(),
         idp: settings.idp.clone(),
         dashboard_url: settings.dashboard_url.clone(),
         stopping: shutdown.watch(),
@@ -749,6 +750,11 @@ async fn serve_edge(settings: &Settings, dependencies: EdgeDependencies, bus: Ar
     };
     let result = match &settings.tls {
         Some(files) => crate::tls::serve_https(settings.listen, edge.router.clone(), files, shutdown).await,
+        // Forwarded certificates are trusted by the peer's address, which the plain listener then
+        // puts on every request.
+        None if settings.forwarded_client_certificates.is_some() => {
+            serve_http_with_peers(settings.listen, edge.router.clone(), shutdown).await
+        }
         None => serve_http(settings.listen, edge.router.clone(), shutdown).await,
     };
     follower.abort();
@@ -798,15 +804,33 @@ async fn serve_health_only(listen: std::net::SocketAddr, shutdown: Shutdown) -> 
 }
 
 async fn serve_http(listen: std::net::SocketAddr, router: Router, shutdown: Shutdown) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
-    let listener = listener.tap_io(|stream| {
-        // Without it, small responses on a reused connection wait for the peer's delayed ack.
-        if let Err(error) = stream.set_nodelay(true) {
-            tracing::debug!(%error, "cannot set TCP_NODELAY");
-        }
-    });
-    tracing::info!(address = %listen, "serving REST");
+    let listener = rest_listener(listen).await?;
     axum::serve(listener, router).with_graceful_shutdown(shutdown.requested()).await.context("REST server failed")?;
     tracing::info!(address = %listen, "REST server stopped");
     Ok(())
+}
+
+/// `serve_http`, with each connection's peer address (`ConnectInfo<SocketAddr>`) on its requests.
+async fn serve_http_with_peers(listen: std::net::SocketAddr, router: Router, shutdown: Shutdown) -> anyhow::Result<()> {
+    let listener = rest_listener(listen).await?;
+    axum::serve(listener, router.into_make_service_with_connect_info::<std::net::SocketAddr>())
+        .with_graceful_shutdown(shutdown.requested())
+        .await
+        .context("REST server failed")?;
+    tracing::info!(address = %listen, "REST server stopped");
+    Ok(())
+}
+
+/// The REST address bound, TCP_NODELAY on every accepted connection.
+async fn rest_listener(listen: std::net::SocketAddr) -> anyhow::Result<TapIo<tokio::net::TcpListener, fn(&mut tokio::net::TcpStream)>> {
+    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
+    tracing::info!(address = %listen, "serving REST");
+    Ok(listener.tap_io(set_nodelay))
+}
+
+/// Without it, small responses on a reused connection wait for the peer's delayed ack.
+fn set_nodelay(stream: &mut tokio::net::TcpStream) {
+    if let Err(error) = stream.set_nodelay(true) {
+        tracing::debug!(%error, "cannot set TCP_NODELAY");
+    }
 }

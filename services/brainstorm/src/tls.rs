@@ -80,6 +80,8 @@ pub async fn serve_https(listen: std::net::SocketAddr, router: Router, files: &T
                 if let Some(certificate) = &certificate {
                     request.extensions_mut().insert(certificate.clone());
                 }
+                // The peer, for a trusted proxy's forwarded certificates.
+                request.extensions_mut().insert(axum::extract::ConnectInfo(peer));
                 request
             });
             let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), TowerToHyperService::new(service));

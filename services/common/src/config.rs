@@ -188,6 +188,10 @@ pub struct ConfigLayer {
     /// The REST listener's TLS certificate chain and key (see `Settings::tls`).
     pub tls_cert_file: Option<PathBuf>,
     pub tls_key_file: Option<PathBuf>,
+    /// The header a TLS-terminating proxy forwards clients' certificates in, and the proxies
+    /// trusted to send it (see `Settings::forwarded_client_certificates`).
+    pub client_cert_header: Option<String>,
+    pub client_cert_trusted_proxies: Option<String>,
     pub otel_exporter_otlp_endpoint: Option<String>,
     pub public_url: Option<String>,
     pub dashboard_url: Option<String>,
@@ -261,6 +265,8 @@ impl ConfigLayer {
             idp_jwks_file: text("BR_IDP_JWKS_FILE").map(PathBuf::from),
             tls_cert_file: text("BR_TLS_CERT_FILE").map(PathBuf::from),
             tls_key_file: text("BR_TLS_KEY_FILE").map(PathBuf::from),
+            client_cert_header: text("BR_CLIENT_CERT_HEADER"),
+            client_cert_trusted_proxies: text("BR_CLIENT_CERT_TRUSTED_PROXIES"),
             otel_exporter_otlp_endpoint: text("OTEL_EXPORTER_OTLP_ENDPOINT"),
             public_url: text("BR_PUBLIC_URL"),
             dashboard_url: text("BR_DASHBOARD_URL"),
@@ -339,6 +345,8 @@ impl ConfigLayer {
             idp_jwks_file,
             tls_cert_file,
             tls_key_file,
+            client_cert_header,
+            client_cert_trusted_proxies,
             otel_exporter_otlp_endpoint,
             public_url,
             dashboard_url,
@@ -397,6 +405,17 @@ pub struct TlsFiles {
     pub private_key: PathBuf,
 }
 
+/// Client certificates a TLS-terminating proxy (an ingress controller, a mesh sidecar) verified
+/// and forwards in a header, and the peers trusted to send that header: from any other peer the
+/// header is ignored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForwardedClientCertificates {
+    /// The header's name, lower case (`x-forwarded-client-cert` is read as Envoy's format).
+    pub header: String,
+    /// The proxies' addresses: never empty.
+    pub trusted_proxies: Vec<crate::net::AddressRange>,
+}
+
 /// Validated settings, shared read-only by every service of the process.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -424,6 +443,9 @@ pub struct Settings {
     /// When set, the REST listener speaks HTTPS with this certificate chain and key (PEM files)
     /// and accepts agent client certificates (mTLS); otherwise plain HTTP.
     pub tls: Option<TlsFiles>,
+    /// Agent client certificates forwarded by a trusted proxy (`BR_CLIENT_CERT_HEADER`,
+    /// `BR_CLIENT_CERT_TRUSTED_PROXIES`), for an edge behind an ingress that terminates TLS.
+    pub forwarded_client_certificates: Option<ForwardedClientCertificates>,
     pub otel_exporter_otlp_endpoint: Option<String>,
     /// The gateway's public base URL (`{base_url}` of the spec).
     pub public_url: String,
@@ -599,6 +621,8 @@ impl Settings {
                 ));
             }
         };
+        let forwarded_client_certificates =
+            forwarded_client_certificates(layer.client_cert_header.as_deref(), layer.client_cert_trusted_proxies.as_deref())?;
         Ok(Settings {
             listen,
             grpc_listen,
@@ -616,6 +640,7 @@ impl Settings {
             xdr_bidirectional: layer.xdr_bidirectional.unwrap_or(false),
             idp,
             tls,
+            forwarded_client_certificates,
             otel_exporter_otlp_endpoint: layer.otel_exporter_otlp_endpoint,
             public_url,
             dashboard_url,
@@ -681,6 +706,51 @@ fn parse_address(setting: &str, value: &str) -> Result<SocketAddr, ConfigError> 
     value.parse().map_err(|_| ConfigError::new(setting, format!("`{value}` is not a socket address such as 127.0.0.1:8080")))
 }
 
+/// Headers that carry the caller's own credentials or frame the message: never a forwarded certificate.
+const RESERVED_HEADERS: &[&str] = &["authorization", "x-api-key", "cookie", "host", "content-length", "content-type", "transfer-encoding"];
+
+/// The forwarded-certificate settings: both or neither; a header name that is an HTTP token and
+/// not a credential header; one or more comma-separated addresses or CIDR blocks.
+fn forwarded_client_certificates(header: Option<&str>, proxies: Option<&str>) -> Result<Option<ForwardedClientCertificates>, ConfigError> {
+    let (header, proxies) = match (header, proxies) {
+        (None, None) => return Ok(None),
+        (Some(header), Some(proxies)) => (header.trim().to_ascii_lowercase(), proxies),
+        (Some(_), None) => {
+            return Err(ConfigError::new(
+                "BR_CLIENT_CERT_TRUSTED_PROXIES",
+                "a forwarded client certificate header needs the proxies trusted to send it (addresses or CIDR blocks, comma-separated): from any other peer it would be a forgery".to_string(),
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(ConfigError::new(
+                "BR_CLIENT_CERT_HEADER",
+                "trusted proxies are set without the header they forward client certificates in (x-forwarded-client-cert, ssl-client-cert, ...)".to_string(),
+            ));
+        }
+    };
+    let token = |byte: u8| byte.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&byte);
+    if header.is_empty() || !header.bytes().all(token) || RESERVED_HEADERS.contains(&header.as_str()) {
+        return Err(ConfigError::new(
+            "BR_CLIENT_CERT_HEADER",
+            format!("`{header}` is not a header a proxy can forward a client certificate in"),
+        ));
+    }
+    let trusted_proxies = proxies
+        .split(',')
+        .map(str::trim)
+        .filter(|proxy| !proxy.is_empty())
+        .map(|proxy| {
+            proxy
+                .parse()
+                .map_err(|error: crate::net::InvalidAddressRange| ConfigError::new("BR_CLIENT_CERT_TRUSTED_PROXIES", error.to_string()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if trusted_proxies.is_empty() {
+        return Err(ConfigError::new("BR_CLIENT_CERT_TRUSTED_PROXIES", "names no proxy".to_string()));
+    }
+    Ok(Some(ForwardedClientCertificates { header, trusted_proxies }))
+}
+
 fn parse_http_url(setting: &str, value: &str) -> Result<String, ConfigError> {
     let valid = (value.starts_with("http://") || value.starts_with("https://")) && value.len() > "https://".len();
     if valid {
@@ -706,6 +776,35 @@ mod tests {
         assert_eq!(settings.mail_outbox, PathBuf::from("brainstorm-data/outbox"));
         assert_eq!(settings.registration_mode, RegistrationMode::Open);
         assert!(!settings.require_agent_owner);
+        Ok(())
+    }
+
+    #[test]
+    fn forwarded_client_certificates_need_a_header_and_the_proxies_trusted_to_send_it() -> Result<(), ConfigError> {
+        let resolve = |pairs: &[(&str, &str)]| Settings::resolve(ConfigLayer::from_env(&env(pairs))?);
+        assert_eq!(resolve(&[])?.forwarded_client_certificates, None);
+        let settings = resolve(&[
+            ("BR_CLIENT_CERT_HEADER", "X-Forwarded-Client-Cert"),
+            ("BR_CLIENT_CERT_TRUSTED_PROXIES", "10.0.0.0/8, fd00::/8,127.0.0.1"),
+        ])?;
+        let forwarded = settings.forwarded_client_certificates.unwrap_or_else(|| panic!("configured"));
+        assert_eq!(forwarded.header, "x-forwarded-client-cert");
+        let ranges: Vec<String> = forwarded.trusted_proxies.iter().map(ToString::to_string).collect();
+        assert_eq!(ranges, ["10.0.0.0/8", "fd00::/8", "127.0.0.1/32"]);
+        let refused = |pairs: &[(&str, &str)]| resolve(pairs).err().map(|error| error.setting);
+        assert_eq!(refused(&[("BR_CLIENT_CERT_HEADER", "ssl-client-cert")]).as_deref(), Some("BR_CLIENT_CERT_TRUSTED_PROXIES"));
+        assert_eq!(refused(&[("BR_CLIENT_CERT_TRUSTED_PROXIES", "10.0.0.1")]).as_deref(), Some("BR_CLIENT_CERT_HEADER"));
+        for (header, proxies, setting) in [
+            ("Authorization", "10.0.0.1", "BR_CLIENT_CERT_HEADER"),
+            ("x-api-key", "10.0.0.1", "BR_CLIENT_CERT_HEADER"),
+            ("bad header", "10.0.0.1", "BR_CLIENT_CERT_HEADER"),
+            ("ssl-client-cert", "10.0.0.0/33", "BR_CLIENT_CERT_TRUSTED_PROXIES"),
+            ("ssl-client-cert", "ingress.example", "BR_CLIENT_CERT_TRUSTED_PROXIES"),
+            ("ssl-client-cert", " , ", "BR_CLIENT_CERT_TRUSTED_PROXIES"),
+        ] {
+            let pairs = [("BR_CLIENT_CERT_HEADER", header), ("BR_CLIENT_CERT_TRUSTED_PROXIES", proxies)];
+            assert_eq!(refused(&pairs).as_deref(), Some(setting), "{header} {proxies}");
+        }
         Ok(())
     }
 

@@ -54,6 +54,70 @@ fn nat64_embedded(v6: Ipv6Addr) -> Option<Ipv4Addr> {
     })
 }
 
+/// A block of addresses written as CIDR (`10.0.0.0/8`, `fd00::/8`) or one address (a /32 or /128):
+/// the peers an operator trusts, such as the proxies that forward client certificates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AddressRange {
+    network: IpAddr,
+    prefix: u8,
+}
+
+/// Why a text is not an address range.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not an address or CIDR block (such as 10.0.0.0/8 or fd00::/8)")]
+pub struct InvalidAddressRange(pub String);
+
+impl std::str::FromStr for AddressRange {
+    type Err = InvalidAddressRange;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let invalid = || InvalidAddressRange(text.to_string());
+        let (address, prefix) = match text.trim().split_once('/') {
+            Some((address, prefix)) => (address, Some(prefix)),
+            None => (text.trim(), None),
+        };
+        let network: IpAddr = address.parse().map_err(|_| invalid())?;
+        let width = if network.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            Some(prefix) if !prefix.is_empty() && prefix.bytes().all(|byte| byte.is_ascii_digit()) => {
+                prefix.parse::<u8>().ok().filter(|prefix| *prefix <= width).ok_or_else(invalid)?
+            }
+            Some(_) => return Err(invalid()),
+            None => width,
+        };
+        Ok(AddressRange { network: masked(network, prefix), prefix })
+    }
+}
+
+impl std::fmt::Display for AddressRange {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(formatter, "{}/{}", self.network, self.prefix)
+    }
+}
+
+impl AddressRange {
+    /// Whether `address` is in the block; an IPv4 address mapped into IPv6 (a dual-stack
+    /// listener's view of an IPv4 peer) counts as the IPv4 address.
+    pub fn contains(&self, address: IpAddr) -> bool {
+        let address = address.to_canonical();
+        address.is_ipv4() == self.network.is_ipv4() && masked(address, self.prefix) == self.network
+    }
+}
+
+/// `address` with all but its first `prefix` bits cleared.
+fn masked(address: IpAddr, prefix: u8) -> IpAddr {
+    match address {
+        IpAddr::V4(v4) => {
+            let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
+            IpAddr::V4(Ipv4Addr::from(u32::from(v4) & mask))
+        }
+        IpAddr::V6(v6) => {
+            let mask = u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0);
+            IpAddr::V6(Ipv6Addr::from(u128::from(v6) & mask))
+        }
+    }
+}
+
 /// Why a URL a tenant gave is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum UrlRefusal {
@@ -155,6 +219,27 @@ pub fn tenant_http_client(allow_private: bool) -> reqwest::ClientBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn address_ranges_hold_the_addresses_of_their_block() {
+        let range = |text: &str| text.parse::<AddressRange>().expect(text);
+        let address = |text: &str| text.parse::<IpAddr>().expect(text);
+        assert!(range("10.0.0.0/8").contains(address("10.255.1.2")));
+        assert!(!range("10.0.0.0/8").contains(address("11.0.0.1")));
+        assert!(range("10.1.2.3/8").contains(address("10.9.9.9")), "host bits are cleared");
+        assert_eq!(range("10.1.2.3/8").to_string(), "10.0.0.0/8");
+        assert!(range("127.0.0.1").contains(address("127.0.0.1")));
+        assert!(!range("127.0.0.1").contains(address("127.0.0.2")));
+        assert!(range("0.0.0.0/0").contains(address("203.0.113.9")));
+        assert!(!range("0.0.0.0/0").contains(address("2001:db8::1")), "an IPv4 block holds no IPv6 address");
+        assert!(range("127.0.0.1/32").contains(address("::ffff:127.0.0.1")), "mapped IPv4 is IPv4");
+        assert!(range("fd00::/8").contains(address("fd12::1")));
+        assert!(!range("fd00::/8").contains(address("fe80::1")));
+        assert!(range("::/0").contains(address("::1")));
+        for bad in ["", "10.0.0.0/33", "10.0.0.0/", "10.0.0.0/-1", "10.0.0.0/+8", "fd00::/129", "example.com", "10.0.0/8", "10.0.0.0/8/8"] {
+            assert!(bad.parse::<AddressRange>().is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn private_hosts_are_told_from_public_ones() {

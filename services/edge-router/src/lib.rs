@@ -7,6 +7,7 @@ mod auth;
 mod budget_cache;
 mod circuits;
 mod extract;
+mod forwarded_certificate;
 mod header_value;
 mod idp;
 mod liaison;
@@ -70,6 +71,9 @@ pub struct EdgeOptions {
     pub xdr_bidirectional: bool,
     /// Whether this edge serves HTTPS and so accepts agent client certificates (`BR_TLS_CERT_FILE`).
     pub serves_tls: bool,
+    /// Agent client certificates a trusted TLS-terminating proxy forwards in a header; the
+    /// listener must then put each connection's `ConnectInfo<SocketAddr>` on its requests.
+    pub forwarded_certificates: Option<brainstorm_common::config::ForwardedClientCertificates>,
     /// The identity provider the `/auth/*` bridge routes verify JWTs of; None answers them 503.
     pub idp: Option<brainstorm_common::config::IdpSettings>,
     /// Where browser-facing links point (`BR_DASHBOARD_URL`): the device flow's verification page.
@@ -150,8 +154,10 @@ pub struct EdgeShared {
     recent_errors: self_view::RecentErrors,
     /// Whether `/v1/admin/xdr/risk-push` is on.
     xdr_bidirectional: bool,
-    /// Whether this edge serves HTTPS (agent client certificates reach it).
+    /// Whether this edge serves HTTPS.
     serves_tls: bool,
+    /// The header trusted proxies forward agent client certificates in, when configured.
+    forwarded_certificate_header: Option<String>,
     /// Verifies identity-provider JWTs for the `/auth/*` bridge routes, when one is configured.
     idp: Option<idp::IdpVerifier>,
     dashboard_url: String,
@@ -188,6 +194,7 @@ impl Edge {
             recent_errors: self_view::RecentErrors::default(),
             xdr_bidirectional: options.xdr_bidirectional,
             serves_tls: options.serves_tls,
+            forwarded_certificate_header: options.forwarded_certificates.as_ref().map(|forwarded| forwarded.header.clone()),
             idp: options.idp.clone().map(idp::IdpVerifier::new),
             dashboard_url: options.dashboard_url.clone(),
             stopping: options.stopping.clone(),
@@ -205,7 +212,9 @@ impl Edge {
             observability: dependencies.observability,
         };
         let state = EdgeState { shared: Arc::new(shared) };
-        Edge { router: router(state, options.trace_requests), authenticator, routing, guardian: dependencies.guardian }
+        let forwarding =
+            options.forwarded_certificates.as_ref().map(|settings| Arc::new(forwarded_certificate::CertificateForwarding::new(settings)));
+        Edge { router: router(state, options.trace_requests, forwarding), authenticator, routing, guardian: dependencies.guardian }
     }
 
     /// Follows identity and catalog changes on the bus (runs until the bus closes).
@@ -221,7 +230,7 @@ impl Edge {
     }
 }
 
-fn router(state: EdgeState, trace_requests: bool) -> Router {
+fn router(state: EdgeState, trace_requests: bool, forwarding: Option<Arc<forwarded_certificate::CertificateForwarding>>) -> Router {
     use routes::{
         admin, agent_certificates, agent_limits, agent_self, agents, bridge, budget, completions, config, datasets, governance, guardian,
         identity, insights, leaderboard, liaison, mcp, mcp_connect, memory, oauth, observability, ops, prompts, provider_health, providers,
@@ -407,6 +416,10 @@ fn router(state: EdgeState, trace_requests: bool) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES));
     let routes = if trace_requests { routes.layer(axum::middleware::from_fn(request_span::trace_request)) } else { routes };
+    let routes = match forwarding {
+        Some(forwarding) => routes.layer(axum::middleware::from_fn_with_state(forwarding, forwarded_certificate::apply)),
+        None => routes,
+    };
     routes.layer(extract::RequestIdLayer).with_state(state)
 }
 

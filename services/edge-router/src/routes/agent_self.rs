@@ -540,12 +540,12 @@ pub async fn exchange_certificate(
         "spiffe_id": issued.spiffe_id,
         "not_before": issued.not_before,
         "not_after": issued.not_after,
-        "mtls_available": state.serves_tls,
+        "mtls_available": state.serves_tls || state.forwarded_certificate_header.is_some(),
         "next_steps": {
-            "authenticate": if state.serves_tls {
-                "present the certificate and its key in the TLS handshake with this gateway; the agent self endpoints (/v1/agent/status, /limits/me, /anomaly/me, /profiles/me, /v1/self) then need no JWT"
+            "authenticate": if state.serves_tls || state.forwarded_certificate_header.is_some() {
+                "present the certificate and its key in the TLS handshake with this gateway (or with the ingress that forwards client certificates to it); the agent self endpoints (/v1/agent/status, /limits/me, /anomaly/me, /profiles/me, /v1/self) then need no JWT"
             } else {
-                "this edge serves plain HTTP, where no certificate reaches it: use an edge started with BR_TLS_CERT_FILE and BR_TLS_KEY_FILE (the chart's services.edge-router.tls.secretName), or keep the JWT"
+                "this edge serves plain HTTP, where no certificate reaches it: use an edge started with BR_TLS_CERT_FILE and BR_TLS_KEY_FILE (the chart's services.edge-router.tls.secretName), or behind an ingress that verifies client certificates and forwards them (BR_CLIENT_CERT_HEADER), or keep the JWT"
             },
             "renew": "POST /v1/agent/auth/cert again before not_after, with the JWT or this certificate",
             "revoke": "POST /v1/agent/auth/cert/{serial}/revoke once the agent has moved to a newer certificate, or at once if its key leaked",

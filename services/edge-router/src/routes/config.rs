@@ -151,6 +151,7 @@ pub async fn get(State(state): State<EdgeState>, caller: Caller) -> Answer {
             },
             "xdr_bidirectional": state.xdr_bidirectional,
             "tls": state.serves_tls,
+            "forwarded_client_certificate_header": state.forwarded_certificate_header,
         }),
     );
     document.insert("api_key".into(), calling_key(&caller));
