@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -16,6 +17,7 @@ use serde_json::{Value, json};
 type TestResult = anyhow::Result<()>;
 
 brainstorm_e2e::in_both_shapes!(
+    the_operators_changes_reach_the_tenants_siem,
     tenants_are_registered_kept_in_line_and_keyed,
     a_suspend_policy_rejects_the_tenant_on_deletion_and_foreign_secrets_are_never_overwritten,
     kill_switches_follow_their_resources_and_never_lift_a_switch_set_by_hand
@@ -150,15 +152,48 @@ impl KubeApi {
 /// second, so drift made around the operator is undone quickly). Without a Kafka bus the edge hears
 /// of the operator's changes to keys and tenants only when its cache expires: half a second here.
 async fn cluster(shape: Shape) -> anyhow::Result<(Gateway, KubeApi)> {
+    cluster_reporting(shape, false).await
+}
+
+/// `cluster`; with `fanout`, the observability fan-out runs too (the distributed shape's own
+/// service), the operator reaches it, and destinations may be on this machine.
+async fn cluster_reporting(shape: Shape, fanout: bool) -> anyhow::Result<(Gateway, KubeApi)> {
     let grpc_listen = format!("127.0.0.1:{}", free_port()?);
     let mut settings = vec![("BR_CACHE_TTL_MS", "500")];
     if shape == Shape::Embedded {
         settings.push(("BR_GRPC_LISTEN", grpc_listen.as_str()));
     }
+    if fanout {
+        settings.push(("BR_OBSERVABILITY_ALLOW_PRIVATE_URLS", "true"));
+    }
     let mut gateway = Gateway::start_with(shape, &settings).await?;
+    if fanout {
+        gateway.host_observability_fanout().await?;
+    }
     let kube = KubeApi::start().await?;
     gateway.start_operator(&kube.kubeconfig, &[("BR_OPERATOR_RESYNC_SECONDS", "1")]).await?;
     Ok((gateway, kube))
+}
+
+/// A tenant's SIEM: a webhook receiver keeping every event it is sent.
+async fn siem() -> anyhow::Result<(String, Arc<Mutex<Vec<Value>>>)> {
+    let received = Arc::new(Mutex::new(Vec::new()));
+    let store = received.clone();
+    let receive = move |body: axum::body::Bytes| {
+        let store = store.clone();
+        async move {
+            let batch: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            if let Ok(mut store) = store.lock() {
+                store.extend(batch["events"].as_array().cloned().unwrap_or_default());
+            }
+            axum::http::StatusCode::OK
+        }
+    };
+    let app = axum::Router::new().route("/events", axum::routing::post(receive));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}/events", listener.local_addr()?);
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok((url, received))
 }
 
 fn tenant(name: &str, spec: Value) -> Value {
@@ -416,5 +451,86 @@ async fn kill_switches_follow_their_resources_and_never_lift_a_switch_set_by_han
     let warnings = events_of(&kube, "no-reason").await?;
     assert!(warnings.iter().any(|(kind, reason, _)| kind == "Warning" && reason == "ReconcileFailed"), "{warnings:?}");
     completion_until(&gateway, &key, None, 200).await?;
+    Ok(())
+}
+
+async fn the_operators_changes_reach_the_tenants_siem(shape: Shape) -> TestResult {
+    let (gateway, kube) = cluster_reporting(shape, true).await?;
+    kube.create(TENANTS, tenant("globex", json!({"displayName": "Globex"}))).await?;
+    let ready = kube.until(&format!("{TENANTS}/globex"), "Tenant ready", |object| phase(object) == Some("Ready")).await?;
+    let uid = ready.context("Tenant vanished")?["status"]["tenantId"].as_str().unwrap_or_default().to_string();
+    let (key, secret) = key_in_secret(&kube, "globex-brainstorm").await?;
+    let first_key_id = secret["metadata"]["annotations"]["brainstorm.dev/api-key-id"].as_str().unwrap_or_default().to_string();
+    let (url, received) = siem().await?;
+    let destination = json!({"name": "soc", "type": "webhook", "config": {"url": url}, "event_types": ["audit"],
+                             "batch": {"max_size": 10, "flush_interval_ms": 100}});
+    let created = gateway.call(Method::POST, "/v1/observability/destinations", Some(&key), Some(destination)).await?;
+    assert_eq!(created.status, 201, "{}", created.text);
+
+    // The Secret deleted: the operator mints a key and revokes the one the Secret held.
+    kube.delete(&format!("{SECRETS}/globex-brainstorm")).await?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let second_key_id = loop {
+        if let Ok((fresh, secret)) = key_in_secret(&kube, "globex-brainstorm").await
+            && fresh != key
+        {
+            break secret["metadata"]["annotations"]["brainstorm.dev/api-key-id"].as_str().unwrap_or_default().to_string();
+        }
+        anyhow::ensure!(Instant::now() < deadline, "no new key after the Secret was deleted");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    event_until(&kube, "globex", "KeyRotated", "previous key revoked").await?;
+    // A tenant-wide switch set and lifted by its resource; a scoped one set and deleted.
+    kube.create(SWITCHES, kill_switch("halt-globex", json!({"tenantRef": "globex", "reason": "incident 42"}))).await?;
+    kube.until(&format!("{SWITCHES}/halt-globex"), "switch active", |object| phase(object) == Some("Active")).await?;
+    kube.patch(&format!("{SWITCHES}/halt-globex"), json!({"spec": {"active": false}})).await?;
+    kube.until(&format!("{SWITCHES}/halt-globex"), "switch inactive", |object| phase(object) == Some("Inactive")).await?;
+    let scoped = kill_switch("halt-bot", json!({"tenantRef": "globex", "scope": "agent", "target": "bot", "reason": "loops"}));
+    kube.create(SWITCHES, scoped).await?;
+    kube.until(&format!("{SWITCHES}/halt-bot"), "scoped switch active", |object| phase(object) == Some("Active")).await?;
+    kube.delete(&format!("{SWITCHES}/halt-bot")).await?;
+    kube.until(&format!("{SWITCHES}/halt-bot"), "scoped switch gone", |object| object.is_none()).await?;
+
+    // The SIEM hears each change once, named as the edge names them, the resource as the actor.
+    let (tenant_actor, switch_actor, scoped_actor) =
+        ("kubernetes:team-a/globex", "kubernetes:team-a/halt-globex", "kubernetes:team-a/halt-bot");
+    let wanted = [
+        ("audit.api_key.created", second_key_id.as_str(), tenant_actor),
+        ("audit.api_key.revoked", first_key_id.as_str(), tenant_actor),
+        ("audit.kill_switch.activated", uid.as_str(), switch_actor),
+        ("audit.kill_switch.deactivated", uid.as_str(), switch_actor),
+        ("audit.kill_switch.scope_activated", "agent:bot", scoped_actor),
+        ("audit.kill_switch.scope_deactivated", "agent:bot", scoped_actor),
+    ];
+    let seen = |events: &[Value]| -> Vec<(String, String, String)> {
+        events
+            .iter()
+            .filter(|event| {
+                event["event"].as_str().is_some_and(|name| name.starts_with("audit.api_key.") || name.starts_with("audit.kill_switch."))
+            })
+            .map(|event| {
+                let text = |value: &Value| value.as_str().unwrap_or_default().to_string();
+                (text(&event["event"]), text(&event["data"]["subject"]), text(&event["data"]["actor"]))
+            })
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let events = loop {
+        let events = received.lock().map(|events| events.clone()).unwrap_or_default();
+        if seen(&events).len() >= wanted.len() || Instant::now() > deadline {
+            break events;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let mut got = seen(&events);
+    got.sort();
+    let mut expected: Vec<(String, String, String)> =
+        wanted.iter().map(|(name, subject, actor)| (name.to_string(), subject.to_string(), actor.to_string())).collect();
+    expected.sort();
+    assert_eq!(got, expected, "{}", gateway.logs());
+    let activated = events.iter().find(|event| event["event"] == "audit.kill_switch.activated").context("no activation")?;
+    assert_eq!((&activated["severity"], &activated["data"]["reason"]), (&json!(5), &json!("incident 42")), "{activated}");
+    let minted = events.iter().find(|event| event["event"] == "audit.api_key.created").context("no key")?;
+    assert_eq!(minted["data"]["role"], "admin", "{minted}");
     Ok(())
 }

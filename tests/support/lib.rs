@@ -207,7 +207,9 @@ impl Gateway {
                 gateway.wait_healthy(edge_port, edge_scheme).await?;
                 // `BR_GRPC_LISTEN` given: the embedded services answer gRPC there too.
                 if let Some((_, address)) = common.iter().find(|(name, _)| name == "BR_GRPC_LISTEN") {
-                    for service in ["identity", "catalog-health-sentinel", "budget-ledger", "audit-lineage", "policy-firewall"] {
+                    for service in
+                        ["identity", "catalog-health-sentinel", "budget-ledger", "audit-lineage", "policy-firewall", "observability-fanout"]
+                    {
                         let variable = format!("BR_{}_URL", service.to_uppercase().replace('-', "_"));
                         gateway.service_urls.push((variable, format!("http://{address}")));
                     }
@@ -255,6 +257,27 @@ impl Gateway {
             }
         }
         Ok(gateway)
+    }
+
+    /// Makes sure the observability fan-out runs and the edges reach it: `up` hosts it already; the
+    /// distributed shape gets `serve observability-fanout` (label `fanout`, the services' settings)
+    /// and its edges are restarted with `BR_OBSERVABILITY_FANOUT_URL`.
+    pub async fn host_observability_fanout(&mut self) -> anyhow::Result<()> {
+        let Some((_, _, env)) = self.launches.iter().find(|(label, _, _)| label == "identity").cloned() else { return Ok(()) };
+        let grpc_listen = format!("127.0.0.1:{}", free_port()?);
+        let health_port = free_port()?;
+        let health_listen = format!("127.0.0.1:{health_port}");
+        self.spawn("fanout", &["serve", "observability-fanout", "--grpc-listen", &grpc_listen, "--listen", &health_listen], &env)?;
+        self.wait_healthy(health_port, "http").await?;
+        let url = format!("http://{grpc_listen}");
+        self.service_urls.push(("BR_OBSERVABILITY_FANOUT_URL".to_string(), url.clone()));
+        let edges: Vec<String> =
+            self.launches.iter().map(|(label, _, _)| label.clone()).filter(|label| label.starts_with("edge-router")).collect();
+        for edge in edges {
+            self.kill(&edge)?;
+            self.restart_with(&edge, &[("BR_OBSERVABILITY_FANOUT_URL", &url)]).await?;
+        }
+        Ok(())
     }
 
     /// Starts `brainstorm operator` (label `operator`) against the gateway's gRPC services (the

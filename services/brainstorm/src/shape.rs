@@ -766,9 +766,16 @@ pub async fn operator(settings: Settings, arguments: &crate::cli::OperatorArgs) 
     let channel = |service: ServiceName| {
         service_channel(&settings, service, || format!("the operator needs {service}: set {}", service.url_variable()))
     };
+    // The fan-out is optional: without it, the operator's changes reach no SIEM.
+    let observability = if settings.service_urls.contains_key(&ServiceName::ObservabilityFanout) {
+        Some(ObservabilityFanoutClient::grpc(channel(ServiceName::ObservabilityFanout)?))
+    } else {
+        None
+    };
     let gateway = brainstorm_operator::Gateway {
         identity: IdentityClient::grpc(channel(ServiceName::Identity)?),
         policy: PolicyFirewallClient::grpc(channel(ServiceName::PolicyFirewall)?),
+        observability,
     };
     let client = kube::Client::try_default().await.context("cannot reach the Kubernetes API (KUBECONFIG or the pod's service account)")?;
     let options = brainstorm_operator::OperatorOptions {

@@ -143,7 +143,7 @@ async fn reconcile_tenant(tenant: Arc<Tenant>, context: Arc<Context>) -> Result<
     if tenant.meta().deletion_timestamp.is_some() {
         if has_finalizer(tenant.as_ref()) {
             if let Some(key_id) = &status.api_key_id {
-                gateway.revoke_key(&uid, key_id).await?;
+                gateway.revoke_key(&uid, key_id, &actor_of(tenant.as_ref())).await?;
             }
             if tenant.spec.deletion_policy == DeletionPolicy::Suspend {
                 gateway.suspend_tenant(&uid).await?;
@@ -175,7 +175,7 @@ async fn reconcile_tenant(tenant: Arc<Tenant>, context: Arc<Context>) -> Result<
                 previous.sort_unstable();
                 previous.dedup();
                 for old in &previous {
-                    gateway.revoke_key(&uid, old).await?;
+                    gateway.revoke_key(&uid, old, &actor_of(tenant.as_ref())).await?;
                 }
                 // Distinct reasons: the recorder folds Events of one reason into a series (same note).
                 let (reason, note) = match previous.is_empty() {

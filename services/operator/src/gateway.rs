@@ -1,11 +1,14 @@
 //! The gateway side of reconciliation: what a `Tenant` or `KillSwitch` asks of identity and
 //! policy-firewall, done over their clients (gRPC in a cluster, local in tests) and idempotent, so a
-//! retry after any failure converges to the same state.
+//! retry after any failure converges to the same state. Each change it makes (keys minted and
+//! revoked, kill switches set and lifted) reaches the tenant's SIEM through the fan-out as the same
+//! `audit.<action>` event the edge announces for the change made over REST, its actor the resource.
 
 use brainstorm_proto::identity::{
     CreateApiKeyRequest, IdentityClient, RegisterRequest, RevokeApiKeyRequest, SetTenantPlanRequest, SetTenantStatusRequest, Tenant,
     TenantRef, UpdateTenantRequest,
 };
+use brainstorm_proto::observability::{ActivityEvent, FanoutEvents, ObservabilityFanoutClient};
 use brainstorm_proto::policy::{
     ActivateKillSwitchRequest, ActivateScopeRequest, DeactivateKillSwitchRequest, PolicyFirewallClient, ScopeRef,
     TenantRef as PolicyTenantRef,
@@ -22,6 +25,8 @@ const OPERATOR_KEY_NAME: &str = "kubernetes-operator";
 pub struct Gateway {
     pub identity: IdentityClient,
     pub policy: PolicyFirewallClient,
+    /// Where the changes are announced to the tenant's destinations; None announces nothing.
+    pub observability: Option<ObservabilityFanoutClient>,
 }
 
 /// A tenant after convergence, and the admin key minted for its Secret if one was needed.
@@ -143,17 +148,40 @@ impl Gateway {
         let created = self.identity.create_api_key(request).await?;
         let record = created.key.ok_or_else(|| missing("create_api_key answered without the key's record"))?;
         tracing::info!(tenant_id, key_id = %record.id, actor, "admin key minted for the tenant's Secret");
+        let mut event = activity(tenant_id, "api_key.created", actor, &record.id, 1);
+        event.data_json =
+            serde_json::json!({"name": record.name, "role": record.role, "prefix": record.prefix, "scopes": record.scopes}).to_string();
+        self.announce(event);
         Ok(MintedKey { id: record.id, prefix: record.prefix, plaintext: created.plaintext })
     }
 
-    /// Revokes a key; a key or tenant that is already gone counts as revoked.
-    pub async fn revoke_key(&self, tenant_id: &str, key_id: &str) -> Result<(), ServiceError> {
+    /// Revokes a key (`actor` revoking it); a key or tenant that is already gone counts as revoked.
+    pub async fn revoke_key(&self, tenant_id: &str, key_id: &str, actor: &str) -> Result<(), ServiceError> {
         let request = RevokeApiKeyRequest { tenant_id: tenant_id.to_string(), key_id: key_id.to_string() };
         match self.identity.revoke_api_key(request).await {
-            Ok(_) => Ok(()),
+            Ok(revoked) => {
+                if let (true, Some(key)) = (revoked.changed, revoked.key) {
+                    let mut event = activity(tenant_id, "api_key.revoked", actor, &key.id, 3);
+                    event.data_json = serde_json::json!({"name": key.name, "role": key.role, "prefix": key.prefix}).to_string();
+                    self.announce(event);
+                }
+                Ok(())
+            }
             Err(error) if matches!(error.kind, ErrorKind::NotFound | ErrorKind::Conflict) => Ok(()),
             Err(error) => Err(error),
         }
+    }
+
+    /// Hands a change to the fan-out, off the reconciliation (a slow or absent fan-out holds nothing up).
+    fn announce(&self, event: ActivityEvent) {
+        let Some(observability) = self.observability.clone() else { return };
+        tokio::spawn(async move {
+            let action = event.action.clone();
+            let events = FanoutEvents { activity_events: vec![event], ..FanoutEvents::default() };
+            if let Err(error) = observability.record_events(events).await {
+                tracing::warn!(%error, %action, "an operator change could not be handed to the fan-out");
+            }
+        });
     }
 
     /// Sets a tenant's status to `rejected` (its keys stop authenticating); a missing tenant is fine.
@@ -255,7 +283,16 @@ impl Gateway {
         match result {
             // Somebody switched it on between the read and the write: on is what was asked.
             Err(error) if error.kind == ErrorKind::Conflict => Ok(()),
-            other => other,
+            Err(error) => Err(error),
+            Ok(()) => {
+                let mut event = match switch.scope {
+                    Scope::Tenant => activity(&switch.tenant_id, "kill_switch.activated", actor, &switch.tenant_id, 5),
+                    scope => activity(&switch.tenant_id, "kill_switch.scope_activated", actor, &scope_subject(scope, &switch.target), 4),
+                };
+                event.reason = reason.to_string();
+                self.announce(event);
+                Ok(())
+            }
         }
     }
 
@@ -287,9 +324,34 @@ impl Gateway {
         tracing::info!(tenant_id = %switch.tenant_id, scope = switch.scope.as_str(), target = ?switch.target, actor, "kill switch lifted");
         match result {
             Err(error) if matches!(error.kind, ErrorKind::Conflict | ErrorKind::NotFound) => Ok(()),
-            other => other,
+            Err(error) => Err(error),
+            Ok(()) => {
+                self.announce(match switch.scope {
+                    Scope::Tenant => activity(&switch.tenant_id, "kill_switch.deactivated", actor, &switch.tenant_id, 3),
+                    scope => activity(&switch.tenant_id, "kill_switch.scope_deactivated", actor, &scope_subject(scope, &switch.target), 3),
+                });
+                Ok(())
+            }
         }
     }
+}
+
+/// A change `actor` (the resource, `kubernetes:<namespace>/<name>`) made now on `subject`.
+fn activity(tenant_id: &str, action: &str, actor: &str, subject: &str, severity: u32) -> ActivityEvent {
+    ActivityEvent {
+        tenant_id: tenant_id.to_string(),
+        action: action.to_string(),
+        actor: actor.to_string(),
+        subject: subject.to_string(),
+        occurred_at: brainstorm_common::time::now_timestamp(),
+        severity,
+        ..ActivityEvent::default()
+    }
+}
+
+/// A scoped switch as activity events name it: `<scope>:<target>`, as the edge does.
+fn scope_subject(scope: Scope, target: &Option<String>) -> String {
+    format!("{}:{}", scope.as_str(), target.as_deref().unwrap_or_default())
 }
 
 /// The admin key registration makes (named `registration`, created by nobody).

@@ -36,7 +36,7 @@ async fn gateway(registration_mode: RegistrationMode) -> Result<Gateway, Box<dyn
     };
     let identity = IdentityClient::local(IdentityServiceImpl::new(database.clone(), bus.clone(), options));
     let policy = PolicyFirewallClient::local(PolicyFirewallServiceImpl::new(database, bus, PolicyFirewallOptions::default()));
-    Ok(Gateway { identity, policy })
+    Ok(Gateway { identity, policy, observability: None })
 }
 
 fn uuid_suffix() -> String {
@@ -91,8 +91,8 @@ async fn a_tenant_is_registered_once_under_its_uid_and_kept_as_declared() -> Tes
     let fresh = rekeyed.minted.ok_or("no key minted after revocation")?;
     assert_ne!(fresh.id, key.id);
     assert!(authenticates(&gateway, &fresh.plaintext).await?);
-    gateway.revoke_key(UID, &fresh.id).await?;
-    gateway.revoke_key(UID, &fresh.id).await?;
+    gateway.revoke_key(UID, &fresh.id, ACTOR).await?;
+    gateway.revoke_key(UID, &fresh.id, ACTOR).await?;
     assert!(!authenticates(&gateway, &fresh.plaintext).await?);
 
     // A crash between minting and writing the Secret, twice: each retry names the keys nobody holds
