@@ -460,7 +460,7 @@ def check_operator(rendered: Render, namespace: str | None) -> None:
     expect(deployment["spec"].get("replicas") == 1 and deployment["spec"]["strategy"]["type"] == "Recreate", "the operator must run one replica, replaced not rolled")
     expect(pod.get("serviceAccountName") == name and pod.get("automountServiceAccountToken") is True, f"operator pod account {pod.get('serviceAccountName')}, token {pod.get('automountServiceAccountToken')}")
     rendered.one("ServiceAccount", name)
-    for variable, service in (("BR_IDENTITY_URL", "identity"), ("BR_POLICY_FIREWALL_URL", "policy-firewall")):
+    for variable, service in (("BR_IDENTITY_URL", "identity"), ("BR_POLICY_FIREWALL_URL", "policy-firewall"), ("BR_OBSERVABILITY_FANOUT_URL", "observability-fanout")):
         expect(env_value(spec, variable) == f"http://{fullname(service)}:{GRPC_PORT}", f"operator {variable} is {env_value(spec, variable)}")
     expect(env_value(spec, "BR_OPERATOR_NAMESPACE") == namespace, f"operator BR_OPERATOR_NAMESPACE is {env_value(spec, 'BR_OPERATOR_NAMESPACE')}, expected {namespace}")
     expect(secret_ref(spec, "BR_DATABASE_URL") is None, "the operator must not receive the database URL")
