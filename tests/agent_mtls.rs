@@ -376,6 +376,9 @@ async fn certificates_forwarded_by_a_trusted_proxy_authenticate_agents(shape: Sh
         if let Some(bearer) = bearer {
             request = request.bearer_auth(bearer);
         }
+        if path == "/v1/agent/bootstrap" {
+            request = request.json(&json!({"agent_id": "scout"}));
+        }
         async move { Reply::read(request.send().await?).await }
     };
 
@@ -389,7 +392,7 @@ async fn certificates_forwarded_by_a_trusted_proxy_authenticate_agents(shape: Sh
     let appended = format!("Hash=11;Subject=\"CN=outer\",{}", xfcc(&certificate));
     assert_eq!(forwarded(&proxy, Method::GET, "/v1/agent/status", appended, None).await?.status, 200);
     // From any other peer the same header is a forgery: ignored.
-    let stranger_reply = forwarded(&stranger, Method::GET, "/v1/self", xfcc(&certificate), None).await?;
+    let stranger_reply = forwarded(&stranger, Method::GET, "/v1/agent/status", xfcc(&certificate), None).await?;
     assert_eq!((stranger_reply.status, code(&stranger_reply)), (401, "agent_token_required"), "{}", stranger_reply.text);
     // The proxy vouches for the handshake, not for the certificate: identity still judges it.
     let forger_key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
