@@ -3,7 +3,6 @@
 //! events (`audit.<action>`), off the answer: a SIEM sees who pulled a credential or switched a
 //! tenant off, beside the requests those actions affect. An edge without the fan-out hands nothing.
 
-use brainstorm_common::time::now_timestamp;
 use brainstorm_proto::observability::{ActivityEvent, FanoutEvents};
 
 use crate::EdgeState;
@@ -19,18 +18,7 @@ pub fn agent_actor(agent: &AgentCaller) -> String {
     format!("agent:{}", agent.profile.agent_id)
 }
 
-/// An action `actor` (`key:<id>` or `agent:<id>`) took now on `subject`, at `severity` (1 to 5).
-pub fn activity(tenant_id: &str, action: &str, actor: String, subject: &str, severity: u32) -> ActivityEvent {
-    ActivityEvent {
-        tenant_id: tenant_id.to_string(),
-        action: action.to_string(),
-        actor,
-        subject: subject.to_string(),
-        occurred_at: now_timestamp(),
-        severity,
-        ..ActivityEvent::default()
-    }
-}
+pub use brainstorm_observability_fanout::events::activity;
 
 /// Hands an action to the fan-out, when the edge has one.
 pub fn announce(state: &EdgeState, event: ActivityEvent) {

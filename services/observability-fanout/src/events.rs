@@ -101,6 +101,26 @@ pub fn from_quality(event: &brainstorm_proto::observability::QualityEvent) -> Ev
     }
 }
 
+/// A control-plane action `actor` (`key:<id>`, `agent:<id>`, `kubernetes:<namespace>/<name>`) took
+/// now on `subject`, at `severity` (1 to 5), as the edge and the operator hand it to `RecordEvents`.
+pub fn activity(
+    tenant_id: &str,
+    action: &str,
+    actor: String,
+    subject: &str,
+    severity: u32,
+) -> brainstorm_proto::observability::ActivityEvent {
+    brainstorm_proto::observability::ActivityEvent {
+        tenant_id: tenant_id.to_string(),
+        action: action.to_string(),
+        actor,
+        subject: subject.to_string(),
+        occurred_at: brainstorm_common::time::now_timestamp(),
+        severity,
+        ..Default::default()
+    }
+}
+
 /// A control-plane action as an `audit` event named `audit.<action>`, graded as its source says
 /// (1 to 5); its data: actor, subject, reason and the action's own members.
 pub fn from_activity(event: &brainstorm_proto::observability::ActivityEvent) -> Event {

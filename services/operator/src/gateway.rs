@@ -338,15 +338,7 @@ impl Gateway {
 
 /// A change `actor` (the resource, `kubernetes:<namespace>/<name>`) made now on `subject`.
 fn activity(tenant_id: &str, action: &str, actor: &str, subject: &str, severity: u32) -> ActivityEvent {
-    ActivityEvent {
-        tenant_id: tenant_id.to_string(),
-        action: action.to_string(),
-        actor: actor.to_string(),
-        subject: subject.to_string(),
-        occurred_at: brainstorm_common::time::now_timestamp(),
-        severity,
-        ..ActivityEvent::default()
-    }
+    brainstorm_observability_fanout::events::activity(tenant_id, action, actor.to_string(), subject, severity)
 }
 
 /// A scoped switch as activity events name it: `<scope>:<target>`, as the edge does.
