@@ -748,6 +748,10 @@ async fn serve_edge(settings: &Settings, dependencies: EdgeDependencies, bus: Ar
         let edge = edge.clone();
         tokio::spawn(async move { edge.follow_bus(bus, "edge-router").await })
     };
+    if let Some(forwarded) = &settings.forwarded_client_certificates {
+        let proxies: Vec<String> = forwarded.trusted_proxies.iter().map(ToString::to_string).collect();
+        tracing::info!(header = %forwarded.header, proxies = %proxies.join(","), "agent client certificates forwarded by these proxies are accepted");
+    }
     let result = match &settings.tls {
         Some(files) => crate::tls::serve_https(settings.listen, edge.router.clone(), files, shutdown).await,
         // Forwarded certificates are trusted by the peer's address, which the plain listener then
