@@ -48,6 +48,8 @@ pub enum ForwardedCertificateError {
     InvalidEscape,
     #[error("the value is neither PEM nor base64 DER of one certificate")]
     NotACertificate,
+    #[error("the header came more than once")]
+    SeveralValues,
 }
 
 impl CertificateForwarding {
@@ -64,7 +66,20 @@ impl CertificateForwarding {
     /// The DER of the certificate the header forwards: None when the header is absent or empty
     /// (the client presented none).
     pub fn certificate(&self, headers: &http::HeaderMap) -> Result<Option<Vec<u8>>, ForwardedCertificateError> {
-        let Some(value) = headers.get(self.header.as_str()) else { return Ok(None) };
+        let mut values = headers.get_all(self.header.as_str()).iter();
+        // Several lines of Envoy's list are one list, of which the nearest proxy wrote the end; any
+        // other header holds one certificate, so a second line (a client's, kept by a proxy that
+        // added its own) is ambiguous.
+        let value = if self.header == ENVOY_HEADER {
+            values.next_back()
+        } else {
+            let first = values.next();
+            if values.next().is_some() {
+                return Err(ForwardedCertificateError::SeveralValues);
+            }
+            first
+        };
+        let Some(value) = value else { return Ok(None) };
         let value = value.to_str().map_err(|_| ForwardedCertificateError::NotText)?.trim();
         if value.is_empty() {
             return Ok(None);
@@ -260,6 +275,19 @@ mod tests {
         assert_eq!(read(ENVOY_HEADER, &appended), Ok(Some(DER.to_vec())));
         let escaped_quote = format!("Subject=\"CN=\\\"q\\\",O=x\";Cert=\"{cert}\"");
         assert_eq!(read(ENVOY_HEADER, &escaped_quote), Ok(Some(DER.to_vec())));
+    }
+
+    #[test]
+    fn a_header_sent_twice_is_read_as_its_format_says() {
+        let cert = escaped(&pem(DER));
+        let mut headers = http::HeaderMap::new();
+        headers.append(ENVOY_HEADER, "Cert=forged".parse().expect("value"));
+        headers.append(ENVOY_HEADER, format!("Hash=1;Cert={cert}").parse().expect("value"));
+        assert_eq!(forwarding(ENVOY_HEADER).certificate(&headers), Ok(Some(DER.to_vec())), "the last line is the nearest proxy's");
+        let mut headers = http::HeaderMap::new();
+        headers.append("ssl-client-cert", cert.parse().expect("value"));
+        headers.append("ssl-client-cert", cert.parse().expect("value"));
+        assert_eq!(forwarding("ssl-client-cert").certificate(&headers), Err(ForwardedCertificateError::SeveralValues));
     }
 
     #[test]
