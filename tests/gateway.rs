@@ -17,6 +17,7 @@ brainstorm_e2e::in_both_shapes!(
     claim_links_need_the_admin_scope,
     api_keys_are_masked_and_carry_their_limits,
     platform_admin_manages_tenants_and_invite_codes,
+    a_tenants_suspension_and_approval_reach_its_siem,
     sandbox_completions_in_the_openai_format,
     sandbox_messages_in_the_anthropic_format,
     errors_always_carry_the_envelope,
@@ -319,6 +320,48 @@ async fn api_keys_are_masked_and_carry_their_limits(shape: Shape) -> TestResult 
         )
         .await?;
     assert_envelope(&refused, 403, "forbidden");
+    Ok(())
+}
+
+async fn a_tenants_suspension_and_approval_reach_its_siem(shape: Shape) -> TestResult {
+    let mut gateway = Gateway::start_with(shape, &[("BR_OBSERVABILITY_ALLOW_PRIVATE_URLS", "true")]).await?;
+    gateway.host_observability_fanout().await?;
+    let (tenant_key, registration) = gateway.register("Watched Co").await?;
+    let tenant_id = registration["tenant"]["id"].as_str().unwrap_or_default().to_string();
+    let (url, siem) = brainstorm_e2e::siem().await?;
+    let destination = json!({"name": "soc", "type": "webhook", "config": {"url": url}, "event_types": ["audit"],
+                             "batch": {"max_size": 10, "flush_interval_ms": 100}});
+    let created = gateway.call(Method::POST, "/v1/observability/destinations", Some(&tenant_key), Some(destination)).await?;
+    assert_eq!(created.status, 201, "{}", created.text);
+    let admin = Some(PLATFORM_ADMIN_KEY);
+    let path = |verb: &str| format!("/v1/admin/tenants/{tenant_id}/{verb}");
+    // Rejected twice (the second changes nothing and says nothing), then approved.
+    for verb in ["reject", "reject", "approve"] {
+        let reply = gateway.call(Method::POST, &path(verb), admin, None).await?;
+        assert_eq!(reply.status, 200, "{}", reply.text);
+    }
+    let moves = |events: Vec<Value>| -> Vec<(Value, Value, Value, Value, Value)> {
+        events
+            .into_iter()
+            .filter(|event| event["event"] == "audit.tenant.status_changed")
+            .map(|event| {
+                let data = &event["data"];
+                (data["from"].clone(), data["status"].clone(), event["severity"].clone(), data["actor"].clone(), data["subject"].clone())
+            })
+            .collect()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while moves(siem.events()).len() < 2 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    // Let a wrongly announced repeat arrive before counting.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let (actor, subject) = (json!("key:platform-admin"), json!(tenant_id));
+    let seen = moves(siem.events());
+    // The two announcements travel separately: either order.
+    assert_eq!(seen.len(), 2, "{seen:?}\n{}", gateway.logs());
+    assert!(seen.contains(&(json!("active"), json!("rejected"), json!(4), actor.clone(), subject.clone())), "{seen:?}");
+    assert!(seen.contains(&(json!("rejected"), json!("active"), json!(1), actor, subject)), "{seen:?}");
     Ok(())
 }
 

@@ -5,12 +5,11 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use base64::Engine;
-use brainstorm_e2e::{Gateway, PLATFORM_ADMIN_KEY, Shape, free_port, temp_dir};
+use brainstorm_e2e::{Gateway, PLATFORM_ADMIN_KEY, Shape, free_port, siem, temp_dir};
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -173,27 +172,6 @@ async fn cluster_reporting(shape: Shape, fanout: bool) -> anyhow::Result<(Gatewa
     let kube = KubeApi::start().await?;
     gateway.start_operator(&kube.kubeconfig, &[("BR_OPERATOR_RESYNC_SECONDS", "1")]).await?;
     Ok((gateway, kube))
-}
-
-/// A tenant's SIEM: a webhook receiver keeping every event it is sent.
-async fn siem() -> anyhow::Result<(String, Arc<Mutex<Vec<Value>>>)> {
-    let received = Arc::new(Mutex::new(Vec::new()));
-    let store = received.clone();
-    let receive = move |body: axum::body::Bytes| {
-        let store = store.clone();
-        async move {
-            let batch: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-            if let Ok(mut store) = store.lock() {
-                store.extend(batch["events"].as_array().cloned().unwrap_or_default());
-            }
-            axum::http::StatusCode::OK
-        }
-    };
-    let app = axum::Router::new().route("/events", axum::routing::post(receive));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let url = format!("http://{}/events", listener.local_addr()?);
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    Ok((url, received))
 }
 
 fn tenant(name: &str, spec: Value) -> Value {
@@ -491,6 +469,13 @@ async fn the_operators_changes_reach_the_tenants_siem(shape: Shape) -> TestResul
     kube.delete(&format!("{SWITCHES}/halt-bot")).await?;
     kube.until(&format!("{SWITCHES}/halt-bot"), "scoped switch gone", |object| object.is_none()).await?;
 
+    // Suspended in the resource and back: every key of the tenant stops, then works again.
+    kube.patch(&format!("{TENANTS}/globex"), json!({"spec": {"suspended": true}})).await?;
+    kube.until(&format!("{TENANTS}/globex"), "suspended", |object| object.is_some_and(|object| object["status"]["state"] == "rejected"))
+        .await?;
+    kube.patch(&format!("{TENANTS}/globex"), json!({"spec": {"suspended": false}})).await?;
+    kube.until(&format!("{TENANTS}/globex"), "active", |object| object.is_some_and(|object| object["status"]["state"] == "active")).await?;
+
     // The SIEM hears each change once, named as the edge names them, the resource as the actor.
     let (tenant_actor, switch_actor, scoped_actor) =
         ("kubernetes:team-a/globex", "kubernetes:team-a/halt-globex", "kubernetes:team-a/halt-bot");
@@ -501,12 +486,16 @@ async fn the_operators_changes_reach_the_tenants_siem(shape: Shape) -> TestResul
         ("audit.kill_switch.deactivated", uid.as_str(), switch_actor),
         ("audit.kill_switch.scope_activated", "agent:bot", scoped_actor),
         ("audit.kill_switch.scope_deactivated", "agent:bot", scoped_actor),
+        ("audit.tenant.status_changed", uid.as_str(), tenant_actor),
+        ("audit.tenant.status_changed", uid.as_str(), tenant_actor),
     ];
     let seen = |events: &[Value]| -> Vec<(String, String, String)> {
         events
             .iter()
             .filter(|event| {
-                event["event"].as_str().is_some_and(|name| name.starts_with("audit.api_key.") || name.starts_with("audit.kill_switch."))
+                event["event"].as_str().is_some_and(|name| {
+                    ["audit.api_key.", "audit.kill_switch.", "audit.tenant."].iter().any(|prefix| name.starts_with(prefix))
+                })
             })
             .map(|event| {
                 let text = |value: &Value| value.as_str().unwrap_or_default().to_string();
@@ -516,7 +505,7 @@ async fn the_operators_changes_reach_the_tenants_siem(shape: Shape) -> TestResul
     };
     let deadline = Instant::now() + Duration::from_secs(20);
     let events = loop {
-        let events = received.lock().map(|events| events.clone()).unwrap_or_default();
+        let events = received.events();
         if seen(&events).len() >= wanted.len() || Instant::now() > deadline {
             break events;
         }
@@ -532,5 +521,12 @@ async fn the_operators_changes_reach_the_tenants_siem(shape: Shape) -> TestResul
     assert_eq!((&activated["severity"], &activated["data"]["reason"]), (&json!(5), &json!("incident 42")), "{activated}");
     let minted = events.iter().find(|event| event["event"] == "audit.api_key.created").context("no key")?;
     assert_eq!(minted["data"]["role"], "admin", "{minted}");
+    let moves: Vec<(Value, Value, Value)> = events
+        .iter()
+        .filter(|event| event["event"] == "audit.tenant.status_changed")
+        .map(|event| (event["data"]["from"].clone(), event["data"]["status"].clone(), event["severity"].clone()))
+        .collect();
+    assert!(moves.contains(&(json!("active"), json!("rejected"), json!(4))), "{moves:?}");
+    assert!(moves.contains(&(json!("rejected"), json!("active"), json!(1))), "{moves:?}");
     Ok(())
 }

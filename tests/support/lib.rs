@@ -547,3 +547,36 @@ pub fn sse_data(text: &str) -> Vec<Value> {
         .filter_map(|data| serde_json::from_str(data).ok())
         .collect()
 }
+
+/// Events a tenant's SIEM (a webhook destination) received.
+#[derive(Clone, Default)]
+pub struct Siem(std::sync::Arc<std::sync::Mutex<Vec<Value>>>);
+
+impl Siem {
+    /// Every event received so far.
+    pub fn events(&self) -> Vec<Value> {
+        self.0.lock().map(|events| events.clone()).unwrap_or_default()
+    }
+}
+
+/// A tenant's SIEM: a webhook receiver on this machine keeping every event it is sent; its URL
+/// (`/events`) and what it received.
+pub async fn siem() -> anyhow::Result<(String, Siem)> {
+    let received = Siem::default();
+    let store = received.clone();
+    let receive = move |body: axum::body::Bytes| {
+        let store = store.clone();
+        async move {
+            let batch: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            if let Ok(mut events) = store.0.lock() {
+                events.extend(batch["events"].as_array().cloned().unwrap_or_default());
+            }
+            axum::http::StatusCode::OK
+        }
+    };
+    let app = axum::Router::new().route("/events", axum::routing::post(receive));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}/events", listener.local_addr()?);
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok((url, received))
+}

@@ -18,7 +18,7 @@ pub fn agent_actor(agent: &AgentCaller) -> String {
     format!("agent:{}", agent.profile.agent_id)
 }
 
-pub use brainstorm_observability_fanout::events::activity;
+pub use brainstorm_observability_fanout::events::{activity, tenant_status_changed};
 
 /// Hands an action to the fan-out, when the edge has one.
 pub fn announce(state: &EdgeState, event: ActivityEvent) {

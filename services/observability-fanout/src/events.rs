@@ -121,6 +121,15 @@ pub fn activity(
     }
 }
 
+/// A tenant moved from status `from` to `to` (`active`, `pending`, `rejected`): severity 4 when it
+/// leaves `active` (every key of the tenant stops), 1 otherwise.
+pub fn tenant_status_changed(tenant_id: &str, actor: String, from: &str, to: &str) -> brainstorm_proto::observability::ActivityEvent {
+    let severity = if from == "active" && to != "active" { 4 } else { 1 };
+    let mut event = activity(tenant_id, "tenant.status_changed", actor, tenant_id, severity);
+    event.data_json = json!({"from": from, "status": to}).to_string();
+    event
+}
+
 /// A control-plane action as an `audit` event named `audit.<action>`, graded as its source says
 /// (1 to 5); its data: actor, subject, reason and the action's own members.
 pub fn from_activity(event: &brainstorm_proto::observability::ActivityEvent) -> Event {
@@ -322,5 +331,15 @@ mod tests {
         assert_eq!((switched.data["actor"].as_str(), switched.data["reason"].as_str()), (Some("key:k1"), Some("breach")));
         assert_eq!(ocsf(&switched)["status"], "Success");
         assert_eq!(from_activity(&activity("api_key.created", 0, "", "not json")).severity, 1);
+    }
+
+    #[test]
+    fn a_tenant_leaving_active_is_graded_above_one_coming_back() {
+        let suspended = from_activity(&tenant_status_changed("t1", "key:platform-admin".into(), "active", "rejected"));
+        assert_eq!((suspended.name.as_str(), suspended.severity), ("audit.tenant.status_changed", 4));
+        assert_eq!((suspended.data["from"].as_str(), suspended.data["status"].as_str()), (Some("active"), Some("rejected")));
+        assert_eq!(suspended.data["subject"], "t1");
+        assert_eq!(from_activity(&tenant_status_changed("t1", "key:x".into(), "rejected", "active")).severity, 1);
+        assert_eq!(from_activity(&tenant_status_changed("t1", "key:x".into(), "pending", "rejected")).severity, 1);
     }
 }

@@ -146,7 +146,7 @@ async fn reconcile_tenant(tenant: Arc<Tenant>, context: Arc<Context>) -> Result<
                 gateway.revoke_key(&uid, key_id, &actor_of(tenant.as_ref())).await?;
             }
             if tenant.spec.deletion_policy == DeletionPolicy::Suspend {
-                gateway.suspend_tenant(&uid).await?;
+                gateway.suspend_tenant(&uid, &actor_of(tenant.as_ref())).await?;
             }
             tracing::info!(tenant_id = %uid, policy = ?tenant.spec.deletion_policy, "Tenant deleted: its operator key revoked");
             set_finalizer(&tenants, tenant.as_ref(), false).await?;

@@ -4,6 +4,7 @@
 //! revoked, kill switches set and lifted) reaches the tenant's SIEM through the fan-out as the same
 //! `audit.<action>` event the edge announces for the change made over REST, its actor the resource.
 
+use brainstorm_observability_fanout::events::tenant_status_changed;
 use brainstorm_proto::identity::{
     CreateApiKeyRequest, IdentityClient, RegisterRequest, RevokeApiKeyRequest, SetTenantPlanRequest, SetTenantStatusRequest, Tenant,
     TenantRef, UpdateTenantRequest,
@@ -112,10 +113,12 @@ impl Gateway {
         }
         let status = if spec.suspended { "rejected" } else { "active" };
         if tenant.status != status {
+            let before = std::mem::take(&mut tenant.status);
             tenant = self
                 .identity
                 .set_tenant_status(SetTenantStatusRequest { tenant_id: tenant_id.to_string(), status: status.to_string() })
                 .await?;
+            self.announce(tenant_status_changed(tenant_id, actor.to_string(), &before, &tenant.status));
         }
         let mut superseded = Vec::new();
         if minted.is_none() {
@@ -184,11 +187,22 @@ impl Gateway {
         });
     }
 
-    /// Sets a tenant's status to `rejected` (its keys stop authenticating); a missing tenant is fine.
-    pub async fn suspend_tenant(&self, tenant_id: &str) -> Result<(), ServiceError> {
+    /// Sets a tenant's status to `rejected` (its keys stop authenticating; `actor` doing it); a
+    /// missing tenant is fine.
+    pub async fn suspend_tenant(&self, tenant_id: &str, actor: &str) -> Result<(), ServiceError> {
+        let before = match self.identity.get_tenant(TenantRef { tenant_id: tenant_id.to_string() }).await {
+            Ok(tenant) => tenant.status,
+            Err(error) if error.kind == ErrorKind::NotFound => return Ok(()),
+            Err(error) => return Err(error),
+        };
         let request = SetTenantStatusRequest { tenant_id: tenant_id.to_string(), status: "rejected".to_string() };
         match self.identity.set_tenant_status(request).await {
-            Ok(_) => Ok(()),
+            Ok(tenant) => {
+                if before != tenant.status {
+                    self.announce(tenant_status_changed(tenant_id, actor.to_string(), &before, &tenant.status));
+                }
+                Ok(())
+            }
             Err(error) if error.kind == ErrorKind::NotFound => Ok(()),
             Err(error) => Err(error),
         }

@@ -119,8 +119,8 @@ async fn a_tenant_is_registered_once_under_its_uid_and_kept_as_declared() -> Tes
     // A spec the gateway refuses is an error, not a silent skip.
     let refused = gateway.converge_tenant("1f1d2c3b-4a59-4e87-9d6c-5b4a3f2e1d0c", &spec("   "), None, ACTOR).await;
     assert_eq!(refused.err().map(|error| error.kind), Some(ErrorKind::InvalidArgument));
-    gateway.suspend_tenant(UID).await?;
-    gateway.suspend_tenant("2f1d2c3b-4a59-4e87-9d6c-5b4a3f2e1d0c").await?;
+    gateway.suspend_tenant(UID, ACTOR).await?;
+    gateway.suspend_tenant("2f1d2c3b-4a59-4e87-9d6c-5b4a3f2e1d0c", ACTOR).await?;
     assert!(gateway.tenant_exists(UID).await? && !gateway.tenant_exists("2f1d2c3b-4a59-4e87-9d6c-5b4a3f2e1d0c").await?);
     Ok(())
 }

@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 use brainstorm_policy_firewall::{MAX_RISK_FIELD_CHARS, MAX_RISK_TTL_SECONDS};
 
 use crate::EdgeState;
+use crate::activity;
 use crate::auth::Caller;
 use crate::extract::{JsonBody, query_flag};
 use crate::views;
@@ -50,8 +51,15 @@ pub async fn reject_tenant(state: State<EdgeState>, caller: Caller, tenant_id: P
 
 async fn set_status(State(state): State<EdgeState>, caller: Caller, Path(tenant_id): Path<String>, status: &str) -> Answer {
     caller.require("admin.write")?;
+    let before = state.identity.get_tenant(TenantRef { tenant_id: tenant_id.clone() }).await?;
     let tenant = state.identity.set_tenant_status(SetTenantStatusRequest { tenant_id, status: status.to_string() }).await?;
     state.authenticator.evict_tenant(&tenant.id);
+    if before.status != tenant.status {
+        activity::announce(
+            &state,
+            activity::tenant_status_changed(&tenant.id, activity::key_actor(&caller), &before.status, &tenant.status),
+        );
+    }
     Ok(Json(json!({"ok": true, "tenant": views::tenant(&tenant)})))
 }
 
