@@ -3,7 +3,7 @@
 //! events (`audit.<action>`), off the answer: a SIEM sees who pulled a credential or switched a
 //! tenant off, beside the requests those actions affect. An edge without the fan-out hands nothing.
 
-use brainstorm_proto::observability::{ActivityEvent, FanoutEvents};
+use brainstorm_proto::observability::ActivityEvent;
 
 use crate::EdgeState;
 use crate::auth::{AgentCaller, Caller};
@@ -22,12 +22,7 @@ pub use brainstorm_observability_fanout::events::{activity, tenant_status_change
 
 /// Hands an action to the fan-out, when the edge has one.
 pub fn announce(state: &EdgeState, event: ActivityEvent) {
-    let Some(observability) = state.observability.clone() else { return };
-    tokio::spawn(async move {
-        let action = event.action.clone();
-        let events = FanoutEvents { activity_events: vec![event], ..Default::default() };
-        if let Err(error) = observability.record_events(events).await {
-            tracing::warn!(%error, %action, "a control-plane action could not be handed to the fan-out");
-        }
-    });
+    if let Some(observability) = &state.observability {
+        brainstorm_observability_fanout::events::announce(observability, event);
+    }
 }

@@ -121,6 +121,22 @@ pub fn activity(
     }
 }
 
+/// Hands a control-plane action to the fan-out, off the caller's path (a slow or absent fan-out
+/// holds nothing up; a failure is logged, the action stands).
+pub fn announce(
+    observability: &brainstorm_proto::observability::ObservabilityFanoutClient,
+    event: brainstorm_proto::observability::ActivityEvent,
+) {
+    let observability = observability.clone();
+    tokio::spawn(async move {
+        let action = event.action.clone();
+        let events = brainstorm_proto::observability::FanoutEvents { activity_events: vec![event], ..Default::default() };
+        if let Err(error) = observability.record_events(events).await {
+            tracing::warn!(%error, %action, "a control-plane action could not be handed to the fan-out");
+        }
+    });
+}
+
 /// A tenant moved from status `from` to `to` (`active`, `pending`, `rejected`): severity 4 when it
 /// leaves `active` (every key of the tenant stops), 1 otherwise.
 pub fn tenant_status_changed(tenant_id: &str, actor: String, from: &str, to: &str) -> brainstorm_proto::observability::ActivityEvent {

@@ -9,7 +9,7 @@ use brainstorm_proto::identity::{
     CreateApiKeyRequest, IdentityClient, RegisterRequest, RevokeApiKeyRequest, SetTenantPlanRequest, SetTenantStatusRequest, Tenant,
     TenantRef, UpdateTenantRequest,
 };
-use brainstorm_proto::observability::{ActivityEvent, FanoutEvents, ObservabilityFanoutClient};
+use brainstorm_proto::observability::{ActivityEvent, ObservabilityFanoutClient};
 use brainstorm_proto::policy::{
     ActivateKillSwitchRequest, ActivateScopeRequest, DeactivateKillSwitchRequest, PolicyFirewallClient, ScopeRef,
     TenantRef as PolicyTenantRef,
@@ -175,16 +175,11 @@ impl Gateway {
         }
     }
 
-    /// Hands a change to the fan-out, off the reconciliation (a slow or absent fan-out holds nothing up).
+    /// Hands a change to the fan-out, when there is one, off the reconciliation.
     fn announce(&self, event: ActivityEvent) {
-        let Some(observability) = self.observability.clone() else { return };
-        tokio::spawn(async move {
-            let action = event.action.clone();
-            let events = FanoutEvents { activity_events: vec![event], ..FanoutEvents::default() };
-            if let Err(error) = observability.record_events(events).await {
-                tracing::warn!(%error, %action, "an operator change could not be handed to the fan-out");
-            }
-        });
+        if let Some(observability) = &self.observability {
+            brainstorm_observability_fanout::events::announce(observability, event);
+        }
     }
 
     /// Sets a tenant's status to `rejected` (its keys stop authenticating; `actor` doing it); a
