@@ -9,6 +9,10 @@ export BR_TEST_REDIS_URL="$(scripts/ensure-redis.sh)"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/brainstorm-target}"
 # The Kubernetes API emulator the operator's end-to-end test runs against (kmock, in the tests' venv).
 export BR_KUBE_EMULATOR_PYTHON="$(tests/operator/ensure-emulator.sh)"
+# nginx terminates TLS in front of the gateway in the SDK ingress mTLS test (Debian's nginx-light).
+if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ] && command -v apt-get >/dev/null 2>&1; then
+  apt-get install -y -q nginx-light >/dev/null || echo "scripts/test.sh: cannot install nginx-light; the SDK ingress mTLS test needs nginx" >&2
+fi
 
 drop_test_databases() {
   psql "$BR_TEST_POSTGRES_URL" -Atqc "SELECT datname FROM pg_database WHERE datname ~ '^brainstorm_(test|e2e|sdk)_[0-9a-f]{32}$'" |

@@ -60,7 +60,7 @@ def openssl(*arguments, cwd):
 def nginx_binary():
     found = shutil.which("nginx") or next((path for path in ["/usr/sbin/nginx", "/usr/local/sbin/nginx"] if os.path.exists(path)), None)
     if not found:
-        raise RuntimeError("nginx is needed (Debian's nginx-light; .ci/run installs it)")
+        raise RuntimeError("nginx is needed (Debian's nginx-light; make test installs it)")
     return found
 
 

@@ -30,6 +30,8 @@ const ENVOY_HEADER: &str = "x-forwarded-client-cert";
 #[derive(Debug)]
 pub struct CertificateForwarding {
     header: String,
+    /// Whether `header` is Envoy's list of elements rather than one certificate.
+    envoy: bool,
     trusted: Vec<AddressRange>,
 }
 
@@ -55,7 +57,11 @@ pub enum ForwardedCertificateError {
 impl CertificateForwarding {
     /// Forwarding as configured.
     pub fn new(settings: &ForwardedClientCertificates) -> Self {
-        CertificateForwarding { header: settings.header.clone(), trusted: settings.trusted_proxies.clone() }
+        CertificateForwarding {
+            header: settings.header.clone(),
+            envoy: settings.header == ENVOY_HEADER,
+            trusted: settings.trusted_proxies.clone(),
+        }
     }
 
     /// Whether connections from `peer` may forward certificates.
@@ -70,7 +76,7 @@ impl CertificateForwarding {
         // Several lines of Envoy's list are one list, of which the nearest proxy wrote the end; any
         // other header holds one certificate, so a second line (a client's, kept by a proxy that
         // added its own) is ambiguous.
-        let value = if self.header == ENVOY_HEADER {
+        let value = if self.envoy {
             values.next_back()
         } else {
             let first = values.next();
@@ -84,7 +90,7 @@ impl CertificateForwarding {
         if value.is_empty() {
             return Ok(None);
         }
-        let encoded = if self.header == ENVOY_HEADER { envoy_certificate(value)? } else { value.to_string() };
+        let encoded = if self.envoy { envoy_certificate(value)? } else { value.to_string() };
         decode_certificate(&encoded).map(Some)
     }
 }
@@ -116,7 +122,8 @@ pub async fn apply(State(forwarding): State<Arc<CertificateForwarding>>, mut req
 /// commas, their `key=value` pairs by semicolons, and a value may be double-quoted (with `\"` and
 /// `\\` escapes), so separators inside quotes do not count.
 fn envoy_certificate(value: &str) -> Result<String, ForwardedCertificateError> {
-    let mut elements = vec![Vec::new()];
+    // The pairs of the element being read: a comma starts the next, so the last one read is the last.
+    let mut pairs = Vec::new();
     let mut pair = String::new();
     let mut quoted = false;
     let mut characters = value.chars();
@@ -127,14 +134,10 @@ fn envoy_certificate(value: &str) -> Result<String, ForwardedCertificateError> {
                 None => return Err(ForwardedCertificateError::MalformedEnvoyValue("an escape at the end")),
             },
             '"' => quoted = !quoted,
-            ';' | ',' if !quoted => {
-                let finished = std::mem::take(&mut pair);
-                if let Some(element) = elements.last_mut() {
-                    element.push(finished);
-                }
-                if character == ',' {
-                    elements.push(Vec::new());
-                }
+            ';' if !quoted => pairs.push(std::mem::take(&mut pair)),
+            ',' if !quoted => {
+                pairs.clear();
+                pair.clear();
             }
             other => pair.push(other),
         }
@@ -142,10 +145,9 @@ fn envoy_certificate(value: &str) -> Result<String, ForwardedCertificateError> {
     if quoted {
         return Err(ForwardedCertificateError::MalformedEnvoyValue("an unclosed quote"));
     }
-    let last = elements.last_mut().ok_or(ForwardedCertificateError::NoCertField)?;
-    last.push(pair);
+    pairs.push(pair);
     let mut certificate = None;
-    for pair in last.iter().map(|pair| pair.trim()).filter(|pair| !pair.is_empty()) {
+    for pair in pairs.iter().map(|pair| pair.trim()).filter(|pair| !pair.is_empty()) {
         let (key, value) = pair.split_once('=').ok_or(ForwardedCertificateError::MalformedEnvoyValue("a field without `=`"))?;
         if key.trim().eq_ignore_ascii_case("cert") {
             certificate = Some(value.trim().to_string());
