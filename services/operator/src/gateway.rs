@@ -1,7 +1,7 @@
 //! The gateway side of reconciliation: what a `Tenant` or `KillSwitch` asks of identity and
 //! policy-firewall, done over their clients (gRPC in a cluster, local in tests) and idempotent, so a
 //! retry after any failure converges to the same state. Each change it makes (keys minted and
-//! revoked, kill switches set and lifted) reaches the tenant's SIEM through the fan-out as the same
+//! revoked, kill switches set and lifted, the tenant's status moved) reaches the tenant's SIEM through the fan-out as the same
 //! `audit.<action>` event the edge announces for the change made over REST, its actor the resource.
 
 use brainstorm_observability_fanout::events::tenant_status_changed;
