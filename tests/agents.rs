@@ -173,8 +173,22 @@ async fn agents_bootstrap_and_read_themselves_with_their_jwt(shape: Shape) -> Te
     assert_eq!(profile["metadata"], json!({"can_delegate": true}));
     assert_eq!(
         boot.body["budget"],
-        json!({"profile_daily_usd": 2.5, "profile_monthly_usd": null, "enforced_daily_usd": 2.5, "enforced_rpm": null})
+        json!({"profile_daily_usd": 2.5, "profile_monthly_usd": null, "enforced_daily_usd": 2.5, "enforced_rpm": 600})
     );
+    // The enforced rate is a number from the start: bootstrap wrote the agent's limits entry (the
+    // gateway's default rate for agents; the bootstrapping key's own rate when it has one).
+    let limits = gateway.call(Method::GET, "/v1/agent-limits", Some(&admin), None).await?;
+    assert_eq!(
+        limits.body["agentLimits"]["agent:researcher"],
+        json!({"maxBudgetUsd": null, "maxRequestsPerMinute": 600}),
+        "{}",
+        limits.text
+    );
+    let limited_key =
+        gateway.call(Method::POST, "/v1/api-keys", Some(&admin), Some(json!({"role": "developer", "rate_limit_rpm": 30}))).await?;
+    let limited_key = limited_key.body["api_key"]["key"].as_str().unwrap_or_default().to_string();
+    let scout = gateway.call(Method::POST, "/v1/agent/bootstrap", Some(&limited_key), Some(json!({"agent_id": "scout"}))).await?;
+    assert_eq!((scout.status, scout.body["budget"]["enforced_rpm"].clone()), (201, json!(30)), "{}", scout.text);
     assert!(boot.body["next_steps"]["completions"].as_str().is_some_and(|step| step.contains("X-BR-Agent-Id: researcher")));
     let jwt = boot.body["jwt"].as_str().unwrap_or_default().to_string();
     assert_eq!(jwt.split('.').count(), 3, "{jwt}");
@@ -484,8 +498,12 @@ async fn parents_delegate_budget_to_sub_agents_and_get_the_unspent_back(shape: S
             Some(json!({"agent_id": "lead", "budget_daily_usd": 1, "metadata": {"can_delegate": true}})),
         )
         .await?;
-    assert_eq!(lead.status, 201, "{}", lead.text);
+    assert_eq!((lead.status, lead.body["budget"]["enforced_rpm"].clone()), (201, json!(600)), "{}", lead.text);
     let lead_jwt = lead.body["jwt"].as_str().unwrap_or_default().to_string();
+    // A sub-agent is held to its parent's rate.
+    let slowed =
+        gateway.call(Method::PATCH, "/v1/agent-limits", Some(&admin), Some(json!({"agent:lead": {"maxRequestsPerMinute": 12}}))).await?;
+    assert_eq!(slowed.status, 200, "{}", slowed.text);
     let delegate = |jwt: String, body: Value| {
         let gateway = &gateway;
         async move { gateway.call(Method::POST, "/v1/agent/delegate", Some(&jwt), Some(body)).await }
@@ -513,6 +531,7 @@ async fn parents_delegate_budget_to_sub_agents_and_get_the_unspent_back(shape: S
         (scout.body["budget"]["enforced_daily_usd"].as_f64(), scout.body["parent"]["budget_daily_usd"].as_f64()),
         (Some(0.25), Some(0.75))
     );
+    assert_eq!(scout.body["budget"]["enforced_rpm"], 12, "{}", scout.text);
     let scout_jwt = scout.body["jwt"].as_str().unwrap_or_default().to_string();
     assert_eq!(as_agent(&gateway, "/v1/agent/profiles/me", &scout_jwt).await?.body["profile"]["agentId"], "scout");
     let again = delegate(lead_jwt.clone(), body).await?;

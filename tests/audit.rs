@@ -47,6 +47,12 @@ async fn completions_are_chained_and_explained(shape: Shape) -> TestResult {
     }
     assert_eq!(report["valid"], true, "{report}");
     assert_eq!(report["checked"], 2, "{report}");
+    // The spec's shape: per-row `provenanceChecks[]`; the chain's anchor and head.
+    assert_eq!(report["provenanceChecks"].as_array().map(Vec::len), Some(2), "{report}");
+    let checks = report["provenanceChecks"].as_array().cloned().unwrap_or_default();
+    assert!(checks.iter().any(|check| check["request_id"] == request_id.as_str()), "{report}");
+    assert_eq!(report["head"]["sequence"], 2, "{report}");
+    assert_eq!(report["head"]["hash"].as_str().map(str::len), Some(64), "{report}");
 
     let explain = gateway.call(Method::GET, &format!("/v1/explain/{request_id}"), Some(&key), None).await?;
     assert_eq!(explain.status, 200, "{}", explain.text);
@@ -64,6 +70,9 @@ async fn completions_are_chained_and_explained(shape: Shape) -> TestResult {
     let inventory = gateway.call(Method::GET, "/v1/governance/agents/inventory?period=day", Some(&key), None).await?;
     assert_eq!(inventory.status, 200, "{}", inventory.text);
     assert!(inventory.text.contains("researcher"), "{}", inventory.text);
+    // `asserted[]`: agent ids presented by header rather than proven, as a list.
+    let asserted = inventory.body["asserted"].as_array().cloned().unwrap_or_default();
+    assert!(asserted.iter().any(|agent| agent["agent_id"] == "researcher" && agent["sources"][0] == "header"), "{}", inventory.text);
     let decisions = gateway.call(Method::GET, "/v1/replays/decisions", Some(&key), None).await?;
     assert_eq!(decisions.status, 200, "{}", decisions.text);
     let simulated = gateway.call(Method::POST, "/v1/replays/simulate", Some(&key), Some(json!({"strategy": "price"}))).await?;

@@ -1520,6 +1520,33 @@ async fn models_runnable_allowlists_and_deprecations(shape: Shape) -> TestResult
     );
     assert!(runnable.body["data"][0]["x_model_router"]["pricing"]["input"].is_number());
     assert_eq!(runnable.body["total_available"], runnable.body["data"].as_array().map(Vec::len).unwrap_or(0));
+    assert_eq!(runnable.body["filtered_out"]["budget_exhausted"], json!([]), "{}", runnable.text);
+
+    // A key whose budget cannot pay for one token in and one out of any priced model runs none of them.
+    let broke = gateway
+        .call(
+            Method::POST,
+            "/v1/api-keys",
+            Some(key),
+            Some(json!({"role": "developer", "budget_limit_usd": 0.0000001, "budget_period": "daily"})),
+        )
+        .await?;
+    assert_eq!(broke.status, 201, "{}", broke.text);
+    let broke = broke.body["api_key"]["key"].as_str().unwrap_or_default().to_string();
+    let starved = gateway.call(Method::GET, "/v1/catalog/runnable", Some(&broke), None).await?;
+    let exhausted = starved.body["filtered_out"]["budget_exhausted"].as_array().cloned().unwrap_or_default();
+    assert!(exhausted.contains(&json!("openai/gpt-4o-mini")) && exhausted.contains(&json!("openai/gpt-4o")), "{}", starved.text);
+    assert!(
+        starved.body["data"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .all(|model| model["x_model_router"]["pricing"]["input"].as_f64() == Some(0.0)),
+        "only free models stay runnable: {}",
+        starved.text
+    );
+    let total = |reply: &Reply| reply.body["total_available"].as_u64().unwrap_or(0) + reply.body["total_filtered"].as_u64().unwrap_or(0);
+    assert_eq!(total(&starved), total(&runnable), "every model is in one list or the other");
 
     let created = gateway
         .call(Method::POST, "/v1/api-keys", Some(key), Some(json!({"role": "developer", "allowed_models": ["openai/gpt-4o-mini"]})))

@@ -40,8 +40,8 @@ crate::grpc::service_contract! {
         fn revoke_api_key(RevokeApiKeyRequest) -> RevokedApiKey;
         /// Lists every tenant, optionally of one status (platform administration).
         fn list_tenants(ListTenantsRequest) -> TenantList;
-        /// Sets a tenant's status (`active` on approval, `rejected` on rejection).
-        fn set_tenant_status(SetTenantStatusRequest) -> Tenant;
+        /// Sets a tenant's status (`active` on approval, `rejected` on rejection), saying whether it moved and from what.
+        fn set_tenant_status(SetTenantStatusRequest) -> TenantStatusChange;
         /// Creates a registration invite code.
         fn create_invite_code(CreateInviteCodeRequest) -> InviteCode;
         /// Lists invite codes with their usage counts.

@@ -114,6 +114,12 @@ def test_servers_are_registered_discovered_and_called(gateway, upstream):
     call(gateway, "PUT", f"/v1/mcp/servers/{server['id']}", {"auth": None})
     refused = call(gateway, "POST", f"/v1/mcp/tools/{name}/add", {"arguments": {"a": 1, "b": 1}}, expect=503)
     assert refused["error"]["code"] == "mcp_server_unreachable" and "401" in refused["error"]["message"]
+    # Both of auth's members are optional: a token alone is a bearer credential, an auth without one is none.
+    restored = call(gateway, "PUT", f"/v1/mcp/servers/{server['id']}", {"auth": {"token": UPSTREAM_TOKEN}})
+    assert restored["auth"]["type"] == "bearer"
+    assert call(gateway, "POST", f"/v1/mcp/tools/{name}/add", {"arguments": {"a": 1, "b": 1}})["result"]["isError"] is False
+    assert call(gateway, "PUT", f"/v1/mcp/servers/{server['id']}", {"auth": {"type": "bearer"}})["auth"] is None
+    call(gateway, "POST", f"/v1/mcp/tools/{name}/add", {"arguments": {"a": 1, "b": 1}}, expect=503)
     call(gateway, "PUT", f"/v1/mcp/servers/{server['id']}", {"auth": {"type": "bearer", "token": UPSTREAM_TOKEN}})
 
 

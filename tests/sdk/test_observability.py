@@ -168,6 +168,15 @@ def test_xdr_connectors_receive_ocsf_security_events(gateway, receiver):
     assert call(gateway, "POST", f"/v1/observability/xdr/destinations/{connector['id']}/enable", {"enabled": False}, key=key) == {"id": connector["id"], "enabled": False}
     updated = call(gateway, "PUT", f"/v1/observability/xdr/destinations/{connector['id']}", {"filter_rules": None, "name": "soc"}, key=key)
     assert updated["filter_rules"] is None and updated["name"] == "soc" and updated["enabled"] is False
+    # Any subset updates, the type too: a new type takes the config sent with it (the old type's
+    # secret goes); without one, the stored config must suit the new type.
+    unsuited = call(gateway, "PUT", f"/v1/observability/xdr/destinations/{connector['id']}", {"type": "sumo_logic"}, expect=400, key=key)
+    assert unsuited["error"]["code"] == "invalid_destination" and "config.url" in unsuited["error"]["message"]
+    moved = call(gateway, "PUT", f"/v1/observability/xdr/destinations/{connector['id']}",
+                 {"type": "sumo_logic", "config": {"url": receiver + f"/sumo-{shape}"}}, key=key)
+    assert (moved["type"], moved["secrets_set"], moved["name"]) == ("sumo_logic", [], "soc")
+    assert call(gateway, "POST", f"/v1/observability/xdr/destinations/{connector['id']}/test", key=key) == {"delivered": True}
+    assert wait_for(lambda: len(received(f"/sumo-{shape}")) >= 1)
     bad = call(gateway, "POST", "/v1/observability/xdr/destinations", {"name": "x", "type": "webhook", "config": {"url": receiver}}, expect=400, key=key)
     assert bad["error"]["code"] == "invalid_destination"
     call(gateway, "DELETE", f"/v1/observability/xdr/destinations/{connector['id']}", key=key)

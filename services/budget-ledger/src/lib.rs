@@ -17,7 +17,7 @@ pub mod store;
 pub use alerts::WebhookOptions;
 pub use consumer::{CONSUMER_GROUP, Handled, SettlementConsumer, spawn_settlement_consumer};
 pub use counters::{
-    CounterError, Exhausted, InProcessCounters, ReservationId, Scope, ScopeKind, ScopeLevel, ScopeLimit, SpendCounters, Usage,
+    CounterError, Exhausted, InProcessCounters, Meter, ReservationId, Scope, ScopeKind, ScopeLevel, ScopeLimit, SpendCounters, Usage,
 };
 pub use guard::{
     ActualUsage, AgentBudgetLimit, AgentContext, BudgetContext, BudgetDenial, BudgetExceeded, BudgetGuard, Estimate, ExhaustionAction,

@@ -169,7 +169,8 @@ fn agent_of(request_headers: &HeaderMap, body_user: Option<&str>) -> Option<Stri
         .map(|agent| agent.chars().take(128).collect())
 }
 
-async fn budget_context(
+/// The budget scopes a caller's completion counts against (tenant, key, plan, and the agent's).
+pub(crate) async fn budget_context(
     state: &EdgeState,
     caller: &Caller,
     agent_id: Option<&str>,

@@ -494,16 +494,22 @@ impl IdentityService for IdentityServiceImpl {
         Ok(TenantList { tenants })
     }
 
-    async fn set_tenant_status(&self, request: SetTenantStatusRequest) -> ServiceResult<Tenant> {
+    async fn set_tenant_status(&self, request: SetTenantStatusRequest) -> ServiceResult<TenantStatusChange> {
         validated_status(&request.status)?;
-        let updated = self.store.set_tenant_status(&request.tenant_id, &request.status, &now_timestamp()).await.map_err(store_failure)?;
-        if !updated {
-            return Err(ServiceError::not_found("tenant_not_found", format!("tenant `{}` does not exist", request.tenant_id)));
+        let previous_status = self
+            .store
+            .set_tenant_status(&request.tenant_id, &request.status, &now_timestamp())
+            .await
+            .map_err(store_failure)?
+            .ok_or_else(|| ServiceError::not_found("tenant_not_found", format!("tenant `{}` does not exist", request.tenant_id)))?;
+        let changed = previous_status != request.status;
+        if changed {
+            tracing::info!(tenant_id = %request.tenant_id, from = %previous_status, status = %request.status, "tenant status changed");
+            let event = events::TenantChanged { status: request.status.clone() };
+            self.publish(&request.tenant_id, identity_event::Kind::TenantChanged(event)).await;
         }
-        tracing::info!(tenant_id = %request.tenant_id, status = %request.status, "tenant status changed");
-        let changed = events::TenantChanged { status: request.status.clone() };
-        self.publish(&request.tenant_id, identity_event::Kind::TenantChanged(changed)).await;
-        self.tenant_or_not_found(&request.tenant_id).await
+        let tenant = self.tenant_or_not_found(&request.tenant_id).await?;
+        Ok(TenantStatusChange { tenant: Some(tenant), changed, previous_status })
     }
 
     async fn create_invite_code(&self, request: CreateInviteCodeRequest) -> ServiceResult<InviteCode> {

@@ -171,14 +171,28 @@ impl IdentityStore {
         Ok(result.rows_affected() == 1)
     }
 
-    pub async fn set_tenant_status(&self, tenant_id: &str, status: &str, now: &str) -> StoreResult<bool> {
-        let result = sqlx::query("UPDATE tenants SET status = $1, updated_at = $2 WHERE id = $3")
-            .bind(status)
-            .bind(now)
-            .bind(tenant_id)
-            .execute(self.database.pool())
-            .await?;
-        Ok(result.rows_affected() == 1)
+    /// Sets a tenant's status and returns the one it had (None: no such tenant). The row is locked
+    /// first (a write that changes nothing: PostgreSQL's row lock, SQLite's write lock), then read
+    /// and updated in the same transaction, so of two concurrent calls the second sees the first's
+    /// status.
+    pub async fn set_tenant_status(&self, tenant_id: &str, status: &str, now: &str) -> StoreResult<Option<String>> {
+        let mut transaction = self.begin().await?;
+        let locked = sqlx::query("UPDATE tenants SET status = status WHERE id = $1").bind(tenant_id).execute(&mut *transaction).await?;
+        if locked.rows_affected() != 1 {
+            return Ok(None);
+        }
+        let previous: String =
+            sqlx::query("SELECT status FROM tenants WHERE id = $1").bind(tenant_id).fetch_one(&mut *transaction).await?.try_get(0)?;
+        if previous != status {
+            sqlx::query("UPDATE tenants SET status = $1, updated_at = $2 WHERE id = $3")
+                .bind(status)
+                .bind(now)
+                .bind(tenant_id)
+                .execute(&mut *transaction)
+                .await?;
+        }
+        transaction.commit().await?;
+        Ok(Some(previous))
     }
 
     /// Moves a tenant to `plan` unless it is already on it; true when this call changed the plan.

@@ -750,9 +750,26 @@ async fn administration_of_tenants_and_invite_codes(database: Database) -> TestR
     let harness = harness(database, RegistrationMode::Open);
     let first = register(&harness.identity, "First").await?;
     register(&harness.identity, "Second").await?;
-    let rejected =
-        harness.identity.set_tenant_status(SetTenantStatusRequest { tenant_id: tenant_id(&first), status: "rejected".to_string() }).await?;
-    assert_eq!(rejected.status, "rejected");
+    let reject =
+        || harness.identity.set_tenant_status(SetTenantStatusRequest { tenant_id: tenant_id(&first), status: "rejected".to_string() });
+    let (one, other) = tokio::join!(reject(), reject());
+    let (one, other) = (one?, other?);
+    assert_eq!(
+        [one.changed, other.changed].iter().filter(|changed| **changed).count(),
+        1,
+        "of two concurrent rejections exactly one moves the tenant"
+    );
+    let rejected = if one.changed { one } else { other };
+    assert_eq!(rejected.previous_status, "active");
+    assert_eq!(rejected.tenant.as_ref().map(|tenant| tenant.status.as_str()), Some("rejected"));
+    let again = reject().await?;
+    assert!(!again.changed);
+    assert_eq!(again.previous_status, "rejected");
+    let missing = harness
+        .identity
+        .set_tenant_status(SetTenantStatusRequest { tenant_id: "no-such-tenant".to_string(), status: "active".to_string() })
+        .await;
+    assert_eq!(missing.err().map(|error| error.reason), Some("tenant_not_found".to_string()));
     let refused = harness.identity.authenticate(AuthenticateRequest { api_key: plaintext(&first) }).await.err();
     assert_eq!(refused.map(|error| error.reason), Some("tenant_rejected".to_string()));
     let only_rejected = harness.identity.list_tenants(ListTenantsRequest { status: Some("rejected".to_string()) }).await?;

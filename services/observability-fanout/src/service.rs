@@ -213,18 +213,27 @@ impl ObservabilityFanoutService for ObservabilityFanoutServiceImpl {
 
     async fn update_destination(&self, request: UpdateDestinationRequest) -> ServiceResult<Destination> {
         let mut stored = self.existing(&request.tenant_id, &request.kind, &request.id).await?;
-        if let Some(config_json) = &request.config_json {
-            // Members merged into the stored config (secrets included); a member set to null is removed.
-            let mut config = self
-                .opener
-                .config(&stored)
-                .map_err(|error| ServiceError::internal(format!("cannot open a destination's secrets: {error}")))?;
-            for (name, value) in config_object(config_json)? {
+        let new_type = request.r#type.clone().filter(|kind| *kind != stored.destination.r#type);
+        if request.config_json.is_some() || new_type.is_some() {
+            // Members merged into the stored config (secrets included); a member set to null is
+            // removed. A new type given with a config takes that config alone (the old type's members
+            // mean nothing to it); without one, the stored config must suit the new type.
+            let mut config = match (&new_type, &request.config_json) {
+                (Some(_), Some(_)) => Map::new(),
+                _ => self
+                    .opener
+                    .config(&stored)
+                    .map_err(|error| ServiceError::internal(format!("cannot open a destination's secrets: {error}")))?,
+            };
+            for (name, value) in config_object(request.config_json.as_deref().unwrap_or("{}"))? {
                 if value.is_null() {
                     config.remove(&name);
                 } else {
                     config.insert(name, value);
                 }
+            }
+            if let Some(new_type) = new_type {
+                stored.destination.r#type = new_type;
             }
             formats::validate(&stored.destination.kind, &stored.destination.r#type, &config).map_err(invalid)?;
             self.check_reachable(&stored.destination.kind, &stored.destination.r#type, &config)?;

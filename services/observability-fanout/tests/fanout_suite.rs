@@ -191,6 +191,19 @@ async fn destinations_seal_secrets_batch_and_count(database: Database) -> TestRe
         ..UpdateDestinationRequest::default()
     };
     assert!(service.update_destination(bad_types).await.is_err());
+    // A new type without a config keeps the stored one when it suits it (webhook and custom both
+    // need a url), secrets included; one that does not suit is refused and changes nothing.
+    let retype = |kind_type: &str| UpdateDestinationRequest {
+        tenant_id: "t1".into(),
+        kind: "observability".into(),
+        id: webhook.id.clone(),
+        r#type: Some(kind_type.into()),
+        ..UpdateDestinationRequest::default()
+    };
+    let retyped = service.update_destination(retype("custom")).await?;
+    assert_eq!((retyped.r#type.as_str(), retyped.secrets_set.as_slice()), ("custom", ["secret".to_string()].as_slice()));
+    assert!(service.update_destination(retype("splunk")).await.is_err(), "splunk needs hec_url and hec_token");
+    assert_eq!(service.update_destination(retype("webhook")).await?.r#type, "webhook");
 
     let failing = service.create_destination(create("observability", "custom", json!({"url": format!("{base}/fail")}))).await?;
     let reference = |id: &str| DestinationRef { tenant_id: "t1".into(), id: id.into(), kind: "observability".into() };

@@ -113,12 +113,14 @@ impl Gateway {
         }
         let status = if spec.suspended { "rejected" } else { "active" };
         if tenant.status != status {
-            let before = std::mem::take(&mut tenant.status);
-            tenant = self
+            let moved = self
                 .identity
                 .set_tenant_status(SetTenantStatusRequest { tenant_id: tenant_id.to_string(), status: status.to_string() })
                 .await?;
-            self.announce(tenant_status_changed(tenant_id, actor.to_string(), &before, &tenant.status));
+            if moved.changed {
+                self.announce(tenant_status_changed(tenant_id, actor.to_string(), &moved.previous_status, status));
+            }
+            tenant = moved.tenant.unwrap_or_default();
         }
         let mut superseded = Vec::new();
         if minted.is_none() {
@@ -185,16 +187,11 @@ impl Gateway {
     /// Sets a tenant's status to `rejected` (its keys stop authenticating; `actor` doing it); a
     /// missing tenant is fine.
     pub async fn suspend_tenant(&self, tenant_id: &str, actor: &str) -> Result<(), ServiceError> {
-        let before = match self.identity.get_tenant(TenantRef { tenant_id: tenant_id.to_string() }).await {
-            Ok(tenant) => tenant.status,
-            Err(error) if error.kind == ErrorKind::NotFound => return Ok(()),
-            Err(error) => return Err(error),
-        };
         let request = SetTenantStatusRequest { tenant_id: tenant_id.to_string(), status: "rejected".to_string() };
         match self.identity.set_tenant_status(request).await {
-            Ok(tenant) => {
-                if before != tenant.status {
-                    self.announce(tenant_status_changed(tenant_id, actor.to_string(), &before, &tenant.status));
+            Ok(moved) => {
+                if moved.changed {
+                    self.announce(tenant_status_changed(tenant_id, actor.to_string(), &moved.previous_status, "rejected"));
                 }
                 Ok(())
             }

@@ -51,13 +51,13 @@ pub async fn reject_tenant(state: State<EdgeState>, caller: Caller, tenant_id: P
 
 async fn set_status(State(state): State<EdgeState>, caller: Caller, Path(tenant_id): Path<String>, status: &str) -> Answer {
     caller.require("admin.write")?;
-    let before = state.identity.get_tenant(TenantRef { tenant_id: tenant_id.clone() }).await?;
-    let tenant = state.identity.set_tenant_status(SetTenantStatusRequest { tenant_id, status: status.to_string() }).await?;
+    let moved = state.identity.set_tenant_status(SetTenantStatusRequest { tenant_id, status: status.to_string() }).await?;
+    let tenant = moved.tenant.unwrap_or_default();
     state.authenticator.evict_tenant(&tenant.id);
-    if before.status != tenant.status {
+    if moved.changed {
         activity::announce(
             &state,
-            activity::tenant_status_changed(&tenant.id, activity::key_actor(&caller), &before.status, &tenant.status),
+            activity::tenant_status_changed(&tenant.id, activity::key_actor(&caller), &moved.previous_status, &tenant.status),
         );
     }
     Ok(Json(json!({"ok": true, "tenant": views::tenant(&tenant)})))

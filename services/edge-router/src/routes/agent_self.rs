@@ -11,7 +11,8 @@ use brainstorm_budget_ledger::{BudgetContext, ScopeKind, ScopeLevel};
 use brainstorm_common::ApiError;
 use brainstorm_common::money::Usd;
 use brainstorm_common::time::parse_timestamp;
-use brainstorm_proto::budget::{AgentBudget, AgentLimit, PutAgentBudgetRequest};
+use brainstorm_proto::ServiceError;
+use brainstorm_proto::budget::{AgentBudget, AgentLimit, PutAgentBudgetRequest, TenantRef as BudgetTenantRef, WriteAgentLimitsRequest};
 use brainstorm_proto::identity::{
     AgentProfile, AgentProfileRef, BootstrapAgentRequest, DelegateAgentRequest, EndSubAgentRequest, EndedSubAgent,
     IssueAgentCertificateRequest, TenantRef,
@@ -34,6 +35,10 @@ type Answer = Result<Json<Value>, ApiError>;
 const BOOTSTRAP: &str = "router.write";
 /// Recent anomaly events shown for one agent.
 const RECENT_ANOMALIES: usize = 50;
+/// The rate a bootstrapped agent gets when it has no `/v1/agent-limits` entry and the bootstrapping
+/// key has no tighter one: completions attributed to it per minute (an operator changes it with
+/// `PATCH /v1/agent-limits`).
+pub const DEFAULT_AGENT_RPM: u32 = 600;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -101,6 +106,10 @@ pub async fn bootstrap(
     {
         budget = Some(put_budget(&state, &tenant_id, &agent_id, per_day_nanos, "stop").await?);
     }
+    if bootstrapped.created {
+        let key_rpm = caller.identity.key.as_ref().and_then(|key| key.rate_limit_rpm);
+        default_rate(&state, &tenant_id, &agent_id, key_rpm).await?;
+    }
     let minted =
         Minted { profile, token: bootstrapped.token, token_expires_at: bootstrapped.token_expires_at, created: bootstrapped.created };
     minted.answer(&state, &caller.identity.plan, budget.as_ref(), json!({})).await
@@ -149,6 +158,31 @@ impl Minted {
         }
         Ok((if self.created { StatusCode::CREATED } else { StatusCode::OK }, Json(body)))
     }
+}
+
+/// Gives a new agent without a `/v1/agent-limits` entry one with a rate (`inherited`: the
+/// bootstrapping key's, or a sub-agent's parent's, when it has one; else [`DEFAULT_AGENT_RPM`]), so
+/// its enforced rate is a number from the start; an entry an operator wrote first stays as it is.
+/// A failed write is 503, as the spec has it.
+async fn default_rate(state: &EdgeState, tenant_id: &str, agent_id: &str, inherited: Option<u32>) -> Result<(), ApiError> {
+    let unavailable = |error: ServiceError| {
+        tracing::warn!(tenant_id, agent_id, error = %error.message, "cannot write a bootstrapped agent's rate limit");
+        ApiError::unavailable("agent_limits_unavailable", "the agent's limits could not be written; bootstrap again")
+    };
+    let current = state.budget.get_agent_limits(BudgetTenantRef { tenant_id: tenant_id.to_string() }).await.map_err(unavailable)?;
+    if current.limits.contains_key(agent_id) {
+        return Ok(());
+    }
+    let limit = AgentLimit { max_budget_nanos: None, max_requests_per_minute: Some(inherited.unwrap_or(DEFAULT_AGENT_RPM)) };
+    let request = WriteAgentLimitsRequest {
+        tenant_id: tenant_id.to_string(),
+        merge: true,
+        set: [(agent_id.to_string(), limit)].into_iter().collect(),
+        removed: Vec::new(),
+    };
+    state.budget.write_agent_limits(request).await.map_err(unavailable)?;
+    state.budget_settings.evict(tenant_id);
+    Ok(())
 }
 
 /// Sets an agent's ledger budget (what the guard refuses on) and forgets this edge's cached copy.
@@ -239,6 +273,10 @@ pub async fn delegate(
     let budget = if delegated.created {
         // The allocation is the child's enforced budget; the parent's follows what it gave.
         follow_parent_budget(&state, &parent).await?;
+        // A sub-agent is held to its parent's rate: it cannot outrun the agent that made it.
+        let parent_rpm =
+            state.budget_settings.agent_limit(&parent.tenant_id, &parent.agent_id).await?.and_then(|limit| limit.max_requests_per_minute);
+        default_rate(&state, &child.tenant_id, &child.agent_id, parent_rpm).await?;
         Some(put_budget(&state, &child.tenant_id, &child.agent_id, allocation, "stop").await?)
     } else {
         state.budget_settings.agent(&child.tenant_id, &child.agent_id).await?

@@ -6,6 +6,7 @@ use axum::Json;
 use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
+use brainstorm_budget_ledger::{Meter, ScopeLevel};
 use brainstorm_common::ApiError;
 use brainstorm_providers::anthropic;
 use brainstorm_providers::catalog::{Model, base_url};
@@ -172,13 +173,48 @@ fn runnable_entry(model: &Model) -> Value {
     })
 }
 
+/// The cost of the smallest request a model can serve (one token in, one out), rounded up, in nanos.
+fn smallest_request_nanos(model: &Model) -> i64 {
+    let per_million = model.price.input_per_million.nanos().saturating_add(model.price.output_per_million.nanos());
+    per_million.saturating_add(999_999) / 1_000_000
+}
+
+/// Whether the caller's budgets leave room for a model: every plan cap (requests, tokens a day) has
+/// some left, and every money scope with a limit (tenant, key, plan) at least the model's smallest
+/// request, so a free model stays runnable on a spent budget.
+struct BudgetRoom {
+    capped: bool,
+    money_left: Option<i64>,
+}
+
+impl BudgetRoom {
+    async fn of(state: &EdgeState, caller: &Caller) -> Result<Self, ApiError> {
+        let context = pipeline::budget_context(state, caller, None, &HeaderMap::new(), None).await?;
+        let remaining = state.guard.remaining(&context).await.map_err(|error| {
+            tracing::warn!(%error, "cannot read the budget counters");
+            ApiError::unavailable("budget_unavailable", "the budget counters cannot be read right now")
+        })?;
+        let is_money = |level: &&ScopeLevel| level.scope.kind.meter() == Meter::Spend;
+        Ok(BudgetRoom {
+            capped: remaining.levels.iter().filter(|level| !is_money(level)).any(|level| level.remaining() == Some(0)),
+            money_left: remaining.levels.iter().filter(is_money).filter_map(ScopeLevel::remaining).min(),
+        })
+    }
+
+    fn exhausted_for(&self, model: &Model) -> bool {
+        self.capped || self.money_left.is_some_and(|left| left < smallest_request_nanos(model))
+    }
+}
+
 /// `GET /v1/catalog/runnable` (router.read): what can run now, and why the rest cannot: no key for
-/// its provider, its circuit open, or its provider found down by the sentinel's last probe.
+/// its provider, its circuit open, its provider found down by the sentinel's last probe, or the
+/// caller's budgets spent (`BudgetRoom`: the guard's counters, as a completion would meet them).
 pub async fn runnable(State(state): State<EdgeState>, caller: Caller) -> Result<Json<Value>, ApiError> {
     caller.require("router.read")?;
     let config = state.routing.get(caller.tenant_id()?).await?;
+    let room = BudgetRoom::of(&state, &caller).await?;
     let mut data = Vec::new();
-    let (mut no_provider_key, mut circuit_open, mut sentinel_down) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut no_provider_key, mut circuit_open, mut sentinel_down, mut budget_exhausted) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for model in state.models.models() {
         let id = model.id();
         if !caller.may_use_model(&id) {
@@ -190,16 +226,18 @@ pub async fn runnable(State(state): State<EdgeState>, caller: Caller) -> Result<
             circuit_open.push(id);
         } else if state.sentinel.last(&model.provider).is_some_and(|probe| probe.status == ProbeStatus::Down) {
             sentinel_down.push(id);
+        } else if room.exhausted_for(model) {
+            budget_exhausted.push(id);
         } else {
             data.push(runnable_entry(model));
         }
     }
-    let total_filtered = no_provider_key.len() + circuit_open.len() + sentinel_down.len();
+    let total_filtered = no_provider_key.len() + circuit_open.len() + sentinel_down.len() + budget_exhausted.len();
     Ok(Json(json!({
         "object": "list",
         "total_available": data.len(),
         "total_filtered": total_filtered,
         "data": data,
-        "filtered_out": {"circuit_open": circuit_open, "no_provider_key": no_provider_key, "sentinel_down": sentinel_down, "budget_exhausted": []},
+        "filtered_out": {"circuit_open": circuit_open, "no_provider_key": no_provider_key, "sentinel_down": sentinel_down, "budget_exhausted": budget_exhausted},
     })))
 }

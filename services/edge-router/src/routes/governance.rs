@@ -39,7 +39,8 @@ pub async fn verify_chain(State(state): State<EdgeState>, caller: Caller) -> Ans
         }
     };
     let report = state.audit.verify_chain(VerifyChainRequest { tenant_id, max_provenance_checks: None }).await?;
-    json(&report)
+    // The spec's shape (`provenanceChecks[]`, `anchor{}`, `head{}`), as `brainstorm audit verify` prints it.
+    json(&brainstorm_audit_lineage::chain::Report::from_proto(&report))
 }
 
 /// `GET /v1/explain/{request_id}` (router.read): the decision path of one request.
@@ -95,7 +96,14 @@ pub async fn inventory(State(state): State<EdgeState>, caller: Caller, Query(que
         period: query.period.unwrap_or_else(|| "day".to_string()),
         registry: None,
     };
-    json(&state.audit.get_agent_inventory(request).await?)
+    let inventory = state.audit.get_agent_inventory(request).await?;
+    let Json(mut answer) = json(&inventory)?;
+    // The spec's `asserted[]` is the list itself (null, with a note, when it could not be read).
+    answer["asserted"] = inventory.asserted.map_or(Ok(Value::Null), |list| serde_json::to_value(list.agents)).map_err(|error| {
+        tracing::error!(%error, "cannot render a governance answer");
+        ApiError::internal()
+    })?;
+    Ok(Json(answer))
 }
 
 #[derive(Deserialize)]

@@ -88,7 +88,12 @@ fn text(body: &Map<String, Value>, name: &str) -> Result<Option<String>, ApiErro
     }
 }
 
-fn auth(value: &Value) -> Result<ServerAuth, ApiError> {
+/// The `auth` member (null: none). Both of its members are optional, as the spec has them: `type`
+/// defaults to `bearer`, and an object without a `token` carries no credential (as `auth: null`).
+fn auth(value: &Value) -> Result<Option<ServerAuth>, ApiError> {
+    if value.is_null() {
+        return Ok(None);
+    }
     let invalid = |message: &str| ApiError::invalid_request("invalid_mcp_server", message.to_string());
     let Value::Object(auth) = value else { return Err(invalid("auth must be an object {type, token, headerName}")) };
     for name in auth.keys() {
@@ -96,12 +101,19 @@ fn auth(value: &Value) -> Result<ServerAuth, ApiError> {
             return Err(invalid(&format!("auth has no member `{name}` (type, token, headerName)")));
         }
     }
-    let field = |name: &str| auth.get(name).and_then(Value::as_str).map(str::to_string);
-    Ok(ServerAuth {
-        r#type: field("type").ok_or_else(|| invalid("auth.type is required: bearer or api-key"))?,
-        token: field("token").ok_or_else(|| invalid("auth.token is required"))?,
-        header_name: field("headerName").or_else(|| field("header_name")).unwrap_or_default(),
-    })
+    let field = |name: &str| -> Result<Option<String>, ApiError> {
+        match auth.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(text)) => Ok(Some(text.clone())),
+            Some(_) => Err(invalid(&format!("auth.{name} must be a string"))),
+        }
+    };
+    let Some(token) = field("token")?.filter(|token| !token.trim().is_empty()) else { return Ok(None) };
+    Ok(Some(ServerAuth {
+        r#type: field("type")?.unwrap_or_else(|| "bearer".to_string()),
+        token,
+        header_name: field("headerName")?.or(field("header_name")?).unwrap_or_default(),
+    }))
 }
 
 fn allowed_key_ids(value: &Value) -> Result<Vec<String>, ApiError> {
@@ -149,7 +161,7 @@ pub async fn register(State(state): State<EdgeState>, caller: Caller, JsonBody(b
         name: required("name")?,
         transport: required("transport")?,
         url: required("url")?,
-        auth: member(&body, "auth").filter(|auth| !auth.is_null()).map(auth).transpose()?,
+        auth: member(&body, "auth").map(auth).transpose()?.flatten(),
         allowed_key_ids: member(&body, "allowed_key_ids").map(allowed_key_ids).transpose()?.unwrap_or_default(),
     };
     let server = client(&state)?.register_server(request).await?;
@@ -174,20 +186,20 @@ pub async fn get(State(state): State<EdgeState>, caller: Caller, Path(id): Path<
     Ok(Json(server_view(&client(&state)?.get_server(server_ref(&caller, id)?).await?)))
 }
 
-/// `PUT /v1/mcp/servers/{id}` (config.write): the members sent change; `auth: null` removes the
-/// credential, an absent `auth` keeps it.
+/// `PUT /v1/mcp/servers/{id}` (config.write): the members sent change; `auth: null` (or an `auth`
+/// without a token) removes the credential, an absent `auth` keeps it.
 pub async fn update(State(state): State<EdgeState>, caller: Caller, Path(id): Path<String>, JsonBody(body): JsonBody<Value>) -> Answer {
     caller.require("config.write")?;
     let body = server_body(body)?;
-    let auth_member = member(&body, "auth");
+    let auth_member = member(&body, "auth").map(auth).transpose()?;
     let request = UpdateServerRequest {
         tenant_id: caller.tenant_id()?.to_string(),
         server: id,
         name: text(&body, "name")?,
         transport: text(&body, "transport")?,
         url: text(&body, "url")?,
-        auth: auth_member.filter(|auth| !auth.is_null()).map(auth).transpose()?,
-        remove_auth: matches!(auth_member, Some(Value::Null)),
+        remove_auth: matches!(auth_member, Some(None)),
+        auth: auth_member.flatten(),
         set_allowed_key_ids: member(&body, "allowed_key_ids").is_some(),
         allowed_key_ids: member(&body, "allowed_key_ids").map(allowed_key_ids).transpose()?.unwrap_or_default(),
     };

@@ -160,9 +160,6 @@ async fn list(state: &EdgeState, caller: &Caller, kind: &str) -> Answer {
 async fn update(state: &EdgeState, caller: &Caller, kind: &str, id: String, body: Value) -> Answer {
     caller.require(permission(kind, true))?;
     let body = members(body)?;
-    if body.contains_key("type") {
-        return Err(ApiError::invalid_request("invalid_destination", "a destination's type does not change: create another"));
-    }
     let (batch_max_size, batch_flush_interval_ms) = batch(body.get("batch"))?;
     let enabled = match body.get("enabled") {
         None => None,
@@ -182,6 +179,8 @@ async fn update(state: &EdgeState, caller: &Caller, kind: &str, id: String, body
         // `filter_rules: null` removes the rules.
         filter_rules_json: body.get("filter_rules").map(Value::to_string),
         enabled,
+        // A new type replaces the config with the one sent (or keeps the stored one if it suits).
+        r#type: text(&body, "type")?,
     };
     Ok(Json(view(&client(state)?.update_destination(request).await?)))
 }
