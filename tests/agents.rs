@@ -267,6 +267,14 @@ async fn agents_bootstrap_and_read_themselves_with_their_jwt(shape: Shape) -> Te
         .send()
         .await?;
     assert_eq!(attributed.status().as_u16(), 200);
+    // The agent family of headers: who answers for the agent, its state and what its budget leaves.
+    let header = |name: &str| attributed.headers().get(name).and_then(|value| value.to_str().ok()).map(str::to_string);
+    assert_eq!(
+        (header("x-br-agent-id"), header("x-br-agent-assertion"), header("x-br-agent-owner"), header("x-br-agent-lifecycle")),
+        (Some("researcher".to_string()), Some("registered".to_string()), Some(format!("key:{admin_key_id}")), Some("active".to_string()))
+    );
+    let agent_left = header("x-br-agent-budget-remaining").and_then(|left| left.parse::<f64>().ok()).unwrap_or_default();
+    assert!(agent_left > 0.0 && agent_left < 2.5, "the agent's daily USD 2.5 less this request: {agent_left}");
     let mut status = Reply::default();
     for _ in 0..100 {
         status = as_agent(&gateway, "/v1/agent/status", &jwt).await?;
@@ -325,7 +333,13 @@ async fn agents_bootstrap_and_read_themselves_with_their_jwt(shape: Shape) -> Te
     assert_eq!(as_agent(&gateway, "/v1/agent/status", &jwt).await?.status, 200, "a quarantined agent still reads its status");
     assert_eq!(mv("active").await?.status, 200);
     // Agents without a profile are attributed, never refused for it.
-    assert_eq!(completion_as(&gateway, &admin, "unregistered-helper").await?.status, 200);
+    let helper = completion_as(&gateway, &admin, "unregistered-helper").await?;
+    assert_eq!(
+        (helper.status, helper.header("x-br-agent-assertion"), helper.header("x-br-agent-owner")),
+        (200, Some("unregistered"), None),
+        "{}",
+        helper.text
+    );
     assert_eq!(mv("suspended").await?.status, 200);
     assert_eq!(mv("terminated").await?.status, 200);
     let terminated = as_agent(&gateway, "/v1/agent/status", &jwt).await?;

@@ -31,6 +31,7 @@ async fn completions_are_chained_and_explained(shape: Shape) -> TestResult {
     assert_eq!(header("x-br-explain"), Some(request_id.clone()));
     assert_eq!(header("x-br-evidence-coverage").as_deref(), Some("captured"));
     assert!(header("traceparent").is_some_and(|value| value.contains("0af7651916cd43dd8448eb211c80319c")), "the trace continues");
+    assert_eq!((header("x-br-agent-id").as_deref(), header("x-br-agent-assertion").as_deref()), (Some("researcher"), Some("unregistered")));
 
     // A denial is evidence too.
     let denied = gateway.call(Method::POST, "/v1/chat/completions", Some(&key), Some(json!({"model": "m", "messages": []}))).await?;

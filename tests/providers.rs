@@ -34,6 +34,7 @@ brainstorm_e2e::in_both_shapes!(
     circuits_open_on_repeated_provider_failures_and_health_shows_them,
     the_self_view_adds_up_the_tenant_and_suggests_what_is_missing,
     the_leaderboard_ranks_models_by_the_tenants_own_traffic,
+    routing_weighs_the_quality_learned_from_the_tenants_traffic,
     insights_config_and_ops_read_the_tenant_as_it_is,
     aliases_presets_and_model_resolution_errors,
     models_runnable_allowlists_and_deprecations,
@@ -1210,6 +1211,62 @@ async fn the_self_view_adds_up_the_tenant_and_suggests_what_is_missing(shape: Sh
     Ok(())
 }
 
+async fn routing_weighs_the_quality_learned_from_the_tenants_traffic(shape: Shape) -> TestResult {
+    // The edge refreshes what it learned as often as its other caches; circuits never open here, so
+    // only what was learned can move the route.
+    let extra = [("BR_CACHE_TTL_MS", "200"), ("BR_CIRCUIT_FAILURES", "1000")];
+    let setup = setup_env(shape, MockConfig::default(), &[("openai", OPENAI_KEY), ("anthropic", ANTHROPIC_KEY)], &extra).await?;
+    let (gateway, mock, key) = (&setup.gateway, &setup.mock, setup.key.as_str());
+    let strategy = |reply: &Reply| reply.body["usage"]["routing_strategy"].as_str().unwrap_or_default().to_string();
+    let ask = |body: Value| gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(body));
+
+    // The sandbox plan routes cost-first.
+    let sandboxed = ask(completion("auto", "what is 2+2?")).await?;
+    assert_eq!((sandboxed.status, strategy(&sandboxed)), (200, "price".to_string()), "{}", sandboxed.text);
+    assert_eq!(strategy(&ask(completion("openai/gpt-4o-mini", "hi")).await?), "price");
+    let graduated = gateway.call(Method::POST, "/v1/account/graduate", Some(key), Some(json!({}))).await?;
+    assert_eq!(graduated.body["graduated"], true, "{}", graduated.text);
+
+    // Elsewhere the spec's default strategy is quality, for a named model and for auto; a strategy asked for wins.
+    let named = ask(completion("openai/gpt-4o-mini", "hi")).await?;
+    assert_eq!((named.status, strategy(&named)), (200, "quality".to_string()), "{}", named.text);
+    let mut by_priority = completion("openai/gpt-4o-mini", "hi");
+    by_priority["route"] = json!({"strategy": "priority"});
+    assert_eq!(strategy(&ask(by_priority).await?), "priority");
+    let first = ask(completion("auto", "what is 2+2?")).await?;
+    assert_eq!((first.status, strategy(&first)), (200, "quality".to_string()), "{}", first.text);
+    let picked = first.header("x-br-routed-model").unwrap_or_default().to_string();
+
+    // The model auto picked fails this tenant again and again...
+    let path = if picked.starts_with("anthropic/") { "/v1/messages" } else { "/chat/completions" };
+    mock.fail_next(FailSpec { count: 30, status: 500, body: None, path_contains: Some(path.to_string()) });
+    for _ in 0..30 {
+        let mut body = completion(&picked, "what is 2+2?");
+        body["route"] = json!({"allowFallback": false});
+        assert_ne!(ask(body).await?.status, 200);
+    }
+    mock.clear_failures();
+    // ...so once the settlements reach the ledger and the edge learns of them, auto picks another.
+    let mut routed = picked.clone();
+    for _ in 0..100 {
+        let reply = ask(completion("auto", "what is 2+2?")).await?;
+        assert_eq!(reply.status, 200, "{}", reply.text);
+        routed = reply.header("x-br-routed-model").unwrap_or_default().to_string();
+        if routed != picked {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    }
+    assert_ne!(routed, picked, "a model that keeps failing loses auto's pick");
+    let board = gateway
+        .call(Method::GET, &format!("/v1/models/leaderboard?provider={}", picked.split('/').next().unwrap_or_default()), Some(key), None)
+        .await?;
+    let learned =
+        board.body["data"].as_array().into_iter().flatten().find(|entry| entry["id"] == picked.as_str()).cloned().unwrap_or_default();
+    assert!(learned["reward_score"].as_f64() < learned["quality"].as_f64().map(|prior| prior / 2.0), "{learned}");
+    Ok(())
+}
+
 async fn the_leaderboard_ranks_models_by_the_tenants_own_traffic(shape: Shape) -> TestResult {
     let setup = setup(shape).await?;
     let (gateway, key) = (&setup.gateway, setup.key.as_str());
@@ -1522,7 +1579,8 @@ async fn models_runnable_allowlists_and_deprecations(shape: Shape) -> TestResult
     assert_eq!(runnable.body["total_available"], runnable.body["data"].as_array().map(Vec::len).unwrap_or(0));
     assert_eq!(runnable.body["filtered_out"]["budget_exhausted"], json!([]), "{}", runnable.text);
 
-    // A key whose budget cannot pay for one token in and one out of any priced model runs none of them.
+    // A key whose budget (USD 0.0000001) cannot pay for one token in and one out of a model runs none
+    // of those; a model that cheap (an embedding model at USD 0.02 a million) still runs.
     let broke = gateway
         .call(
             Method::POST,
@@ -1537,12 +1595,16 @@ async fn models_runnable_allowlists_and_deprecations(shape: Shape) -> TestResult
     let exhausted = starved.body["filtered_out"]["budget_exhausted"].as_array().cloned().unwrap_or_default();
     assert!(exhausted.contains(&json!("openai/gpt-4o-mini")) && exhausted.contains(&json!("openai/gpt-4o")), "{}", starved.text);
     assert!(
-        starved.body["data"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .all(|model| model["x_model_router"]["pricing"]["input"].as_f64() == Some(0.0)),
-        "only free models stay runnable: {}",
+        starved.body["data"].as_array().is_some_and(|data| data.iter().any(|model| model["id"] == "openai/text-embedding-3-small")),
+        "{}",
+        starved.text
+    );
+    assert!(
+        starved.body["data"].as_array().into_iter().flatten().all(|model| {
+            let pricing = &model["x_model_router"]["pricing"];
+            pricing["input"].as_f64().unwrap_or(f64::MAX) + pricing["output"].as_f64().unwrap_or(f64::MAX) <= 0.1
+        }),
+        "only models whose smallest request costs at most USD 0.0000001 stay runnable: {}",
         starved.text
     );
     let total = |reply: &Reply| reply.body["total_available"].as_u64().unwrap_or(0) + reply.body["total_filtered"].as_u64().unwrap_or(0);

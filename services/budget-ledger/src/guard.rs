@@ -417,6 +417,14 @@ impl RemainingView {
         if let Some(remaining) = self.rate_limit_remaining {
             put("x-ratelimit-remaining", &remaining);
         }
+        if let Some(remaining) = self.agent_budget_remaining() {
+            put("x-br-agent-budget-remaining", &remaining.fixed(6));
+        }
+    }
+
+    /// `X-BR-Agent-Budget-Remaining`: what the attributed agent's daily budget leaves, when it has one.
+    pub fn agent_budget_remaining(&self) -> Option<Usd> {
+        self.levels.iter().find(|level| level.scope.kind == ScopeKind::AgentDaily).and_then(ScopeLevel::remaining).map(Usd::from_nanos)
     }
 }
 
@@ -642,28 +650,22 @@ impl Reservation {
         let usage = Usage { cost: actual.cost, tokens: actual.input_tokens.saturating_add(actual.output_tokens), requests: 1 };
         let ReservationInner { counters, bus, reservation, context, request_id, reserved_at } = inner;
         let settled = counters.settle(&reservation, usage).await;
-        let latency_ms = actual.latency_ms.unwrap_or_else(|| u64::try_from(reserved_at.elapsed().as_millis()).unwrap_or(u64::MAX));
-        // The reservation settles once: the settlement takes the context's text instead of copies.
-        let key = context.tenant_id.clone();
-        let settlement = budget::Settlement {
-            request_id,
-            tenant_id: context.tenant_id,
-            plan: context.plan,
-            key_id: context.key_id,
-            agent_id: context.agent.map(|agent| agent.agent_id),
-            conversation_id: context.conversation_id,
-            model: actual.model,
-            provider: actual.provider,
-            input_tokens: actual.input_tokens,
-            output_tokens: actual.output_tokens,
-            cost_nanos: actual.cost.nanos(),
-            outcome: actual.outcome.as_str().to_string(),
-            latency_ms,
-            occurred_at: format_timestamp(Utc::now()),
-        };
-        publish(bus.as_ref(), &key, budget_event::Kind::Settlement(settlement)).await;
+        publish_settlement(bus.as_ref(), context, request_id, reserved_at, actual).await;
         let levels = settled?;
         Ok(RemainingView { levels, rate_limit_remaining: self.view.rate_limit_remaining })
+    }
+
+    /// Takes the estimate back, as [`Reservation::release`] does, and records the request as
+    /// `failed` on `model` (nothing spent), so the ledger's usage, success rates and what routing
+    /// learns count a provider's failures.
+    pub async fn release_failed(mut self, model: String, provider: String, latency_ms: Option<u64>) -> Result<(), CounterError> {
+        let Some(inner) = self.inner.take() else { return Ok(()) };
+        let ReservationInner { counters, bus, reservation, context, request_id, reserved_at } = inner;
+        let released = counters.release(&reservation).await;
+        let actual =
+            ActualUsage { cost: Usd::ZERO, input_tokens: 0, output_tokens: 0, model, provider, outcome: Outcome::Failed, latency_ms };
+        publish_settlement(bus.as_ref(), context, request_id, reserved_at, actual).await;
+        released
     }
 
     /// Settles in a spawned task, for paths that cannot await: a stream body's drop when the client
@@ -707,6 +709,29 @@ impl Drop for Reservation {
             }
         }
     }
+}
+
+/// Publishes a reservation's settlement for the ledger (once per reservation: it takes the context's text).
+async fn publish_settlement(bus: &dyn EventBus, context: BudgetContext, request_id: String, reserved_at: Instant, actual: ActualUsage) {
+    let latency_ms = actual.latency_ms.unwrap_or_else(|| u64::try_from(reserved_at.elapsed().as_millis()).unwrap_or(u64::MAX));
+    let key = context.tenant_id.clone();
+    let settlement = budget::Settlement {
+        request_id,
+        tenant_id: context.tenant_id,
+        plan: context.plan,
+        key_id: context.key_id,
+        agent_id: context.agent.map(|agent| agent.agent_id),
+        conversation_id: context.conversation_id,
+        model: actual.model,
+        provider: actual.provider,
+        input_tokens: actual.input_tokens,
+        output_tokens: actual.output_tokens,
+        cost_nanos: actual.cost.nanos(),
+        outcome: actual.outcome.as_str().to_string(),
+        latency_ms,
+        occurred_at: format_timestamp(Utc::now()),
+    };
+    publish(bus, &key, budget_event::Kind::Settlement(settlement)).await;
 }
 
 /// The rate limiter's key for an agent's own limit: tenant and agent, apart from API key ids (UUIDs).

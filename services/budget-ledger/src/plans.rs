@@ -11,6 +11,8 @@ pub struct Plan {
     pub daily_spend_limit: Option<Usd>,
     pub daily_request_cap: Option<i64>,
     pub daily_token_cap: Option<i64>,
+    /// Whether `auto` routes cheapest first rather than weighing quality (the sandbox's cost-first routing).
+    pub cost_first: bool,
 }
 
 /// Every new tenant's plan: 100 requests, 100K tokens and USD 2 a day.
@@ -20,6 +22,7 @@ pub const SANDBOX: Plan = Plan {
     daily_spend_limit: Some(Usd::from_nanos(2_000_000_000)),
     daily_request_cap: Some(100),
     daily_token_cap: Some(100_000),
+    cost_first: true,
 };
 
 /// After graduation: USD 5 a day, no request or token caps.
@@ -29,6 +32,7 @@ pub const STANDARD: Plan = Plan {
     daily_spend_limit: Some(Usd::from_nanos(5_000_000_000)),
     daily_request_cap: None,
     daily_token_cap: None,
+    cost_first: false,
 };
 
 /// The plan table.

@@ -91,6 +91,31 @@ struct CacheEntry {
 struct AgentStanding {
     lifecycle_state: String,
     expires_at: Option<DateTime<Utc>>,
+    owner_id: Option<String>,
+}
+
+/// What the edge knows of an agent a request is attributed to, once it may act.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AgentAdmission {
+    /// A profile exists for the agent id.
+    pub registered: bool,
+    /// The profile's lifecycle state, when registered.
+    pub lifecycle_state: Option<String>,
+    /// The profile's owner, when it names one.
+    pub owner_id: Option<String>,
+}
+
+impl AgentAdmission {
+    fn of(standing: Option<&AgentStanding>) -> Self {
+        match standing {
+            None => AgentAdmission::default(),
+            Some(standing) => AgentAdmission {
+                registered: true,
+                lifecycle_state: Some(standing.lifecycle_state.clone()),
+                owner_id: standing.owner_id.clone(),
+            },
+        }
+    }
 }
 
 impl AgentStanding {
@@ -148,25 +173,30 @@ impl Authenticator {
     /// Refuses a request attributed to an agent whose profile says it may not act: quarantined,
     /// suspended, terminated or expired (403). Agents without a profile, provisioned and active ones
     /// pass. The standing is cached like keys (evicted by the agent's change events, else by TTL).
-    pub async fn admit_agent(&self, tenant_id: &str, agent_id: &str) -> Result<(), ApiError> {
-        // Judged under the read lock: the common case (a cached agent that may act) copies nothing.
+    pub async fn admit_agent(&self, tenant_id: &str, agent_id: &str) -> Result<AgentAdmission, ApiError> {
+        // Judged under the read lock.
         let cached = self.agents.read().ok().and_then(|agents| {
             let (standing, fetched_at) = agents.get(tenant_id)?.get(agent_id)?;
-            (fetched_at.elapsed() < self.ttl).then(|| standing.as_ref().and_then(|standing| standing.refusal(agent_id)))
+            (fetched_at.elapsed() < self.ttl).then(|| match standing.as_ref().and_then(|standing| standing.refusal(agent_id)) {
+                Some(refusal) => Err(refusal),
+                None => Ok(AgentAdmission::of(standing.as_ref())),
+            })
         });
-        if let Some(refusal) = cached {
-            return refusal.map_or(Ok(()), Err);
+        if let Some(admission) = cached {
+            return admission;
         }
         let reference = AgentProfileRef { tenant_id: tenant_id.to_string(), agent_id: agent_id.to_string() };
         let standing = match self.identity.get_agent_profile(reference).await {
             Ok(profile) => Some(AgentStanding {
                 lifecycle_state: profile.lifecycle_state,
                 expires_at: profile.expires_at.as_deref().and_then(parse_timestamp),
+                owner_id: profile.owner_id.filter(|owner| !owner.is_empty()),
             }),
             Err(error) if error.kind == ErrorKind::NotFound => None,
             Err(error) => return Err(error.into()),
         };
         let refusal = standing.as_ref().and_then(|standing| standing.refusal(agent_id));
+        let admission = AgentAdmission::of(standing.as_ref());
         if let Ok(mut agents) = self.agents.write() {
             let tenant = agents.entry(tenant_id.to_string()).or_default();
             if tenant.len() >= MAX_CACHED_AGENTS_PER_TENANT {
@@ -178,7 +208,7 @@ impl Authenticator {
             }
             tenant.insert(agent_id.to_string(), (standing, Instant::now()));
         }
-        refusal.map_or(Ok(()), Err)
+        refusal.map_or(Ok(admission), Err)
     }
 
     /// Forgets an agent whose profile changed.

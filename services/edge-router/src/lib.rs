@@ -10,6 +10,7 @@ mod extract;
 mod forwarded_certificate;
 mod header_value;
 mod idp;
+mod learned;
 mod liaison;
 mod pipeline;
 mod reply_guard;
@@ -133,6 +134,8 @@ pub struct EdgeShared {
     base_urls: Arc<BTreeMap<String, String>>,
     budget: BudgetLedgerClient,
     budget_settings: Arc<budget_cache::BudgetSettingsCache>,
+    /// What each tenant's traffic taught routing (the default `quality` strategy's rewards).
+    learned: Arc<learned::LearnedRouting>,
     guard: Arc<BudgetGuard>,
     audit: AuditLineageClient,
     audit_publisher: AuditPublisher,
@@ -181,6 +184,7 @@ impl Edge {
             Arc::new(Authenticator::new(dependencies.identity.clone(), options.platform_admin_key.as_ref(), options.cache_ttl));
         let routing = Arc::new(RoutingCache::new(dependencies.catalog.clone(), options.cache_ttl));
         let base_urls = Arc::new(options.base_urls.clone());
+        let learned = Arc::new(learned::LearnedRouting::new(dependencies.budget.clone(), dependencies.models.clone(), options.cache_ttl));
         let shared = EdgeShared {
             identity: dependencies.identity,
             catalog: dependencies.catalog,
@@ -201,6 +205,7 @@ impl Edge {
             started: std::time::Instant::now(),
             base_urls,
             budget_settings: Arc::new(budget_cache::BudgetSettingsCache::new(dependencies.budget.clone(), options.cache_ttl)),
+            learned,
             budget: dependencies.budget,
             guard: dependencies.guard,
             audit: dependencies.audit,

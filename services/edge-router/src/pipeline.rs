@@ -10,11 +10,11 @@ use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use brainstorm_audit_lineage::Submitted;
-use brainstorm_budget_ledger::{ActualUsage, BudgetContext, BudgetDenial, Estimate, Outcome, RemainingView, Reservation};
+use brainstorm_budget_ledger::{ActualUsage, BudgetContext, BudgetDenial, Estimate, Outcome, Plan, RemainingView, Reservation};
 use brainstorm_common::ApiError;
 use brainstorm_common::money::Usd;
 use brainstorm_policy_firewall::{FirewallMode, RequestFacts, ToolCall, glob_matches};
-use brainstorm_proto::audit::{AuditRecord, CandidateDecision, DecisionPath, Principal as AuditPrincipal, TraceContext};
+use brainstorm_proto::audit::{AgentContext, AuditRecord, CandidateDecision, DecisionPath, Principal as AuditPrincipal, TraceContext};
 use brainstorm_providers::catalog::{Model, Price, base_url};
 use brainstorm_providers::chat::{ChatEvent, ChatReply, ChatRequest, FinishReason, InvalidRequest, ReplyAssembler, Usage, reply_events};
 use brainstorm_providers::routing::{self, Candidate, Resolution, Route, RouteError};
@@ -159,6 +159,40 @@ pub(crate) fn route_error(error: RouteError) -> ApiError {
 /// The agent a request is attributed to: `X-BR-Agent-Id`, else `X-User-Id`, else the body's `user`.
 /// (Request headers are looked up by a `HeaderName` made at compile time, here and below: a lookup
 /// by text parses and validates the name on every request.)
+/// How the agent id of `agent_of` reached the edge: `header` (`X-BR-Agent-Id`, `X-User-Id`) or
+/// `user_field` (the body's `user`); either is asserted, not proven.
+fn agent_source(request_headers: &HeaderMap) -> &'static str {
+    let present =
+        |name: &HeaderName| request_headers.get(name).and_then(|value| value.to_str().ok()).is_some_and(|value| !value.trim().is_empty());
+    if present(&const { HeaderName::from_static("x-br-agent-id") }) || present(&const { HeaderName::from_static("x-user-id") }) {
+        "header"
+    } else {
+        "user_field"
+    }
+}
+
+/// The agent family of headers for a request attributed to `agent_id`: `X-BR-Agent-Id`,
+/// `X-BR-Agent-Assertion` (registered or unregistered), and the profile's `X-BR-Agent-Owner` and
+/// `X-BR-Agent-Lifecycle` when it has them.
+fn agent_headers(agent_id: Option<&str>, agent: Option<&AgentContext>) -> Vec<(HeaderName, HeaderValue)> {
+    let (Some(agent_id), Some(agent)) = (agent_id, agent) else { return Vec::new() };
+    let mut headers = Vec::with_capacity(4);
+    let mut put = |name: &'static str, value: &str| {
+        if let Ok(value) = HeaderValue::from_str(value) {
+            headers.push((HeaderName::from_static(name), value));
+        }
+    };
+    put("x-br-agent-id", agent_id);
+    put("x-br-agent-assertion", if agent.registered { "registered" } else { "unregistered" });
+    if let Some(owner) = &agent.owner_id {
+        put("x-br-agent-owner", owner);
+    }
+    if let Some(lifecycle) = &agent.lifecycle_state {
+        put("x-br-agent-lifecycle", lifecycle);
+    }
+    headers
+}
+
 fn agent_of(request_headers: &HeaderMap, body_user: Option<&str>) -> Option<String> {
     let header = |name: &HeaderName| {
         request_headers.get(name).and_then(|value| value.to_str().ok()).map(str::trim).filter(|value| !value.is_empty())
@@ -215,6 +249,8 @@ fn tokens(usage: Usage) -> i64 {
 pub struct AuditFacts {
     /// The agent the request is attributed to (see `agent_of`), found once per request.
     agent_id: Option<String>,
+    /// What the edge knew of that agent once it was admitted (registered, owner, how its id came).
+    agent: Option<AgentContext>,
     model_requested: String,
     model_resolved: String,
     model_executed: String,
@@ -465,6 +501,7 @@ fn seal(
     };
     let trace = trace_context(request_headers);
     let traceparent = header_value::formatted(format_args!("00-{}-{}-01", trace.trace_id, trace.span_id));
+    let agent_headers = agent_headers(facts.agent_id.as_deref(), facts.agent.as_ref());
     let record = AuditRecord {
         request_id: request_id.0.clone(),
         tenant_id,
@@ -478,6 +515,7 @@ fn seal(
         }),
         key_id,
         agent_id: facts.agent_id,
+        agent: facts.agent,
         model_requested: facts.model_requested,
         model_resolved: facts.model_resolved,
         model_executed: facts.model_executed.clone(),
@@ -504,7 +542,9 @@ fn seal(
             .map(str::to_string),
         ..AuditRecord::default()
     };
-    let guardian_headers = std::mem::take(&mut facts.guardian_headers);
+    // The guardian stages' headers and the agent's, for the answer or the error alike.
+    let mut guardian_headers = std::mem::take(&mut facts.guardian_headers);
+    guardian_headers.extend(agent_headers);
     // Evidence and guardian status headers, for the answer or the error alike.
     let mut evidence: Vec<(HeaderName, Option<HeaderValue>)> = Vec::with_capacity(8);
     if !facts.guardian_status.is_empty() {
@@ -646,7 +686,15 @@ async fn complete_inner(
         return Err(error);
     }
     if let Some(agent_id) = agent_id {
-        state.authenticator.admit_agent(tenant_id, agent_id).await?;
+        let admission = state.authenticator.admit_agent(tenant_id, agent_id).await?;
+        facts.agent = Some(AgentContext {
+            registered: admission.registered,
+            owner_source: if admission.owner_id.is_some() { "agent_profile" } else { "" }.to_string(),
+            owner_id: admission.owner_id,
+            identity_source: agent_source(request_headers).to_string(),
+            lifecycle_state: admission.lifecycle_state,
+            ..AgentContext::default()
+        });
     }
     let requested_mode = match member("x_firewall_mode") {
         None | Some(Value::Null) => None,
@@ -705,7 +753,9 @@ async fn complete_inner(
     let config = state.routing.get(tenant_id).await?;
     let context = budget_context(state, caller, agent_id, request_headers, member("conversation_id").and_then(Value::as_str)).await?;
     let reply_id = reply_id(request_id, format);
-    let resolution = routing::resolve(&chat.model, &config.routing, &state.models, &chat, &options);
+    let learned = state.learned.get(tenant_id);
+    let signals = routing::Signals { learned: &learned, cost_first: Plan::resolve(&caller.identity.plan).cost_first };
+    let resolution = routing::resolve_with(&chat.model, &config.routing, &state.models, &chat, &options, signals);
     let mut resolution = match (&plan, resolution) {
         (Some(_), Err(error)) => return Err(liaison::unresolved(&chat.model, error)),
         (None, resolution) => resolution.map_err(route_error)?,
@@ -876,8 +926,16 @@ async fn complete_inner(
             }
         }
     }
-    // Nothing was spent: give the reservation back.
-    if let Err(error) = reservation.release().await {
+    // Nothing was spent: give the reservation back; a provider's failure is recorded (as `failed`,
+    // on the last model tried), so usage, success rates and learned routing count it.
+    let released = match failures.last() {
+        Some((model, _)) => {
+            let provider = model.split('/').next().unwrap_or_default().to_string();
+            reservation.release_failed(model.clone(), provider, None).await
+        }
+        None => reservation.release().await,
+    };
+    if let Err(error) = released {
         tracing::warn!(%error, "releasing a reservation failed");
     }
     let Some((failed_model, error)) = failures.pop() else {

@@ -1,7 +1,7 @@
 //! Model resolution: from what a request names (`provider/model`, a bare id, an alias, a variant,
 //! `@preset/<slug>` or `auto`) to an ordered list of runnable candidates, using only in-memory data.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use brainstorm_common::money::Usd;
 
@@ -65,6 +65,59 @@ impl TenantRouting {
         self.providers.iter().any(|known| known == provider)
     }
 }
+
+/// What one model showed in a tenant's own traffic.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LearnedModel {
+    /// The posterior mean of its success, the catalog's quality as the prior (the leaderboard's reward).
+    pub reward: f64,
+    /// Mean provider latency of its successes, where measured.
+    pub latency_ms: Option<f64>,
+    /// Output tokens per second of its successes, where measured.
+    pub tokens_per_second: Option<f64>,
+}
+
+/// What the gateway learned of a tenant's models, by `provider/model`; empty: the catalog's figures.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Learned {
+    models: HashMap<String, LearnedModel>,
+}
+
+impl Learned {
+    /// Learned figures by `provider/model`.
+    pub fn new(models: HashMap<String, LearnedModel>) -> Self {
+        Learned { models }
+    }
+
+    fn of(&self, candidate: &Candidate) -> Option<&LearnedModel> {
+        if self.models.is_empty() {
+            return None;
+        }
+        self.models.get(candidate.id())
+    }
+}
+
+/// What a resolution weighs beyond the request: the tenant's learned figures, and whether its plan
+/// routes cost-first (the sandbox plan does).
+#[derive(Debug, Clone, Copy)]
+pub struct Signals<'a> {
+    pub learned: &'a Learned,
+    pub cost_first: bool,
+}
+
+impl Signals<'_> {
+    /// The candidate's quality: its learned reward, else the catalog's quality.
+    fn quality(&self, candidate: &Candidate) -> f64 {
+        self.learned.of(candidate).map_or_else(|| candidate.entry.as_ref().map_or(0.0, |entry| entry.quality), |learned| learned.reward)
+    }
+}
+
+static NOTHING_LEARNED: std::sync::LazyLock<Learned> = std::sync::LazyLock::new(Learned::default);
+
+/// `auto` without a strategy asked for: how much a candidate's cost (relative to the dearest
+/// candidate's) and each tier above the one the task needs take off its quality.
+const AUTO_COST_WEIGHT: f64 = 0.5;
+const AUTO_TIER_WEIGHT: f64 = 0.1;
 
 /// One model to try.
 #[derive(Debug, Clone, PartialEq)]
@@ -318,7 +371,8 @@ pub fn complexity(request: &ChatRequest) -> (u8, u8) {
 ///
 /// `auto` rule (until learned scores arrive): judge the tier the prompt needs (`complexity`), keep the
 /// tenant's catalog models that have the needed capabilities (tools, vision), are not deprecated and are
-/// at or above that tier, and try them cheapest first (higher quality breaks ties).
+/// at or above that tier, scored by quality less cost and tier distance (cheapest first on a
+/// cost-first plan). This is [`resolve_with`] on the catalog's figures alone, not cost-first.
 pub fn resolve(
     requested: &str,
     tenant: &TenantRouting,
@@ -326,10 +380,27 @@ pub fn resolve(
     request: &ChatRequest,
     route: &RouteOptions,
 ) -> Result<Resolution, RouteError> {
+    resolve_with(requested, tenant, catalog, request, route, Signals { learned: &NOTHING_LEARNED, cost_first: false })
+}
+
+/// [`resolve`] weighing `signals`: without `route.strategy`, a requested model's candidates are
+/// ordered by `quality` (the learned reward where the tenant's traffic measured it), as the spec's
+/// default has it, or by `price` on a cost-first plan; `latency` and `throughput` order by what was
+/// measured before the tier proxies.
+pub fn resolve_with(
+    requested: &str,
+    tenant: &TenantRouting,
+    catalog: &ModelCatalog,
+    request: &ChatRequest,
+    route: &RouteOptions,
+    signals: Signals<'_>,
+) -> Result<Resolution, RouteError> {
     if requested == SANDBOX_MODEL || tenant.providers.is_empty() {
         return Ok(Resolution::Sandbox);
     }
     let pricing = Pricing::of(request);
+    // The spec's default is `quality`; a cost-first plan (the sandbox) defaults to `price`.
+    let by_default = if signals.cost_first { "price" } else { "quality" };
     let mut options = route.clone();
     let mut complexity_seen = None;
     let (mut candidates, method, default_strategy, reason) = if requested == "auto" {
@@ -341,7 +412,21 @@ pub fn resolve(
             .filter(|entry| tenant.has_key(&entry.provider) && entry.can("chat") && entry.deprecated.is_none() && entry.tier >= tier)
             .filter_map(|entry| provider_by_id(&entry.provider).map(|provider| candidate(provider, &entry.model, catalog, &pricing)))
             .collect();
-        (candidates, SelectionMethod::CapabilityMatched, "price", format!("auto: complexity tier {tier}, cheapest capable model first"))
+        if signals.cost_first {
+            (
+                candidates,
+                SelectionMethod::CapabilityMatched,
+                "price",
+                format!("auto: complexity tier {tier}, cheapest capable model first (cost-first plan)"),
+            )
+        } else {
+            (
+                candidates,
+                SelectionMethod::CapabilityMatched,
+                "quality",
+                format!("auto: complexity tier {tier}, quality less cost and tier distance"),
+            )
+        }
     } else if let Some(slug) = requested.strip_prefix("@preset/") {
         let preset =
             tenant.presets.iter().find(|preset| preset.slug == slug).ok_or_else(|| RouteError::PresetNotFound(slug.to_string()))?;
@@ -365,14 +450,14 @@ pub fn resolve(
         if let Some(strategy) = variant {
             options.strategy = options.strategy.or_else(|| Some(strategy.to_string()));
         }
-        (resolve_spec(base, tenant, catalog, &pricing)?, SelectionMethod::Alias, "priority", format!("alias {requested} -> {target}"))
+        (resolve_spec(base, tenant, catalog, &pricing)?, SelectionMethod::Alias, by_default, format!("alias {requested} -> {target}"))
     } else {
         let (base, variant) = split_variant(requested);
         let method = if variant.is_some() { SelectionMethod::Variant } else { SelectionMethod::Explicit };
         if let Some(strategy) = variant {
             options.strategy = Some(strategy.to_string());
         }
-        (resolve_spec(base, tenant, catalog, &pricing)?, method, "priority", "requested model".to_string())
+        (resolve_spec(base, tenant, catalog, &pricing)?, method, by_default, "requested model".to_string())
     };
 
     // Without a strategy asked for, the requested model's own candidates are ordered by the default
@@ -381,7 +466,10 @@ pub fn resolve(
     let explicit_strategy = options.strategy.is_some();
     let strategy = options.strategy.clone().unwrap_or_else(|| default_strategy.to_string());
     if !explicit_strategy {
-        order(&mut candidates, &strategy, tenant);
+        match complexity_seen {
+            Some((tier, _)) if strategy == "quality" => auto_order(&mut candidates, tier, tenant, signals),
+            _ => order(&mut candidates, &strategy, tenant, signals),
+        }
     }
     for spec in &options.models {
         let spec = tenant.aliases.get(spec).map_or(spec.as_str(), String::as_str);
@@ -422,7 +510,7 @@ pub fn resolve(
     }
 
     if explicit_strategy {
-        order(&mut candidates, &strategy, tenant);
+        order(&mut candidates, &strategy, tenant, signals);
     }
     Ok(Resolution::Route(Route {
         candidates,
@@ -439,26 +527,59 @@ fn cost_key(candidate: &Candidate) -> i64 {
     candidate.estimated_cost.map_or(i64::MAX, Usd::nanos)
 }
 
-fn quality(candidate: &Candidate) -> f64 {
-    candidate.entry.as_ref().map_or(0.0, |entry| entry.quality)
+fn tier(candidate: &Candidate) -> u8 {
+    candidate.entry.as_ref().map_or(3, |entry| entry.tier)
 }
 
-/// Orders candidates by strategy. Until health probes measure them, `latency` and `throughput` use
-/// the model tier (smaller answers faster) and then price as proxies.
-fn order(candidates: &mut [Candidate], strategy: &str, tenant: &TenantRouting) {
+/// `auto`'s order: quality less [`AUTO_COST_WEIGHT`] times the cost relative to the dearest
+/// candidate's (unpriced counts as the dearest) and [`AUTO_TIER_WEIGHT`] per tier above `needed`.
+fn auto_order(candidates: &mut [Candidate], needed: u8, tenant: &TenantRouting, signals: Signals<'_>) {
+    let dearest = candidates.iter().filter_map(|candidate| candidate.estimated_cost).map(Usd::nanos).max().unwrap_or(0).max(1) as f64;
+    let score = |candidate: &Candidate| {
+        let cost = candidate.estimated_cost.map_or(dearest, |cost| cost.nanos() as f64);
+        let distance = f64::from(tier(candidate).saturating_sub(needed));
+        signals.quality(candidate) - AUTO_COST_WEIGHT * cost / dearest - AUTO_TIER_WEIGHT * distance
+    };
+    candidates
+        .sort_by(|a, b| score(b).total_cmp(&score(a)).then(cost_key(a).cmp(&cost_key(b))).then(rank(tenant, a).cmp(&rank(tenant, b))));
+}
+
+/// The candidate's provider's place in the tenant's order (`priority`; the last tie-breaker of the others).
+fn rank(tenant: &TenantRouting, candidate: &Candidate) -> usize {
+    tenant.providers.iter().position(|provider| provider == candidate.provider.id).unwrap_or(usize::MAX)
+}
+
+/// Orders candidates by strategy. `latency` and `throughput` put the models the tenant's traffic
+/// measured first (lowest mean latency, highest output tokens per second), then the rest by tier
+/// (smaller answers faster) and price as proxies.
+fn order(candidates: &mut [Candidate], strategy: &str, tenant: &TenantRouting, signals: Signals<'_>) {
+    let quality = |candidate: &Candidate| signals.quality(candidate);
+    let measured = |candidate: &Candidate, figure: fn(&LearnedModel) -> Option<f64>| signals.learned.of(candidate).and_then(figure);
+    let unmeasured_last = |a: Option<f64>, b: Option<f64>, lower_first: bool| match (a, b) {
+        (Some(a), Some(b)) if lower_first => a.total_cmp(&b),
+        (Some(a), Some(b)) => b.total_cmp(&a),
+        (Some(_), None) => std::cmp::Ordering::Less,
+        (None, Some(_)) => std::cmp::Ordering::Greater,
+        (None, None) => std::cmp::Ordering::Equal,
+    };
     match strategy {
-        "price" => candidates.sort_by(|a, b| cost_key(a).cmp(&cost_key(b)).then(quality(b).total_cmp(&quality(a)))),
-        "quality" => candidates.sort_by(|a, b| quality(b).total_cmp(&quality(a)).then(cost_key(a).cmp(&cost_key(b)))),
-        "latency" | "throughput" => {
-            let tier = |candidate: &Candidate| candidate.entry.as_ref().map_or(3, |entry| entry.tier);
-            candidates.sort_by(|a, b| tier(a).cmp(&tier(b)).then(cost_key(a).cmp(&cost_key(b))));
-        }
-        "priority" => {
-            let rank = |candidate: &Candidate| {
-                tenant.providers.iter().position(|provider| provider == candidate.provider.id).unwrap_or(usize::MAX)
-            };
-            candidates.sort_by_key(rank);
-        }
+        "price" => candidates.sort_by(|a, b| {
+            cost_key(a).cmp(&cost_key(b)).then(quality(b).total_cmp(&quality(a))).then(rank(tenant, a).cmp(&rank(tenant, b)))
+        }),
+        "quality" => candidates.sort_by(|a, b| {
+            quality(b).total_cmp(&quality(a)).then(cost_key(a).cmp(&cost_key(b))).then(rank(tenant, a).cmp(&rank(tenant, b)))
+        }),
+        "latency" => candidates.sort_by(|a, b| {
+            unmeasured_last(measured(a, |learned| learned.latency_ms), measured(b, |learned| learned.latency_ms), true)
+                .then(tier(a).cmp(&tier(b)))
+                .then(cost_key(a).cmp(&cost_key(b)))
+        }),
+        "throughput" => candidates.sort_by(|a, b| {
+            unmeasured_last(measured(a, |learned| learned.tokens_per_second), measured(b, |learned| learned.tokens_per_second), false)
+                .then(tier(a).cmp(&tier(b)))
+                .then(cost_key(a).cmp(&cost_key(b)))
+        }),
+        "priority" => candidates.sort_by_key(|candidate| rank(tenant, candidate)),
         "smart" => {
             // A quality-weighted draw picks the first endpoint; the rest follow by quality.
             candidates.sort_by(|a, b| quality(b).total_cmp(&quality(a)));
@@ -528,10 +649,34 @@ mod tests {
     fn bare_ids_aliases_variants_and_fallbacks() -> Result<(), crate::catalog::CatalogError> {
         let catalog = ModelCatalog::bundled()?;
         let mut both = tenant(&["azure-openai", "openai", "anthropic"]);
-        // A bare id served by two providers: priority follows registration order.
+        // A bare id served by two providers: quality by default, the same model's tie broken by price
+        // and then by registration order.
         assert_eq!(
             ids(resolve("gpt-4o-mini", &both, &catalog, &request("hi"), &RouteOptions::default())),
             vec!["azure-openai/gpt-4o-mini", "openai/gpt-4o-mini"]
+        );
+        // What the tenant's traffic measured decides: the learned reward for quality, the measured
+        // latency and throughput for theirs; `priority` keeps registration order whatever was learned.
+        let figures = |reward, latency_ms, tokens_per_second| LearnedModel { reward, latency_ms, tokens_per_second };
+        let learned = Learned::new(
+            [
+                ("azure-openai/gpt-4o-mini".to_string(), figures(0.3, Some(900.0), Some(20.0))),
+                ("openai/gpt-4o-mini".to_string(), figures(0.9, Some(300.0), Some(80.0))),
+            ]
+            .into_iter()
+            .collect(),
+        );
+        let signals = Signals { learned: &learned, cost_first: false };
+        let with = |strategy: Option<&str>| {
+            let options = RouteOptions { strategy: strategy.map(str::to_string), ..RouteOptions::default() };
+            ids(resolve_with("gpt-4o-mini", &both, &catalog, &request("hi"), &options, signals))
+        };
+        for strategy in [None, Some("quality"), Some("latency"), Some("throughput")] {
+            assert_eq!(with(strategy), vec!["openai/gpt-4o-mini", "azure-openai/gpt-4o-mini"], "{strategy:?}");
+        }
+        assert_eq!(with(Some("priority")), vec!["azure-openai/gpt-4o-mini", "openai/gpt-4o-mini"]);
+        assert!(
+            matches!(resolve_with("gpt-4o-mini", &both, &catalog, &request("hi"), &RouteOptions::default(), signals), Ok(Resolution::Route(route)) if route.strategy == "quality")
         );
         both.aliases.insert("fast".to_string(), "anthropic/claude-haiku-4-5".to_string());
         let aliased = resolve("fast", &both, &catalog, &request("hi"), &RouteOptions::default());
@@ -573,9 +718,27 @@ mod tests {
             resolve("anthropic/claude-opus-4-5", &keys, &catalog, &request("hi"), &ceiling),
             Err(RouteError::NoRunnableModel(_))
         ));
-        // auto picks the cheapest capable model at or above the needed tier.
-        let simple = resolve("auto", &keys, &catalog, &request("what is 2+2?"), &RouteOptions::default());
+        // auto on a cost-first plan (sandbox) picks the cheapest capable model at or above the needed tier.
+        let nothing = Learned::default();
+        let sandbox = Signals { learned: &nothing, cost_first: true };
+        let simple = resolve_with("auto", &keys, &catalog, &request("what is 2+2?"), &RouteOptions::default(), sandbox);
         assert_eq!(ids(simple).first().map(String::as_str), Some("openai/gpt-4.1-nano"));
+        // Elsewhere it weighs quality against cost and tier distance: the cheapest model is not
+        // always the pick, and what the tenant's traffic taught moves it.
+        let simple = resolve("auto", &keys, &catalog, &request("what is 2+2?"), &RouteOptions::default());
+        let first = ids(simple.clone()).first().cloned().unwrap_or_default();
+        assert!(matches!(&simple, Ok(Resolution::Route(route)) if route.strategy == "quality"), "{simple:?}");
+        let failing = LearnedModel { reward: 0.05, latency_ms: None, tokens_per_second: None };
+        let learned = Learned::new([(first.clone(), failing)].into_iter().collect());
+        let taught = resolve_with(
+            "auto",
+            &keys,
+            &catalog,
+            &request("what is 2+2?"),
+            &RouteOptions::default(),
+            Signals { learned: &learned, cost_first: false },
+        );
+        assert_ne!(ids(taught).first(), Some(&first), "a model that keeps failing loses its place");
         let hard = request(&format!("prove step by step {}", "x".repeat(25_000)));
         let hard_route = resolve("auto", &keys, &catalog, &hard, &RouteOptions::default());
         assert!(
