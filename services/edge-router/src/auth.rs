@@ -580,7 +580,11 @@ mod tests {
 
     #[test]
     fn agents_that_may_not_act_are_refused_by_state_and_expiry() {
-        let standing = |state: &str, expires_at: Option<DateTime<Utc>>| AgentStanding { lifecycle_state: state.to_string(), expires_at };
+        let standing = |state: &str, expires_at: Option<DateTime<Utc>>| AgentStanding {
+            lifecycle_state: state.to_string(),
+            expires_at,
+            owner_id: None,
+        };
         let code = |standing: AgentStanding| standing.refusal("planner").and_then(|error| error.code.clone());
         for (state, expected) in
             [("quarantined", "agent_quarantined"), ("suspended", "agent_suspended"), ("terminated", "agent_terminated")]
