@@ -275,6 +275,23 @@ async fn agents_bootstrap_and_read_themselves_with_their_jwt(shape: Shape) -> Te
     );
     let agent_left = header("x-br-agent-budget-remaining").and_then(|left| left.parse::<f64>().ok()).unwrap_or_default();
     assert!(agent_left > 0.0 && agent_left < 2.5, "the agent's daily USD 2.5 less this request: {agent_left}");
+    // The chained record names the agent's owner, so its signed artifact answers for it.
+    let request_id = header("x-br-request-id").unwrap_or_default();
+    let mut artifact = Reply::default();
+    for _ in 0..100 {
+        artifact = gateway.call(Method::GET, &format!("/v1/governance/artifacts/{request_id}"), Some(&admin), None).await?;
+        if artifact.status == 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        artifact.body["accountability"],
+        json!({"agentId": "researcher", "ownerId": format!("key:{admin_key_id}"), "ownerSource": "agent_profile", "evidence": "committed"}),
+        "{}",
+        artifact.text
+    );
+    assert!(artifact.body["canonical"].as_str().is_some_and(|signed| signed.contains("\"accountability\"")), "{}", artifact.text);
     let mut status = Reply::default();
     for _ in 0..100 {
         status = as_agent(&gateway, "/v1/agent/status", &jwt).await?;

@@ -58,6 +58,9 @@ async fn completions_are_chained_and_explained(shape: Shape) -> TestResult {
     let explain = gateway.call(Method::GET, &format!("/v1/explain/{request_id}"), Some(&key), None).await?;
     assert_eq!(explain.status, 200, "{}", explain.text);
     assert!(explain.text.contains("brainstorm/sandbox"), "{}", explain.text);
+    // Money in USD and the score as 0-1, as every other answer has them, beside the exact integers.
+    assert_eq!(explain.body["cost_usd"].as_f64(), Some(explain.body["cost_nanos"].as_f64().unwrap_or(-1.0) / 1e9), "{}", explain.text);
+    assert_eq!(explain.body["score"].as_f64(), Some(explain.body["score_micros"].as_f64().unwrap_or(-1.0) / 1e6), "{}", explain.text);
     let lineage = gateway.call(Method::GET, &format!("/v1/governance/lineage/{request_id}"), Some(&key), None).await?;
     assert_eq!(lineage.status, 200, "{}", lineage.text);
     assert!(lineage.text.contains(&commitment) || lineage.text.contains("0af7651916cd43dd8448eb211c80319c"), "{}", lineage.text);

@@ -43,10 +43,22 @@ pub async fn verify_chain(State(state): State<EdgeState>, caller: Caller) -> Ans
     json(&brainstorm_audit_lineage::chain::Report::from_proto(&report))
 }
 
-/// `GET /v1/explain/{request_id}` (router.read): the decision path of one request.
+/// `GET /v1/explain/{request_id}` (router.read): the decision path of one request: the selected
+/// model with its `score` (0-1) and `cost_usd`, and the priced alternatives (`estimated_cost_usd`,
+/// `score`), beside the record's exact integers (`*_nanos`, `score_micros`).
 pub async fn explain(State(state): State<EdgeState>, caller: Caller, Path(request_id): Path<String>) -> Answer {
     caller.require("router.read")?;
-    json(&state.audit.explain(RequestRef { tenant_id: caller.tenant_id()?.to_string(), request_id }).await?)
+    let explanation = state.audit.explain(RequestRef { tenant_id: caller.tenant_id()?.to_string(), request_id }).await?;
+    let Json(mut answer) = json(&explanation)?;
+    answer["score"] = json!(explanation.score_micros as f64 / 1e6);
+    answer["cost_usd"] = Usd::from_nanos(explanation.cost_nanos).to_json();
+    if let Some(alternatives) = answer["alternatives"].as_array_mut() {
+        for (view, alternative) in alternatives.iter_mut().zip(&explanation.alternatives) {
+            view["score"] = json!(alternative.score_micros as f64 / 1e6);
+            view["estimated_cost_usd"] = alternative.estimated_cost_nanos.map_or(Value::Null, |nanos| Usd::from_nanos(nanos).to_json());
+        }
+    }
+    Ok(Json(answer))
 }
 
 /// `GET /v1/governance/lineage/{request_id}` (governance.read).
@@ -71,10 +83,19 @@ pub async fn episode(State(state): State<EdgeState>, caller: Caller, Query(query
     json(&state.audit.get_episode(request).await?)
 }
 
-/// `GET /v1/governance/artifacts/{request_id}` (governance.read): the signed evidence artifact.
+/// `GET /v1/governance/artifacts/{request_id}` (governance.read): the signed evidence artifact
+/// (`canonical`, the exact signed text, and `signature`), with its `accountability` as a member of
+/// the answer too, as the spec shows it (omitted when no owner is known).
 pub async fn artifact(State(state): State<EdgeState>, caller: Caller, Path(request_id): Path<String>) -> Answer {
     caller.require("governance.read")?;
-    json(&state.audit.get_artifact(ArtifactRequest { tenant_id: caller.tenant_id()?.to_string(), request_id, registry: None }).await?)
+    let artifact =
+        state.audit.get_artifact(ArtifactRequest { tenant_id: caller.tenant_id()?.to_string(), request_id, registry: None }).await?;
+    let Json(mut answer) = json(&artifact)?;
+    let signed: Value = serde_json::from_str(&artifact.canonical).unwrap_or(Value::Null);
+    if let (Some(accountability), Some(answer)) = (signed.get("accountability"), answer.as_object_mut()) {
+        answer.insert("accountability".to_string(), accountability.clone());
+    }
+    Ok(Json(answer))
 }
 
 /// `GET /v1/governance/artifact-key` (governance.read): the key that verifies this tenant's artifacts.
