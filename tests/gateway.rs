@@ -13,6 +13,7 @@ brainstorm_e2e::in_both_shapes!(
     registration_rejects_bad_bodies_with_the_envelope,
     missing_malformed_unknown_revoked_and_expired_keys_get_401,
     roles_and_permissions_are_enforced,
+    capabilities_are_listed_and_described_with_what_the_key_may_call,
     account_profile_and_users,
     claim_links_need_the_admin_scope,
     api_keys_are_masked_and_carry_their_limits,
@@ -652,5 +653,37 @@ async fn oauth_apps_trade_a_pkce_code_for_a_scoped_key(shape: Shape) -> TestResu
     let deleted = gateway.call(Method::DELETE, &format!("/v1/oauth/apps/{client_id}"), Some(&admin), None).await?;
     assert_eq!((deleted.status, deleted.body["deleted"].as_bool()), (200, Some(true)), "{}", deleted.text);
     assert_eq!(gateway.call(Method::GET, "/v1/oauth/apps", Some(&admin), None).await?.body["total"], 0);
+    Ok(())
+}
+
+async fn capabilities_are_listed_and_described_with_what_the_key_may_call(shape: Shape) -> TestResult {
+    let gateway = Gateway::start(shape).await?;
+    let (admin, _) = gateway.register("Capable").await?;
+    let developer = gateway.key_with_role(&admin, "developer").await?;
+    let listed = gateway.call(Method::GET, "/v1/capabilities", Some(&developer), None).await?;
+    assert_eq!(listed.status, 200, "{}", listed.text);
+    let data = listed.body["data"].as_array().cloned().unwrap_or_default();
+    assert_eq!(listed.body["total"].as_u64(), Some(data.len() as u64));
+    let find = |method: &str, path: &str| data.iter().find(|entry| entry["method"] == method && entry["path"] == path).cloned().unwrap_or_default();
+    // Every route the edge serves is a capability, with whether this key may call it.
+    let completions = find("POST", "/v1/chat/completions");
+    assert_eq!((completions["permission"].as_str(), completions["granted"].as_bool()), (Some("router.write"), Some(true)), "{completions}");
+    let approve = find("POST", "/v1/admin/tenants/{id}/approve");
+    assert_eq!((approve["permission"].as_str(), approve["granted"].as_bool()), (Some("admin.write"), Some(false)), "{approve}");
+    assert!(data.iter().any(|entry| entry["path"] == "/v1/capabilities/{id}/describe"));
+
+    let id = completions["id"].as_str().unwrap_or_default().to_string();
+    let describe = completions["describe"].as_str().unwrap_or_default().to_string();
+    assert_eq!(describe, format!("/v1/capabilities/{id}/describe"));
+    let described = gateway.call(Method::GET, &describe, Some(&developer), None).await?;
+    assert_eq!(described.status, 200, "{}", described.text);
+    assert_eq!((described.body["id"].as_str(), described.body["method"].as_str()), (Some(id.as_str()), Some("POST")));
+    assert!(described.body["description"].as_str().is_some_and(|text| text.contains("/v1/chat/completions")), "{}", described.text);
+    assert!(described.body["responses"].is_object(), "{}", described.text);
+
+    let unknown = gateway.call(Method::GET, "/v1/capabilities/no_such_capability/describe", Some(&developer), None).await?;
+    assert_eq!((unknown.status, unknown.body["error"]["code"].as_str()), (404, Some("capability_not_found")), "{}", unknown.text);
+    assert_eq!(unknown.body["recovery"]["endpoint"], "/v1/capabilities");
+    assert_eq!(gateway.call(Method::GET, "/v1/capabilities", None, None).await?.status, 401);
     Ok(())
 }

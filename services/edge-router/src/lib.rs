@@ -237,13 +237,15 @@ impl Edge {
 
 fn router(state: EdgeState, trace_requests: bool, forwarding: Option<Arc<forwarded_certificate::CertificateForwarding>>) -> Router {
     use routes::{
-        admin, agent_certificates, agent_limits, agent_self, agents, bridge, budget, completions, config, datasets, governance, guardian,
-        identity, insights, leaderboard, liaison, mcp, mcp_connect, memory, oauth, observability, ops, prompts, provider_health, providers,
-        usage,
+        admin, agent_certificates, agent_limits, agent_self, agents, bridge, budget, capabilities, completions, config, datasets,
+        governance, guardian, identity, insights, leaderboard, liaison, mcp, mcp_connect, memory, oauth, observability, ops, prompts,
+        provider_health, providers, usage,
     };
     let routes = Router::new()
         .route("/health", get(routes::health))
         .route("/openapi.json", get(routes::openapi))
+        .route("/v1/capabilities", get(capabilities::list))
+        .route("/v1/capabilities/{id}/describe", get(capabilities::describe))
         .route("/v1/register", post(identity::register))
         .route("/v1/account", get(identity::get_account).patch(identity::update_account))
         .route("/v1/account/graduation", get(identity::graduation))

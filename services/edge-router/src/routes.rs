@@ -7,6 +7,7 @@ pub mod agent_self;
 pub mod agents;
 pub mod bridge;
 pub mod budget;
+pub mod capabilities;
 pub mod completions;
 pub mod config;
 pub mod datasets;
