@@ -664,7 +664,9 @@ async fn capabilities_are_listed_and_described_with_what_the_key_may_call(shape:
     assert_eq!(listed.status, 200, "{}", listed.text);
     let data = listed.body["data"].as_array().cloned().unwrap_or_default();
     assert_eq!(listed.body["total"].as_u64(), Some(data.len() as u64));
-    let find = |method: &str, path: &str| data.iter().find(|entry| entry["method"] == method && entry["path"] == path).cloned().unwrap_or_default();
+    let find = |method: &str, path: &str| {
+        data.iter().find(|entry| entry["method"] == method && entry["path"] == path).cloned().unwrap_or_default()
+    };
     // Every route the edge serves is a capability, with whether this key may call it.
     let completions = find("POST", "/v1/chat/completions");
     assert_eq!((completions["permission"].as_str(), completions["granted"].as_bool()), (Some("router.write"), Some(true)), "{completions}");

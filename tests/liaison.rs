@@ -197,6 +197,10 @@ async fn plans_are_minted_under_their_grant_rules_and_committed_once(shape: Shap
     assert_eq!(committed.status, 200, "{}", committed.text);
     assert_eq!(committed.header("x-br-routed-model"), Some("openai/gpt-4o-mini"));
     assert!(committed.header("x-br-route-reason").is_some_and(|reason| reason.contains(&plan_id)), "{:?}", committed.headers);
+    // The plan it committed, and that plan's ceiling in USD.
+    assert_eq!(committed.header("x-br-plan-id"), Some(plan_id.as_str()));
+    let shown_ceiling = committed.header("x-br-plan-ceiling").and_then(|value| value.parse::<f64>().ok()).unwrap_or_default();
+    assert!((shown_ceiling - ceiling).abs() < 1e-6, "{shown_ceiling} against the plan's {ceiling}");
     let again = commit(&gateway, &key, Some(&plan_id), Some(&liaison), &faithful).await?;
     assert_eq!((again.status, code(&again)), (409, "plan_already_committed"), "{}", again.text);
     assert_eq!(again.body["recovery"]["action"], "renegotiate");

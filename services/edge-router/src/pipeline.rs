@@ -781,6 +781,13 @@ async fn complete_inner(
             tenant_has_provider_keys: !config.routing.providers.is_empty(),
         };
         facts.plan = Some(Box::new(liaison::commit(state, caller, &request_id.0, commit).await?));
+        // The committed plan: `X-BR-Plan-Id` and its ceiling in USD, `X-BR-Plan-Ceiling`.
+        if let Ok(plan_id) = HeaderValue::from_str(&plan.plan_id) {
+            facts.guardian_headers.push((const { HeaderName::from_static("x-br-plan-id") }, plan_id));
+        }
+        if let Some(ceiling) = header_value::shown(Usd::from_nanos(plan.ceiling_nanos).fixed(6)) {
+            facts.guardian_headers.push((const { HeaderName::from_static("x-br-plan-ceiling") }, ceiling));
+        }
         if let Resolution::Route(route) = &mut resolution {
             route.reason = format!("{}; liaison plan {}", route.reason, plan.plan_id);
         }
