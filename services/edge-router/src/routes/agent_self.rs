@@ -220,7 +220,8 @@ async fn spent_today(state: &EdgeState, plan: &str, tenant_id: &str, agent_id: &
     Ok(agent_daily_level(state, &context).await?.map_or(0, |level| level.spent))
 }
 
-fn counters_unavailable(error: brainstorm_budget_ledger::CounterError) -> ApiError {
+/// 503 `budget_unavailable`: the budget counters (in memory or Redis) could not be read.
+pub(crate) fn counters_unavailable(error: brainstorm_budget_ledger::CounterError) -> ApiError {
     tracing::warn!(%error, "cannot read the budget counters");
     ApiError::unavailable("budget_unavailable", "the budget counters cannot be read right now")
 }

@@ -190,10 +190,7 @@ struct BudgetRoom {
 impl BudgetRoom {
     async fn of(state: &EdgeState, caller: &Caller) -> Result<Self, ApiError> {
         let context = pipeline::budget_context(state, caller, None, &HeaderMap::new(), None).await?;
-        let remaining = state.guard.remaining(&context).await.map_err(|error| {
-            tracing::warn!(%error, "cannot read the budget counters");
-            ApiError::unavailable("budget_unavailable", "the budget counters cannot be read right now")
-        })?;
+        let remaining = state.guard.remaining(&context).await.map_err(crate::routes::agent_self::counters_unavailable)?;
         let is_money = |level: &&ScopeLevel| level.scope.kind.meter() == Meter::Spend;
         Ok(BudgetRoom {
             capped: remaining.levels.iter().filter(|level| !is_money(level)).any(|level| level.remaining() == Some(0)),
