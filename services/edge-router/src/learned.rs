@@ -69,14 +69,13 @@ impl LearnedRouting {
                 return;
             }
         };
-        let by_id: HashMap<String, &brainstorm_providers::catalog::Model> =
-            self.models.models().iter().map(|model| (model.id(), model)).collect();
         let learned: HashMap<String, LearnedModel> = stats
             .models
             .iter()
             .filter(|stats| stats.requests > 0)
             .filter_map(|stats| {
-                let model = by_id.get(&stats.model)?;
+                let (provider, model) = stats.model.split_once('/')?;
+                let model = self.models.find(provider, model)?;
                 let observed = leaderboard::observed(stats);
                 let figures = LearnedModel {
                     reward: leaderboard::reward(model, Some(stats)),

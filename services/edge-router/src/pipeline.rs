@@ -156,19 +156,25 @@ pub(crate) fn route_error(error: RouteError) -> ApiError {
     }
 }
 
+/// The agent id a request names by header: `X-BR-Agent-Id`, else `X-User-Id`. (Request headers are
+/// looked up by a `HeaderName` made at compile time, here and below: a lookup by text parses and
+/// validates the name on every request.)
+fn agent_header(request_headers: &HeaderMap) -> Option<&str> {
+    let header = |name: &HeaderName| {
+        request_headers.get(name).and_then(|value| value.to_str().ok()).map(str::trim).filter(|value| !value.is_empty())
+    };
+    header(&const { HeaderName::from_static("x-br-agent-id") }).or_else(|| header(&const { HeaderName::from_static("x-user-id") }))
+}
+
 /// The agent a request is attributed to: `X-BR-Agent-Id`, else `X-User-Id`, else the body's `user`.
-/// (Request headers are looked up by a `HeaderName` made at compile time, here and below: a lookup
-/// by text parses and validates the name on every request.)
+fn agent_of(request_headers: &HeaderMap, body_user: Option<&str>) -> Option<String> {
+    agent_header(request_headers).or(body_user).map(|agent| agent.chars().take(128).collect())
+}
+
 /// How the agent id of `agent_of` reached the edge: `header` (`X-BR-Agent-Id`, `X-User-Id`) or
 /// `user_field` (the body's `user`); either is asserted, not proven.
 fn agent_source(request_headers: &HeaderMap) -> &'static str {
-    let present =
-        |name: &HeaderName| request_headers.get(name).and_then(|value| value.to_str().ok()).is_some_and(|value| !value.trim().is_empty());
-    if present(&const { HeaderName::from_static("x-br-agent-id") }) || present(&const { HeaderName::from_static("x-user-id") }) {
-        "header"
-    } else {
-        "user_field"
-    }
+    if agent_header(request_headers).is_some() { "header" } else { "user_field" }
 }
 
 /// The agent family of headers for a request attributed to `agent_id`: `X-BR-Agent-Id`,
@@ -191,16 +197,6 @@ fn agent_headers(agent_id: Option<&str>, agent: Option<&AgentContext>) -> Vec<(H
         put("x-br-agent-lifecycle", lifecycle);
     }
     headers
-}
-
-fn agent_of(request_headers: &HeaderMap, body_user: Option<&str>) -> Option<String> {
-    let header = |name: &HeaderName| {
-        request_headers.get(name).and_then(|value| value.to_str().ok()).map(str::trim).filter(|value| !value.is_empty())
-    };
-    header(&const { HeaderName::from_static("x-br-agent-id") })
-        .or_else(|| header(&const { HeaderName::from_static("x-user-id") }))
-        .or(body_user)
-        .map(|agent| agent.chars().take(128).collect())
 }
 
 /// The budget scopes a caller's completion counts against (tenant, key, plan, and the agent's).

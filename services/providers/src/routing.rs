@@ -369,7 +369,7 @@ pub fn complexity(request: &ChatRequest) -> (u8, u8) {
 
 /// Resolves what a request names into candidates, in the order to try them.
 ///
-/// `auto` rule (until learned scores arrive): judge the tier the prompt needs (`complexity`), keep the
+/// `auto` rule: judge the tier the prompt needs (`complexity`), keep the
 /// tenant's catalog models that have the needed capabilities (tools, vision), are not deprecated and are
 /// at or above that tier, scored by quality less cost and tier distance (cheapest first on a
 /// cost-first plan). This is [`resolve_with`] on the catalog's figures alone, not cost-first.
@@ -412,21 +412,8 @@ pub fn resolve_with(
             .filter(|entry| tenant.has_key(&entry.provider) && entry.can("chat") && entry.deprecated.is_none() && entry.tier >= tier)
             .filter_map(|entry| provider_by_id(&entry.provider).map(|provider| candidate(provider, &entry.model, catalog, &pricing)))
             .collect();
-        if signals.cost_first {
-            (
-                candidates,
-                SelectionMethod::CapabilityMatched,
-                "price",
-                format!("auto: complexity tier {tier}, cheapest capable model first (cost-first plan)"),
-            )
-        } else {
-            (
-                candidates,
-                SelectionMethod::CapabilityMatched,
-                "quality",
-                format!("auto: complexity tier {tier}, quality less cost and tier distance"),
-            )
-        }
+        let how = if signals.cost_first { "cheapest capable model first (cost-first plan)" } else { "quality less cost and tier distance" };
+        (candidates, SelectionMethod::CapabilityMatched, by_default, format!("auto: complexity tier {tier}, {how}"))
     } else if let Some(slug) = requested.strip_prefix("@preset/") {
         let preset =
             tenant.presets.iter().find(|preset| preset.slug == slug).ok_or_else(|| RouteError::PresetNotFound(slug.to_string()))?;

@@ -6,8 +6,9 @@ use axum::Json;
 use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
-use brainstorm_budget_ledger::{Meter, ScopeLevel};
+use brainstorm_budget_ledger::Meter;
 use brainstorm_common::ApiError;
+use brainstorm_common::money::Usd;
 use brainstorm_providers::anthropic;
 use brainstorm_providers::catalog::{Model, base_url};
 use brainstorm_providers::routing::{self, Resolution, RouteOptions, SANDBOX_MODEL};
@@ -191,10 +192,9 @@ impl BudgetRoom {
     async fn of(state: &EdgeState, caller: &Caller) -> Result<Self, ApiError> {
         let context = pipeline::budget_context(state, caller, None, &HeaderMap::new(), None).await?;
         let remaining = state.guard.remaining(&context).await.map_err(crate::routes::agent_self::counters_unavailable)?;
-        let is_money = |level: &&ScopeLevel| level.scope.kind.meter() == Meter::Spend;
         Ok(BudgetRoom {
-            capped: remaining.levels.iter().filter(|level| !is_money(level)).any(|level| level.remaining() == Some(0)),
-            money_left: remaining.levels.iter().filter(is_money).filter_map(ScopeLevel::remaining).min(),
+            capped: remaining.levels.iter().any(|level| level.scope.kind.meter() != Meter::Spend && level.remaining() == Some(0)),
+            money_left: remaining.budget_remaining().map(Usd::nanos),
         })
     }
 

@@ -120,10 +120,10 @@ pub async fn inventory(State(state): State<EdgeState>, caller: Caller, Query(que
     let inventory = state.audit.get_agent_inventory(request).await?;
     let Json(mut answer) = json(&inventory)?;
     // The spec's `asserted[]` is the list itself (null, with a note, when it could not be read).
-    answer["asserted"] = inventory.asserted.map_or(Ok(Value::Null), |list| serde_json::to_value(list.agents)).map_err(|error| {
-        tracing::error!(%error, "cannot render a governance answer");
-        ApiError::internal()
-    })?;
+    answer["asserted"] = match inventory.asserted {
+        Some(list) => json(&list.agents)?.0,
+        None => Value::Null,
+    };
     Ok(Json(answer))
 }
 
