@@ -141,7 +141,7 @@ impl AuditStore {
         recorded_at: &str,
         repeats_possible: bool,
     ) -> StoreResult<Option<Vec<Appended>>> {
-        let mut transaction = self.database.writer().begin().await?;
+        let mut transaction = self.database.begin_writer().await?;
         // Writing first takes the tenant's head row lock (PostgreSQL) or the write lock (SQLite)
         // before anything is read, so a second writer waits here instead of failing later: SQLite's
         // busy timeout covers a transaction that has not read yet, not one that has. The same
@@ -439,7 +439,7 @@ impl AuditStore {
     /// Prunes the longest prefix of the chain whose rows all occurred before `before`, leaving a
     /// checkpoint at its last row. Returns how many rows went and the checkpoint (None when nothing did).
     pub async fn prune_before(&self, tenant_id: &str, before: &str, now: &str) -> StoreResult<(u64, Option<Checkpoint>)> {
-        let mut transaction = self.database.pool().begin().await?;
+        let mut transaction = self.database.begin().await?;
         let first_kept: Option<i64> =
             sqlx::query_scalar("SELECT MIN(sequence) FROM audit_chain WHERE tenant_id = $1 AND occurred_at >= $2")
                 .bind(tenant_id)

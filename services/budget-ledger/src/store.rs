@@ -123,7 +123,7 @@ impl BudgetStore {
         recorded_at: &str,
         returning: Returning,
     ) -> StoreResult<Option<Vec<bool>>> {
-        let mut transaction = self.database.writer().begin().await?;
+        let mut transaction = self.database.begin_writer().await?;
         let placeholders = self.database.placeholders();
         let mut inserted: HashSet<String> = HashSet::new();
         for (chunk, chunk_periods) in statement_chunks(settlements).zip(statement_chunks(periods)) {
@@ -460,7 +460,7 @@ impl BudgetStore {
     /// Records a threshold crossing and its alert in one transaction, unless this threshold already
     /// fired in this period; true when recorded (the caller then delivers it).
     pub async fn record_crossing(&self, alert: &AlertRecord, ratio_basis_points: i64) -> StoreResult<bool> {
-        let mut transaction = self.database.pool().begin().await?;
+        let mut transaction = self.database.begin().await?;
         let crossed = sqlx::query(
             "INSERT INTO budget_alert_crossings (tenant_id, scope, period_key, threshold, crossed_at) VALUES ($1, $2, $3, $4, $5) \
              ON CONFLICT (tenant_id, scope, period_key, threshold) DO NOTHING",

@@ -32,7 +32,7 @@ impl CatalogStore {
     /// Inserts an active key, deactivating the provider's previous active key in the same transaction.
     pub async fn insert_rotating(&self, stored: &StoredKey, now: &str) -> StoreResult<()> {
         let key = &stored.key;
-        let mut transaction = self.database.pool().begin().await?;
+        let mut transaction = self.database.begin().await?;
         sqlx::query("UPDATE provider_keys SET status = $1, deactivated_at = $2 WHERE tenant_id = $3 AND provider = $4 AND status = $5")
             .bind("inactive")
             .bind(now)
@@ -103,7 +103,7 @@ impl CatalogStore {
 
     /// Replaces the alias map atomically.
     pub async fn replace_aliases(&self, tenant_id: &str, aliases: &BTreeMap<String, String>) -> StoreResult<()> {
-        let mut transaction = self.database.pool().begin().await?;
+        let mut transaction = self.database.begin().await?;
         sqlx::query("DELETE FROM model_aliases WHERE tenant_id = $1").bind(tenant_id).execute(&mut *transaction).await?;
         for (alias, target) in aliases {
             sqlx::query("INSERT INTO model_aliases (tenant_id, alias, target) VALUES ($1, $2, $3)")

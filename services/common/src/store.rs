@@ -8,9 +8,9 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::AnyPool;
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::migrate::Migrator;
+use sqlx::{Any, AnyPool, Transaction};
 
 static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("../../migrations/sqlite");
 static POSTGRES_MIGRATIONS: Migrator = sqlx::migrate!("../../migrations/postgres");
@@ -160,6 +160,27 @@ impl Database {
     /// its transactions; on PostgreSQL the one pool.
     pub fn writer(&self) -> &AnyPool {
         &self.writer
+    }
+
+    /// Begins a transaction on the pool that may write. On SQLite it is `BEGIN IMMEDIATE`: the
+    /// write lock is taken (waiting out the busy timeout) before the first read, because a deferred
+    /// transaction that reads and then writes fails at once with `SQLITE_BUSY` when another
+    /// connection committed in between (WAL cannot move its snapshot forward), where waiting would
+    /// have succeeded. PostgreSQL begins as usual.
+    pub async fn begin(&self) -> Result<Transaction<'static, Any>, sqlx::Error> {
+        Self::begin_on(self.engine, &self.pool).await
+    }
+
+    /// [`Database::begin`] on the batch writers' pool ([`Database::writer`]).
+    pub async fn begin_writer(&self) -> Result<Transaction<'static, Any>, sqlx::Error> {
+        Self::begin_on(self.engine, &self.writer).await
+    }
+
+    async fn begin_on(engine: Engine, pool: &AnyPool) -> Result<Transaction<'static, Any>, sqlx::Error> {
+        match engine {
+            Engine::Sqlite => pool.begin_with("BEGIN IMMEDIATE").await,
+            Engine::Postgres => pool.begin().await,
+        }
     }
 
     /// Which engine this is.
@@ -443,6 +464,39 @@ mod tests {
         Ok(())
     }
 
+    /// A transaction that reads and then writes while another connection commits a write in
+    /// between: begun deferred, SQLite fails its write at once with `SQLITE_BUSY` (its snapshot is
+    /// stale); begun by `Database::begin`, it holds the write lock from the start, the other writer
+    /// waits its turn, and both writes land.
+    #[tokio::test]
+    async fn a_transaction_that_reads_then_writes_is_not_failed_by_a_concurrent_commit() -> Result<(), StoreError> {
+        let database = testing::fresh_sqlite().await?;
+        sqlx::query("CREATE TABLE probe (value BIGINT)").execute(database.pool()).await?;
+        sqlx::query("INSERT INTO probe (value) VALUES (1)").execute(database.pool()).await?;
+        let interleave = |mut transaction: Transaction<'static, Any>| {
+            let pool = database.pool().clone();
+            async move {
+                let _: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM probe").fetch_one(&mut *transaction).await?;
+                let other = tokio::spawn(async move { sqlx::query("INSERT INTO probe (value) VALUES (2)").execute(&pool).await });
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let own = sqlx::query("INSERT INTO probe (value) VALUES (3)").execute(&mut *transaction).await;
+                let own = match own {
+                    Ok(_) => transaction.commit().await,
+                    Err(error) => Err(error),
+                };
+                let other = other.await.map_err(|error| sqlx::Error::Protocol(error.to_string()))?;
+                Ok::<_, sqlx::Error>((own.is_ok(), other.is_ok()))
+            }
+        };
+        let deferred = database.pool().begin().await?;
+        assert_eq!(interleave(deferred).await?, (false, true), "a deferred transaction's write fails after another commit");
+        let immediate = database.begin().await?;
+        assert_eq!(interleave(immediate).await?, (true, true));
+        let values: Vec<i64> = sqlx::query_scalar("SELECT value FROM probe ORDER BY value").fetch_all(database.pool()).await?;
+        assert_eq!(values, [1, 2, 2, 3]);
+        Ok(())
+    }
+
     /// A batch insert skips what its `ON CONFLICT` clause names, stops at any other constraint, and
     /// a rolled-back transaction keeps none of its rows, on both engines.
     async fn batch_insert_keeps_upserts_and_rolls_back_whole(database: Database) -> Result<(), StoreError> {
@@ -462,7 +516,7 @@ mod tests {
         assert_eq!(written.rows_affected(), 1);
         // Another constraint (the primary key) in the statement's third row: it fails, and the
         // transaction's rollback undoes its first rows and what came before it.
-        let mut transaction = database.writer().begin().await?;
+        let mut transaction = database.begin_writer().await?;
         sqlx::query("INSERT INTO probe (id, name) VALUES (10, 'ten')").execute(&mut *transaction).await?;
         let sql = insert(3);
         let failed =

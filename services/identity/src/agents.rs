@@ -238,7 +238,7 @@ impl AgentStore {
     /// budget becomes `parent_budget_after` only if it still holds what `parent` says, and the child is
     /// inserted only if its id is free.
     pub async fn delegate(&self, parent: &AgentProfile, parent_budget_after: i64, child: &AgentProfile) -> Result<Delegation, sqlx::Error> {
-        let mut transaction = self.database.pool().begin().await?;
+        let mut transaction = self.database.begin().await?;
         let moved = sqlx::query(
             "UPDATE agent_profiles SET budget_daily_nanos = $1, updated_at = $2 \
              WHERE id = $3 AND lifecycle_state = 'active' AND budget_daily_nanos = $4",
@@ -262,7 +262,7 @@ impl AgentStore {
     /// Terminates a parent's child still in `child.lifecycle_state` and gives `refund` back to the
     /// parent's daily budget, in one transaction; false when the child moved meanwhile.
     pub async fn end_child(&self, parent: &AgentProfile, child: &AgentProfile, refund: i64, now: &str) -> Result<bool, sqlx::Error> {
-        let mut transaction = self.database.pool().begin().await?;
+        let mut transaction = self.database.begin().await?;
         let ended = sqlx::query(
             "UPDATE agent_profiles SET lifecycle_state = 'terminated', updated_at = $1 \
              WHERE id = $2 AND parent_agent_id = $3 AND lifecycle_state = $4",

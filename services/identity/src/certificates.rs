@@ -70,7 +70,7 @@ impl CertificateStore {
     /// Records an issued certificate, and forgets the same agent's certificates that expired before
     /// `prune_before` (the caller's `RETENTION_DAYS` ago).
     pub async fn record(&self, certificate: &AgentCertificate, prune_before: &str) -> Result<(), sqlx::Error> {
-        let mut transaction = self.database.pool().begin().await?;
+        let mut transaction = self.database.begin().await?;
         sqlx::query(&format!("INSERT INTO agent_certificates ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"))
             .bind(&certificate.serial)
             .bind(&certificate.tenant_id)

@@ -58,7 +58,7 @@ impl IdentityStore {
     }
 
     pub async fn begin(&self) -> StoreResult<Transaction<'static, Any>> {
-        self.database.pool().begin().await
+        self.database.begin().await
     }
 
     pub async fn insert_tenant(transaction: &mut Transaction<'static, Any>, tenant: &Tenant) -> StoreResult<()> {

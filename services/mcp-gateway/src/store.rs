@@ -41,7 +41,7 @@ impl McpStore {
 
     /// Replaces a server's row (by id and tenant).
     pub async fn update_server(&self, stored: &StoredServer) -> StoreResult<()> {
-        let mut transaction = self.database.pool().begin().await?;
+        let mut transaction = self.database.begin().await?;
         sqlx::query("DELETE FROM mcp_servers WHERE id = $1 AND tenant_id = $2")
             .bind(&stored.server.id)
             .bind(&stored.server.tenant_id)
@@ -81,7 +81,7 @@ impl McpStore {
 
     /// Deletes a server and its tools.
     pub async fn delete_server(&self, tenant_id: &str, server_id: &str) -> StoreResult<()> {
-        let mut transaction = self.database.pool().begin().await?;
+        let mut transaction = self.database.begin().await?;
         sqlx::query("DELETE FROM mcp_tools WHERE server_id = $1 AND tenant_id = $2")
             .bind(server_id)
             .bind(tenant_id)
@@ -97,7 +97,7 @@ impl McpStore {
 
     /// Replaces a server's saved tools and stamps its discovery time.
     pub async fn replace_tools(&self, tenant_id: &str, server_id: &str, tools: &[Tool], now: &str) -> StoreResult<()> {
-        let mut transaction = self.database.pool().begin().await?;
+        let mut transaction = self.database.begin().await?;
         sqlx::query("DELETE FROM mcp_tools WHERE server_id = $1 AND tenant_id = $2")
             .bind(server_id)
             .bind(tenant_id)
@@ -146,7 +146,7 @@ impl McpStore {
 
     /// Creates or replaces one tool's policy.
     pub async fn put_policy(&self, tenant_id: &str, policy: &ToolPolicy) -> StoreResult<()> {
-        let mut transaction = self.database.pool().begin().await?;
+        let mut transaction = self.database.begin().await?;
         sqlx::query("DELETE FROM mcp_tool_policies WHERE tenant_id = $1 AND tool_name = $2")
             .bind(tenant_id)
             .bind(&policy.tool_name)
@@ -190,7 +190,7 @@ impl McpStore {
     /// Queues an approval unless the same key already waits on the same call (same server, tool and
     /// arguments); returns the approval the call waits in and whether it is new.
     pub async fn queue_approval(&self, tenant_id: &str, approval: &Approval, arguments_hash: &str) -> StoreResult<(Approval, bool)> {
-        let mut transaction = self.database.pool().begin().await?;
+        let mut transaction = self.database.begin().await?;
         let waiting = sqlx::query(&format!(
             "SELECT {APPROVAL_COLUMNS} FROM mcp_approvals WHERE tenant_id = $1 AND server_id = $2 AND tool = $3 AND arguments_hash = $4 \
              AND api_key_id = $5 AND status = 'pending' ORDER BY created_at"

@@ -70,7 +70,7 @@ impl FanoutStore {
     /// Inserts a destination, or replaces it (by id) with `replace`.
     pub async fn put(&self, stored: &StoredDestination, replace: bool) -> StoreResult<()> {
         let destination = &stored.destination;
-        let mut transaction = self.database.pool().begin().await?;
+        let mut transaction = self.database.begin().await?;
         if replace {
             sqlx::query("DELETE FROM obs_destinations WHERE id = $1 AND tenant_id = $2")
                 .bind(&destination.id)
@@ -131,7 +131,7 @@ impl FanoutStore {
     }
 
     pub async fn delete(&self, tenant_id: &str, id: &str) -> StoreResult<()> {
-        let mut transaction = self.database.pool().begin().await?;
+        let mut transaction = self.database.begin().await?;
         sqlx::query("DELETE FROM obs_delivery_hours WHERE destination_id = $1").bind(id).execute(&mut *transaction).await?;
         sqlx::query("DELETE FROM obs_destinations WHERE tenant_id = $1 AND id = $2")
             .bind(tenant_id)
@@ -149,7 +149,7 @@ impl FanoutStore {
     }
 
     pub async fn set_enabled(&self, tenant_id: &str, enabled: bool, now: &str) -> StoreResult<()> {
-        let mut transaction = self.database.pool().begin().await?;
+        let mut transaction = self.database.begin().await?;
         sqlx::query("DELETE FROM obs_config WHERE tenant_id = $1").bind(tenant_id).execute(&mut *transaction).await?;
         sqlx::query("INSERT INTO obs_config (tenant_id, enabled, updated_at) VALUES ($1, $2, $3)")
             .bind(tenant_id)
@@ -164,7 +164,7 @@ impl FanoutStore {
     pub async fn record(&self, id: &str, sent: u64, failed: u64, dropped: u64, now: &str) -> StoreResult<()> {
         let as_i64 = |count: u64| i64::try_from(count).unwrap_or(i64::MAX);
         let hour = now.get(..13).unwrap_or(now);
-        let mut transaction = self.database.pool().begin().await?;
+        let mut transaction = self.database.begin().await?;
         sqlx::query(
             "UPDATE obs_destinations SET sent = sent + $1, failed = failed + $2, dropped = dropped + $3, \
              last_delivery_at = CASE WHEN $1 > 0 THEN $4 ELSE last_delivery_at END WHERE id = $5",

@@ -84,7 +84,7 @@ impl LiaisonStore {
 
     /// Stores a new session and its `liaison.opened` event.
     pub async fn insert_session(&self, session: &SessionRow, opened: String) -> StoreResult<()> {
-        let mut transaction = self.database.pool().begin().await?;
+        let mut transaction = self.database.begin().await?;
         sqlx::query(
             "INSERT INTO liaison_sessions (tenant_id, session_id, key_id, agent_id, label, metadata_json, status, opened_at, expires_at, \
              event_seq) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 0)",
@@ -118,7 +118,7 @@ impl LiaisonStore {
     pub async fn insert_plan(&self, row: &PlanRow, now: &str, minted: String) -> StoreResult<bool> {
         let plan = &row.plan;
         let envelope_json = String::from_utf8(crate::liaison::envelope_bytes(plan)).unwrap_or_default();
-        let mut transaction = self.database.pool().begin().await?;
+        let mut transaction = self.database.begin().await?;
         let open = sqlx::query(
             "SELECT 1 AS open FROM liaison_sessions WHERE tenant_id = $1 AND session_id = $2 AND status = 'open' AND expires_at > $3",
         )
@@ -190,7 +190,7 @@ impl LiaisonStore {
 
     /// Counts a denial on a plan and appends its event.
     pub async fn record_denial(&self, tenant_id: &str, session_id: &str, plan_id: &str, now: &str, denied: String) -> StoreResult<()> {
-        let mut transaction = self.database.pool().begin().await?;
+        let mut transaction = self.database.begin().await?;
         sqlx::query("UPDATE liaison_plans SET denials = denials + 1 WHERE tenant_id = $1 AND plan_id = $2")
             .bind(tenant_id)
             .bind(plan_id)
@@ -211,7 +211,7 @@ impl LiaisonStore {
         settlement: &Settlement<'_>,
         events: Vec<NewEvent>,
     ) -> StoreResult<Option<&'static str>> {
-        let mut transaction = self.database.pool().begin().await?;
+        let mut transaction = self.database.begin().await?;
         let (state, settled) = if settlement.answered {
             let settled = sqlx::query(
                 "UPDATE liaison_plans SET state = $1, committed_request_id = $2, committed_at = $3, cost_nanos = $4, input_tokens = $5, \
@@ -280,7 +280,7 @@ impl LiaisonStore {
     /// Closes an open session and appends its `liaison.closed` event (built from the session's final
     /// state by `closed`); false when it was closed already.
     pub async fn close(&self, tenant_id: &str, session_id: &str, now: &str, closed: String) -> StoreResult<bool> {
-        let mut transaction = self.database.pool().begin().await?;
+        let mut transaction = self.database.begin().await?;
         let changed = sqlx::query(
             "UPDATE liaison_sessions SET status = 'closed', closed_at = $1 WHERE tenant_id = $2 AND session_id = $3 AND status = 'open'",
         )

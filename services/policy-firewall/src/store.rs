@@ -117,7 +117,7 @@ impl PolicyStore {
 
     /// Activates the tenant switch and appends to its history; false when it was already active.
     pub async fn activate_kill_switch(&self, tenant_id: &str, reason: &str, activated_by: &str, now: &str) -> StoreResult<bool> {
-        let mut transaction = self.database.pool().begin().await?;
+        let mut transaction = self.database.begin().await?;
         let changed = sqlx::query(
             "INSERT INTO policy_kill_switches (tenant_id, active, activated_at, activated_by, reason, deactivated_at, version, updated_at) \
              VALUES ($1, 1, $2, $3, $4, NULL, 1, $2) \
@@ -151,7 +151,7 @@ impl PolicyStore {
 
     /// Deactivates the tenant switch and closes its open history entry; false when it was inactive.
     pub async fn deactivate_kill_switch(&self, tenant_id: &str, deactivated_by: &str, now: &str) -> StoreResult<bool> {
-        let mut transaction = self.database.pool().begin().await?;
+        let mut transaction = self.database.begin().await?;
         let changed = sqlx::query(
             "UPDATE policy_kill_switches SET active = 0, deactivated_at = $2, version = version + 1, updated_at = $2 \
              WHERE tenant_id = $1 AND active = 1",
@@ -199,7 +199,7 @@ impl PolicyStore {
 
     /// Activates (or refreshes) a scoped switch.
     pub async fn activate_scope(&self, tenant_id: &str, scope: &ScopedSwitch, now: &str) -> StoreResult<()> {
-        let mut transaction = self.database.pool().begin().await?;
+        let mut transaction = self.database.begin().await?;
         sqlx::query(
             "INSERT INTO policy_kill_switch_scopes (tenant_id, scope_type, scope_id, reason, activated_by, activated_at, active, \
              deactivated_at, deactivated_by) VALUES ($1, $2, $3, $4, $5, $6, 1, NULL, NULL) \
@@ -228,7 +228,7 @@ impl PolicyStore {
         deactivated_by: &str,
         now: &str,
     ) -> StoreResult<Option<ScopedSwitch>> {
-        let mut transaction = self.database.pool().begin().await?;
+        let mut transaction = self.database.begin().await?;
         let changed = sqlx::query(
             "UPDATE policy_kill_switch_scopes SET active = 0, deactivated_at = $4, deactivated_by = $5 \
              WHERE tenant_id = $1 AND scope_type = $2 AND scope_id = $3 AND active = 1",
@@ -431,7 +431,7 @@ impl PolicyStore {
     /// Stores interceptions in multi-row inserts, one transaction (an id already stored is skipped).
     pub async fn insert_interceptions(&self, interceptions: &[Interception]) -> StoreResult<()> {
         let placeholders = self.database.placeholders();
-        let mut transaction = self.database.writer().begin().await?;
+        let mut transaction = self.database.begin_writer().await?;
         for chunk in statement_chunks(interceptions) {
             let sql = format!(
                 "{} INTO policy_interceptions (id, tenant_id, severity, actor_id, actor_type, resource, action, verdicts_json, \

@@ -133,7 +133,7 @@ impl Memory {
             created_at: now.clone(),
             updated_at: now,
         };
-        let mut transaction = self.database.pool().begin().await.map_err(failure)?;
+        let mut transaction = self.database.begin().await.map_err(failure)?;
         let rows = sqlx::query(&format!(
             "SELECT {ENTRY_COLUMNS} FROM memory_entries WHERE tenant_id = $1 AND memory_key = $2 AND block = $3 AND archived = 0 ORDER BY created_at, id"
         ))
@@ -203,7 +203,7 @@ impl Memory {
             return Err(ServiceError::invalid("invalid_fact", "an update needs fact or pinned"));
         }
         let fact = request.fact.as_deref().map(validate_fact).transpose()?;
-        let mut transaction = self.database.pool().begin().await.map_err(failure)?;
+        let mut transaction = self.database.begin().await.map_err(failure)?;
         let mut entry = self.entry(&mut transaction, &key, &request.id).await?;
         entry.updated_at = now_timestamp();
         if let Some(fact) = fact.filter(|fact| *fact != entry.fact) {
@@ -233,7 +233,7 @@ impl Memory {
 
     pub async fn delete(&self, request: MemoryEntryRef) -> ServiceResult<MemoryEntry> {
         let key = key_of(request.key)?;
-        let mut transaction = self.database.pool().begin().await.map_err(failure)?;
+        let mut transaction = self.database.begin().await.map_err(failure)?;
         let entry = self.entry(&mut transaction, &key, &request.id).await?;
         sqlx::query("DELETE FROM memory_entries WHERE id = $1").bind(&entry.id).execute(&mut *transaction).await.map_err(failure)?;
         self.audit(&mut transaction, &key, Audited { operation: "delete", entry: &entry, actor: &request.actor, reason: "" })

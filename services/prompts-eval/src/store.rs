@@ -69,7 +69,7 @@ impl PromptsStore {
 
     /// Inserts a prompt and its first version (a unique violation when the id is taken).
     pub async fn insert_prompt(&self, prompt: &Prompt, first: &PromptVersion) -> StoreResult<()> {
-        let mut transaction = self.database.pool().begin().await?;
+        let mut transaction = self.database.begin().await?;
         sqlx::query(&format!("INSERT INTO prompts ({PROMPT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"))
             .bind(&prompt.id)
             .bind(&prompt.tenant_id)
@@ -88,7 +88,7 @@ impl PromptsStore {
 
     /// Adds the next version unless another writer added it first (false: retry on the new latest).
     pub async fn add_version(&self, tenant_id: &str, prompt_id: &str, previous: u32, version: &PromptVersion) -> StoreResult<bool> {
-        let mut transaction = self.database.pool().begin().await?;
+        let mut transaction = self.database.begin().await?;
         let moved =
             sqlx::query("UPDATE prompts SET latest_version = $1, updated_at = $2 WHERE tenant_id = $3 AND id = $4 AND latest_version = $5")
                 .bind(i64::from(version.version))
@@ -176,7 +176,7 @@ impl PromptsStore {
 
     /// Starts (or restarts, counts from zero) a prompt's A/B test.
     pub async fn start_ab(&self, tenant_id: &str, prompt_id: &str, test: &AbTest) -> StoreResult<()> {
-        let mut transaction = self.database.pool().begin().await?;
+        let mut transaction = self.database.begin().await?;
         sqlx::query("DELETE FROM prompt_ab_tests WHERE tenant_id = $1 AND prompt_id = $2")
             .bind(tenant_id)
             .bind(prompt_id)
@@ -251,7 +251,7 @@ impl PromptsStore {
 
     /// Stores a run and its cases.
     pub async fn insert_run(&self, tenant_id: &str, run: &EvaluationRun) -> StoreResult<()> {
-        let mut transaction = self.database.pool().begin().await?;
+        let mut transaction = self.database.begin().await?;
         sqlx::query(&format!(
             "INSERT INTO prompt_eval_runs (tenant_id, {RUN_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
         ))
@@ -427,7 +427,7 @@ impl PromptsStore {
     }
 
     pub async fn delete_dataset(&self, tenant_id: &str, dataset_id: &str) -> StoreResult<()> {
-        let mut transaction = self.database.pool().begin().await?;
+        let mut transaction = self.database.begin().await?;
         sqlx::query("DELETE FROM eval_dataset_items WHERE tenant_id = $1 AND dataset_id = $2")
             .bind(tenant_id)
             .bind(dataset_id)
@@ -451,7 +451,7 @@ impl PromptsStore {
         items: &[DatasetItem],
         max_items: u32,
     ) -> StoreResult<Option<(Vec<DatasetItem>, u32)>> {
-        let mut transaction = self.database.pool().begin().await?;
+        let mut transaction = self.database.begin().await?;
         let held: i64 = sqlx::query("SELECT COUNT(*) AS held FROM eval_dataset_items WHERE dataset_id = $1")
             .bind(dataset_id)
             .fetch_one(&mut *transaction)
@@ -504,7 +504,7 @@ impl PromptsStore {
 
     /// Deletes one item; None when the dataset has no such item.
     pub async fn delete_item(&self, tenant_id: &str, dataset_id: &str, item_id: &str) -> StoreResult<Option<DatasetItem>> {
-        let mut transaction = self.database.pool().begin().await?;
+        let mut transaction = self.database.begin().await?;
         let row =
             sqlx::query(&format!("SELECT {ITEM_COLUMNS} FROM eval_dataset_items WHERE tenant_id = $1 AND dataset_id = $2 AND id = $3"))
                 .bind(tenant_id)
