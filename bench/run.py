@@ -28,6 +28,9 @@ from free_port import free_port as probe_free_port  # noqa: E402
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PROVIDER_KEY = "sk-bench-0123456789abcdefghijklmnopqrstuv"
+# The gateway's response cache is off: every phase repeats one request, which the cache would answer
+# without the pipeline the benchmark measures.
+NO_RESPONSE_CACHE = "0"
 # How a direct call to the paced mock (Anthropic wire format) authenticates.
 ANTHROPIC_HEADERS = {"x-api-key": PROVIDER_KEY, "anthropic-version": "2023-06-01"}
 # The paced mock's gap between stream chunks (phase d's paced streams).
@@ -710,6 +713,7 @@ class Bench:
                 "BR_PROVIDER_ANTHROPIC_BASE_URL": paced,
                 "RUST_LOG": "warn",
                 "BR_MAIL_OUTBOX": os.path.join(self.work, "outbox"),
+                "BR_RESPONSE_CACHE_MAX_BYTES": NO_RESPONSE_CACHE,
             },
         )
         base = f"http://127.0.0.1:{gateway_port}"
@@ -978,6 +982,7 @@ http {{
                 "BR_PROVIDER_ANTHROPIC_BASE_URL": paced,
                 "RUST_LOG": "warn",
                 "BR_MAIL_OUTBOX": os.path.join(self.work, "outbox"),
+                "BR_RESPONSE_CACHE_MAX_BYTES": NO_RESPONSE_CACHE,
             },
         )
         base = f"http://127.0.0.1:{port}"
@@ -1162,7 +1167,7 @@ http {{
                 "edge",
                 [self.args.gateway, "serve", "edge-router", "--listen", f"127.0.0.1:{edge_port}"],
                 "0" if self.pinned else "",
-                {**urls, "RUST_LOG": "warn", "BR_PROVIDER_OPENAI_BASE_URL": f"{mock}/v1"},
+                {**urls, "RUST_LOG": "warn", "BR_PROVIDER_OPENAI_BASE_URL": f"{mock}/v1", "BR_RESPONSE_CACHE_MAX_BYTES": NO_RESPONSE_CACHE},
             )
             base = f"http://127.0.0.1:{edge_port}"
             wait_http(f"{base}/health")

@@ -12,7 +12,7 @@ type ConfigCase = (&'static [&'static str], &'static [(&'static str, &'static st
 #[test]
 fn bad_configuration_stops_start_up_naming_the_setting() -> TestResult {
     let work_dir = temp_dir("config")?;
-    let cases: [ConfigCase; 8] = [
+    let cases: [ConfigCase; 9] = [
         (&["up", "--listen", "not-an-address"], &[], "listen"),
         (&["up"], &[("BR_REQUIRE_AGENT_OWNER", "perhaps")], "BR_REQUIRE_AGENT_OWNER"),
         (&["up"], &[("BR_MASTER_KEY", "too-short")], "master_key"),
@@ -21,6 +21,7 @@ fn bad_configuration_stops_start_up_naming_the_setting() -> TestResult {
         (&["serve", "teleporter"], &[], "unknown service"),
         (&["operator"], &[], "the operator needs identity: set BR_IDENTITY_URL"),
         (&["up"], &[("BR_CACHE_TTL_MS", "forever")], "cache_ttl_ms"),
+        (&["up"], &[("BR_RESPONSE_CACHE_TTL_MS", "0")], "response_cache_ttl_ms"),
     ];
     for (arguments, env, expected) in cases {
         let (succeeded, output) = run_to_end(arguments, env, &work_dir)?;

@@ -40,6 +40,7 @@ brainstorm_e2e::in_both_shapes!(
     models_runnable_allowlists_and_deprecations,
     a_client_disconnect_cancels_the_upstream_stream,
     the_opening_frame_leaves_before_the_first_token,
+    the_response_cache_answers_repeats_at_no_cost,
 );
 
 struct Setup {
@@ -1729,5 +1730,125 @@ async fn one_cpu_serves_completions_and_streams_single_threaded() -> TestResult 
     assert_eq!(streamed.status, 200, "{}", streamed.text);
     let text: String = sse_data(&streamed.text).iter().filter_map(|chunk| chunk["choices"][0]["delta"]["content"].as_str()).collect();
     assert_eq!(text, "mock anthropic reply to: stream some words");
+    Ok(())
+}
+
+/// The response cache (on here; the harness turns it off for the other tests): a repeat of a
+/// non-streamed request is answered by the edge without an upstream call, at $0, settled apart in
+/// usage and judged again by the guardian. Whatever shapes the answer (text, temperature, model,
+/// tenant) misses; `cache: false`, `x_no_cache` and `X-BR-Cache-Privacy: private` bypass it; a
+/// stream does not use it.
+async fn the_response_cache_answers_repeats_at_no_cost(shape: Shape) -> TestResult {
+    let providers = [("openai", OPENAI_KEY), ("anthropic", ANTHROPIC_KEY)];
+    let setup = setup_env(shape, MockConfig::default(), &providers, &[("BR_RESPONSE_CACHE_MAX_BYTES", "8388608")]).await?;
+    let (gateway, key, mock) = (&setup.gateway, setup.key.as_str(), &setup.mock);
+    let upstream_calls = || mock.requests().iter().filter(|request| request.path.ends_with("/chat/completions")).count();
+    let complete = async |key: &str, body: &Value| gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(body.clone())).await;
+    let body = completion("openai/gpt-4o-mini", "What is the capital of France?");
+
+    let first = complete(key, &body).await?;
+    assert_eq!((first.status, first.header("x-br-cache")), (200, Some("miss")), "{}", first.text);
+    let paid = first.header("x-br-actual-cost").unwrap_or_default().to_string();
+    assert!(paid.parse::<f64>().is_ok_and(|cost| cost > 0.0), "{paid}");
+    assert_eq!(upstream_calls(), 1);
+
+    let second = complete(key, &body).await?;
+    assert_eq!((second.status, second.header("x-br-cache")), (200, Some("hit")), "{}", second.text);
+    assert_eq!(upstream_calls(), 1, "a hit calls no provider");
+    assert_eq!(second.body["choices"], first.body["choices"]);
+    assert_eq!(second.body["model"], "openai/gpt-4o-mini");
+    assert_ne!(second.body["id"], first.body["id"], "each answer has its own id");
+    assert_eq!(second.body["usage"]["cost_usd"].as_f64(), Some(0.0), "{}", second.text);
+    assert_eq!(second.header("x-br-actual-cost"), Some("0.000000"));
+    assert_eq!(second.header("x-br-savings"), Some(paid.as_str()));
+    assert_eq!((second.header("x-br-cache-similarity"), second.header("x-br-cache-source")), (Some("1.00"), Some("edge")));
+    assert!(second.header("x-br-cache-age").is_some_and(|age| age.parse::<u64>().is_ok()), "{:?}", second.headers);
+    let total_tokens = first.body["usage"]["total_tokens"].as_u64().unwrap_or_default();
+    assert_eq!(second.header("x-br-cache-saved-tokens"), Some(total_tokens.to_string().as_str()));
+    assert_eq!(second.header("x-br-routed-model"), Some("openai/gpt-4o-mini"));
+
+    // What shapes the answer misses.
+    let mut warmer = body.clone();
+    warmer["temperature"] = json!(0.7);
+    let variants = [
+        completion("openai/gpt-4o-mini", "What is the capital of Spain?"),
+        warmer,
+        completion("openai/gpt-4o", "What is the capital of France?"),
+    ];
+    for (index, variant) in variants.iter().enumerate() {
+        let reply = complete(key, variant).await?;
+        assert_eq!((reply.status, reply.header("x-br-cache")), (200, Some("miss")), "variant {index}: {}", reply.text);
+        assert_eq!(upstream_calls(), 2 + index);
+    }
+    // Asked to bypass: neither read nor written.
+    let calls = upstream_calls();
+    let mut skipped = body.clone();
+    skipped["cache"] = json!(false);
+    let mut no_cache = body.clone();
+    no_cache["x_no_cache"] = json!(true);
+    for (index, bypassing) in [skipped, no_cache].iter().enumerate() {
+        let reply = complete(key, bypassing).await?;
+        assert_eq!((reply.status, reply.header("x-br-cache")), (200, Some("bypass")), "{}", reply.text);
+        assert_eq!(upstream_calls(), calls + index + 1);
+    }
+    let private =
+        gateway.request(Method::POST, "/v1/chat/completions", Some(key)).header("x-br-cache-privacy", "private").json(&body).send().await?;
+    let private_headers = private.headers().clone();
+    assert_eq!(private.status().as_u16(), 200);
+    let header = |name: &str| private_headers.get(name).and_then(|value| value.to_str().ok()).map(str::to_string);
+    assert_eq!((header("x-br-cache").as_deref(), header("x-br-cache-privacy").as_deref()), (Some("bypass"), Some("private")));
+    assert_eq!(upstream_calls(), calls + 3);
+    // Choices that are not booleans, or a privacy that is not `private`, are refused.
+    let mut bad = body.clone();
+    bad["cache"] = json!("no");
+    let refused = complete(key, &bad).await?;
+    assert_eq!((refused.status, refused.body["error"]["code"].as_str()), (400, Some("invalid_cache")), "{}", refused.text);
+    let public =
+        gateway.request(Method::POST, "/v1/chat/completions", Some(key)).header("x-br-cache-privacy", "public").json(&body).send().await?;
+    assert_eq!(public.status().as_u16(), 400);
+    assert!(public.text().await?.contains("invalid_cache_privacy"));
+    // A stream does not use the cache.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let calls = upstream_calls();
+    let stream = complete(key, &streamed).await?;
+    assert_eq!((stream.status, stream.header("x-br-cache")), (200, None), "{}", stream.text);
+    assert_eq!(upstream_calls(), calls + 1);
+    // Another tenant's identical request is its own.
+    let (stranger, _) = gateway.register("Stranger").await?;
+    let registered =
+        gateway.call(Method::POST, "/v1/providers", Some(&stranger), Some(json!({"provider": "openai", "api_key": OPENAI_KEY}))).await?;
+    assert_eq!(registered.status, 201, "{}", registered.text);
+    let theirs = complete(&stranger, &body).await?;
+    assert_eq!((theirs.status, theirs.header("x-br-cache")), (200, Some("miss")), "{}", theirs.text);
+
+    // The guardian judges a hit as a fresh reply: output guardrails turned on since block it, still
+    // without an upstream call.
+    let config = json!({"enabled": true, "mode": "block", "scanOutput": true,
+        "providers": [{"id": "topic-restriction"}], "deniedTopics": [{"name": "mocking", "keywords": ["mock"]}]});
+    let stored = gateway.call(Method::PUT, "/v1/guardrails/config", Some(key), Some(config)).await?;
+    assert_eq!(stored.status, 200, "{}", stored.text);
+    let calls = upstream_calls();
+    let blocked = complete(key, &body).await?;
+    assert_eq!((blocked.status, blocked.body["error"]["type"].as_str()), (403, Some("guardrail_blocked")), "{}", blocked.text);
+    assert_eq!(upstream_calls(), calls);
+
+    // Hits are settled at $0 on `brainstorm/cache`, apart from the model's own traffic.
+    let mut hits = Value::Null;
+    for _ in 0..100 {
+        hits = gateway.call(Method::GET, "/v1/usage/requests?model=brainstorm/cache", Some(key), None).await?.body;
+        if hits["count"].as_u64() >= Some(2) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(hits["count"].as_u64(), Some(2), "{hits}");
+    let row = &hits["requests"][0];
+    assert_eq!(
+        (row["provider"].as_str(), row["outcome"].as_str(), row["cost_usd"].as_f64()),
+        (Some("brainstorm"), Some("succeeded"), Some(0.0)),
+        "{row}"
+    );
+    assert_eq!((row["input_tokens"].as_u64(), row["output_tokens"].as_u64()), (Some(0), Some(0)), "{row}");
     Ok(())
 }

@@ -101,7 +101,9 @@ def gateway(request):
     mock_port = free_port()
     # MCP servers and observability receivers in these tests listen on 127.0.0.1, which a production
     # gateway refuses by default.
-    env = dict(os.environ, RUST_LOG="warn", BR_MCP_ALLOW_PRIVATE_URLS="true", BR_OBSERVABILITY_ALLOW_PRIVATE_URLS="true")
+    # The response cache is off unless a module turns it on (GATEWAY_ENV): the others count every call.
+    env = dict(os.environ, RUST_LOG="warn", BR_MCP_ALLOW_PRIVATE_URLS="true", BR_OBSERVABILITY_ALLOW_PRIVATE_URLS="true",
+               BR_RESPONSE_CACHE_MAX_BYTES="0")
     # A test module's own settings for every process (GATEWAY_ENV, a dict), e.g. an ingress's.
     env.update(getattr(request.module, "GATEWAY_ENV", {}))
     spawn("mock", [binary("BR_MOCK_UPSTREAM"), "--listen", f"127.0.0.1:{mock_port}", "--valid-key", OPENAI_KEY, "--valid-key", ANTHROPIC_KEY], {})

@@ -195,6 +195,8 @@ impl Gateway {
             ("BR_MAIL_OUTBOX".to_string(), outbox_text),
             ("BR_LOG_FORMAT".to_string(), "text".to_string()),
             ("RUST_LOG".to_string(), "info".to_string()),
+            // The response cache is off unless a test turns it on: the others count every call.
+            ("BR_RESPONSE_CACHE_MAX_BYTES".to_string(), "0".to_string()),
         ];
         common.extend(env.iter().map(|(name, value)| (name.to_string(), value.to_string())));
         match shape {

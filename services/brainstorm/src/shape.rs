@@ -732,6 +732,7 @@ async fn serve_edge(settings: &Settings, dependencies: EdgeDependencies, bus: Ar
     let options = EdgeOptions {
         platform_admin_key: settings.platform_admin_key.clone(),
         cache_ttl: settings.cache_ttl,
+        response_cache: settings.response_cache,
         base_urls: settings.provider_base_urls.clone(),
         trace_requests: settings.otel_exporter_otlp_endpoint.is_some(),
         circuits: CircuitOptions { failures_to_open: settings.circuit_failures, open_for: settings.circuit_open },

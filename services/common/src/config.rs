@@ -17,6 +17,15 @@ use crate::telemetry::LogFormat;
 
 /// The longest `write_linger_ms` accepted.
 const MAX_WRITE_LINGER_MS: u64 = 10_000;
+/// How long the response cache keeps a reply by default (`response_cache_ttl_ms`): ten minutes.
+const DEFAULT_RESPONSE_CACHE_TTL: Duration = Duration::from_secs(600);
+/// The longest `response_cache_ttl_ms` accepted: a day.
+const MAX_RESPONSE_CACHE_TTL_MS: u64 = 86_400_000;
+/// The response cache's default size (`response_cache_max_bytes`): 64 MiB of replies per edge.
+const DEFAULT_RESPONSE_CACHE_BYTES: u64 = 64 * 1024 * 1024;
+/// The largest `response_cache_max_bytes` accepted: 16 GiB.
+const MAX_RESPONSE_CACHE_BYTES: u64 = 16 * 1024 * 1024 * 1024;
+
 /// The longest `cache_ttl_ms` accepted: an hour.
 const MAX_CACHE_TTL_MS: u64 = 3_600_000;
 /// How long an edge trusts a resolved key or tenant configuration by default.
@@ -201,6 +210,10 @@ pub struct ConfigLayer {
     pub write_linger_ms: Option<u64>,
     /// Milliseconds an edge trusts a resolved API key or tenant configuration (see `Settings::cache_ttl`).
     pub cache_ttl_ms: Option<u64>,
+    /// Milliseconds the response cache keeps a reply (see `Settings::response_cache`).
+    pub response_cache_ttl_ms: Option<u64>,
+    /// Bytes of replies an edge's response cache holds; 0 turns it off (see `Settings::response_cache`).
+    pub response_cache_max_bytes: Option<u64>,
     /// Seconds an agent JWT minted by bootstrap lives (see `Settings::agent_token_ttl`).
     pub agent_token_ttl_seconds: Option<u64>,
     /// Consecutive provider failures that open a model's circuit (see `Settings::circuit_failures`).
@@ -276,6 +289,19 @@ impl ConfigLayer {
                 .map(|value| parse_millis("write_linger_ms (BR_WRITE_LINGER_MS)", &value))
                 .transpose()?,
             cache_ttl_ms: text("BR_CACHE_TTL_MS").map(|value| parse_millis("cache_ttl_ms (BR_CACHE_TTL_MS)", &value)).transpose()?,
+            response_cache_ttl_ms: text("BR_RESPONSE_CACHE_TTL_MS")
+                .map(|value| parse_millis("response_cache_ttl_ms (BR_RESPONSE_CACHE_TTL_MS)", &value))
+                .transpose()?,
+            response_cache_max_bytes: text("BR_RESPONSE_CACHE_MAX_BYTES")
+                .map(|value| {
+                    value.parse().map_err(|_| {
+                        ConfigError::new(
+                            "response_cache_max_bytes (BR_RESPONSE_CACHE_MAX_BYTES)",
+                            format!("`{value}` is not a number of bytes"),
+                        )
+                    })
+                })
+                .transpose()?,
             agent_token_ttl_seconds: text("BR_AGENT_TOKEN_TTL_SECONDS")
                 .map(|value| {
                     value.parse().map_err(|_| {
@@ -354,6 +380,8 @@ impl ConfigLayer {
             log_format,
             write_linger_ms,
             cache_ttl_ms,
+            response_cache_ttl_ms,
+            response_cache_max_bytes,
             agent_token_ttl_seconds,
             circuit_failures,
             circuit_open_ms,
@@ -416,6 +444,15 @@ pub struct ForwardedClientCertificates {
     pub trusted_proxies: Vec<crate::net::AddressRange>,
 }
 
+/// The edge's response cache (`response_cache_ttl_ms`, `response_cache_max_bytes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResponseCacheSettings {
+    /// How long a stored reply answers repeats of its request.
+    pub ttl: Duration,
+    /// The bytes of replies one edge holds, oldest evicted first; 0 turns the cache off.
+    pub max_bytes: u64,
+}
+
 /// Validated settings, shared read-only by every service of the process.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -461,6 +498,9 @@ pub struct Settings {
     /// at once; a change made elsewhere without a shared bus (the operator, another edge) reaches
     /// this edge at most this late.
     pub cache_ttl: Duration,
+    /// The edge's response cache: how long it keeps a non-streamed reply and how many bytes of
+    /// replies it holds (0 turns it off).
+    pub response_cache: ResponseCacheSettings,
     /// How long an agent JWT minted by bootstrap lives (default an hour; 60 s to a day).
     pub agent_token_ttl: Duration,
     /// Consecutive provider failures (5xx, 408, timeouts, no connection) that open a model's circuit
@@ -549,6 +589,30 @@ impl Settings {
                     format!("{millis} is more than {MAX_CACHE_TTL_MS} ms: a revoked key would keep working for too long"),
                 ));
             }
+        };
+        let response_cache = ResponseCacheSettings {
+            ttl: match layer.response_cache_ttl_ms {
+                None => DEFAULT_RESPONSE_CACHE_TTL,
+                Some(millis) if (1..=MAX_RESPONSE_CACHE_TTL_MS).contains(&millis) => Duration::from_millis(millis),
+                Some(millis) => {
+                    return Err(ConfigError::new(
+                        "response_cache_ttl_ms (BR_RESPONSE_CACHE_TTL_MS)",
+                        format!(
+                            "{millis} is outside 1..={MAX_RESPONSE_CACHE_TTL_MS} ms (turn the cache off with response_cache_max_bytes = 0)"
+                        ),
+                    ));
+                }
+            },
+            max_bytes: match layer.response_cache_max_bytes {
+                None => DEFAULT_RESPONSE_CACHE_BYTES,
+                Some(bytes) if bytes <= MAX_RESPONSE_CACHE_BYTES => bytes,
+                Some(bytes) => {
+                    return Err(ConfigError::new(
+                        "response_cache_max_bytes (BR_RESPONSE_CACHE_MAX_BYTES)",
+                        format!("{bytes} is more than {MAX_RESPONSE_CACHE_BYTES} bytes"),
+                    ));
+                }
+            },
         };
         let agent_token_ttl = match layer.agent_token_ttl_seconds {
             None => DEFAULT_AGENT_TOKEN_TTL,
@@ -648,6 +712,7 @@ impl Settings {
             log_format,
             write_linger,
             cache_ttl,
+            response_cache,
             agent_token_ttl,
             circuit_failures,
             circuit_open,
@@ -872,6 +937,25 @@ mod tests {
                 layer.and_then(Settings::resolve).is_err_and(|error| error.to_string().contains("agent_token_ttl_seconds"));
             assert!(refused_somewhere, "{refused}");
         }
+        Ok(())
+    }
+
+    #[test]
+    fn the_response_cache_defaults_on_and_is_bounded() -> Result<(), ConfigError> {
+        let defaults = Settings::resolve(ConfigLayer::default())?.response_cache;
+        assert_eq!(defaults, ResponseCacheSettings { ttl: DEFAULT_RESPONSE_CACHE_TTL, max_bytes: DEFAULT_RESPONSE_CACHE_BYTES });
+        let file = ConfigLayer::from_toml("response_cache_ttl_ms = 5000\nresponse_cache_max_bytes = 0\n", Path::new("x.toml"))?;
+        let off = Settings::resolve(file.clone())?.response_cache;
+        assert_eq!(off, ResponseCacheSettings { ttl: Duration::from_secs(5), max_bytes: 0 });
+        let environment = ConfigLayer::from_env(&env(&[("BR_RESPONSE_CACHE_MAX_BYTES", "1048576")]))?;
+        assert_eq!(Settings::resolve(environment.over(file))?.response_cache.max_bytes, 1_048_576);
+        for (name, value) in
+            [("BR_RESPONSE_CACHE_TTL_MS", "0"), ("BR_RESPONSE_CACHE_TTL_MS", "86400001"), ("BR_RESPONSE_CACHE_MAX_BYTES", "17179869185")]
+        {
+            let layer = ConfigLayer::from_env(&env(&[(name, value)]))?;
+            assert!(Settings::resolve(layer).is_err_and(|error| error.to_string().contains("response_cache")), "{name}={value}");
+        }
+        assert!(ConfigLayer::from_env(&env(&[("BR_RESPONSE_CACHE_MAX_BYTES", "lots")])).is_err());
         Ok(())
     }
 

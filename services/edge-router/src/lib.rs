@@ -15,6 +15,7 @@ mod liaison;
 mod pipeline;
 mod reply_guard;
 mod request_span;
+mod response_cache;
 mod routes;
 mod routing_cache;
 mod sandbox;
@@ -60,6 +61,8 @@ pub struct EdgeOptions {
     pub platform_admin_key: Option<Secret>,
     /// How long a resolved key or a tenant's routing configuration is trusted without asking again.
     pub cache_ttl: Duration,
+    /// The response cache's TTL and size (`response_cache_max_bytes` 0 turns it off).
+    pub response_cache: brainstorm_common::config::ResponseCacheSettings,
     /// `BR_PROVIDER_<ID>_BASE_URL` overrides, by provider id.
     pub base_urls: BTreeMap<String, String>,
     /// One span per request, for trace export (`OTEL_EXPORTER_OTLP_ENDPOINT`).
@@ -149,6 +152,8 @@ pub struct EdgeShared {
     observability: Option<ObservabilityFanoutClient>,
     /// Every model's circuit breaker, in this edge's memory.
     circuits: circuits::CircuitBreakers,
+    /// Non-streamed replies kept for repeats of their requests; None when turned off.
+    response_cache: Option<response_cache::ResponseCache>,
     /// Probes of the providers' APIs.
     sentinel: Arc<sentinel::Sentinel>,
     /// `GET /v1/self`'s tenant parts, kept 30 s.
@@ -194,6 +199,7 @@ impl Edge {
             models: dependencies.models,
             sentinel: sentinel::Sentinel::spawn(base_urls.clone(), options.sentinel_interval),
             circuits: circuits::CircuitBreakers::new(options.circuits),
+            response_cache: response_cache::ResponseCache::new(options.response_cache),
             tenant_views: self_view::TenantViews::default(),
             recent_errors: self_view::RecentErrors::default(),
             xdr_bidirectional: options.xdr_bidirectional,

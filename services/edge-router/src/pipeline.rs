@@ -30,6 +30,7 @@ use crate::extract::RequestId;
 use crate::header_value::{self, Millis};
 use crate::liaison::{self, PlanOutcome, PlanSettler};
 use crate::reply_guard::{GuardReport, ReplyGuard, ToolVerdict};
+use crate::response_cache::{self, CacheKey, CacheUse, CachedReply};
 use crate::routing_cache::route_options;
 use crate::sandbox;
 
@@ -650,6 +651,9 @@ async fn complete_inner(
     // A liaison plan the request commits: its model stands for an omitted one, its token budget for
     // an unset one, and fallback is off (the grant is checked against the model executed).
     let plan_headers = liaison::plan_headers(request_headers)?;
+    // The response cache answers whole replies only, and never a plan's commit (which must run once).
+    let cache_applies = state.response_cache.is_some() && !chat.stream && plan_headers.is_none();
+    let cache_use = CacheUse::of(cache_applies, member, request_headers)?;
     let plan = match &plan_headers {
         Some(headers) => {
             let plan = liaison::fetch(state, tenant_id, headers).await?;
@@ -837,6 +841,21 @@ async fn complete_inner(
     facts.reason = route.reason.clone();
     facts.candidates = route.candidates.iter().map(|candidate| candidate.id().to_string()).collect();
 
+    // A repeat of a request answered before, on the same model and strategy, is answered from the
+    // response cache; a miss is stored once the guardian passed it.
+    let cache_key = match (cache_use, &state.response_cache) {
+        (CacheUse::Use, Some(cache)) => {
+            let key = CacheKey::of(tenant_id, &facts.model_resolved, &route.strategy, &mut chat);
+            if let Some(hit) = cache.get(&key) {
+                let guard = (reply_guard.as_ref(), guardian_off);
+                let cached = Cached { context: &context, route: &route, chat: &chat, hit, reply_id, started };
+                return answer_from_cache(state, tenant_id, request_id, cached, guard, format, facts).await;
+            }
+            Some(key)
+        }
+        _ => None,
+    };
+
     // Reserve the worst case before any upstream call; settle the actual cost after.
     let estimate_of = |route: &Route| {
         let first = route.candidates.first();
@@ -915,7 +934,13 @@ async fn complete_inner(
                     Ok(remaining) => budget_headers(&mut headers, &remaining),
                     Err(error) => tracing::error!(%error, "settling a completion failed; the reservation stays counted"),
                 }
+                // Stored as the provider gave it (a hit is judged by the guardian again).
+                let stored = cache_key.map(|key| (key, reply.clone()));
                 guard_whole_reply(state, tenant_id, reply_guard.as_ref(), guardian_off, &mut reply, facts).await?;
+                if let (Some((key, raw)), Some(cache)) = (stored, &state.response_cache) {
+                    cache.put(key, raw, candidate.id(), cost);
+                }
+                cache_use.headers(&mut headers);
                 set_value!(&mut headers, "x-br-total-latency-ms", header_value::shown(Millis(started.elapsed())));
                 return Ok(reply_response(reply, headers, candidate, &route, reply_id, format));
             }
@@ -953,6 +978,70 @@ async fn complete_inner(
     };
     let provider = failed_model.split('/').next().unwrap_or_default();
     Err(ApiError::provider_error(error.status(), provider, format!("{failed_model}: {error}")))
+}
+
+/// A request the response cache answers, and what answering it needs.
+struct Cached<'a> {
+    context: &'a BudgetContext,
+    route: &'a Route,
+    chat: &'a ChatRequest,
+    hit: std::sync::Arc<CachedReply>,
+    reply_id: String,
+    started: Instant,
+}
+
+/// Answers from the response cache. The request is admitted as one that costs nothing (rate limits
+/// and spent budgets still refuse it) and settled at $0 on `brainstorm/cache`, so usage shows hits
+/// apart and what routing learns of the model is not skewed; the stored reply is judged by the
+/// guardian as a fresh one would be.
+async fn answer_from_cache(
+    state: &EdgeState,
+    tenant_id: &str,
+    request_id: &RequestId,
+    cached: Cached<'_>,
+    (reply_guard, guardian_off): (Option<&ReplyGuard>, bool),
+    format: ClientFormat,
+    facts: &mut AuditFacts,
+) -> Result<Response, ApiError> {
+    let Cached { context, route, chat, hit, reply_id, started } = cached;
+    let estimate = Estimate { request_id: request_id.0.clone(), cost: Usd::ZERO, tokens: 0 };
+    let reservation = match state.guard.reserve(context, &estimate).await {
+        Ok(reservation) => reservation,
+        Err(BudgetDenial::Downgrade(_)) => {
+            state.guard.reserve_downgraded(context, &estimate).await.map_err(|denial| denial.to_api_error())?
+        }
+        Err(denial) => return Err(denial.to_api_error()),
+    };
+    let candidate = route.candidates.iter().find(|candidate| candidate.id() == hit.model).or(route.candidates.first());
+    let mut headers = match candidate {
+        Some(candidate) => route_headers(route, candidate, &[], chat),
+        None => HeaderMap::new(),
+    };
+    facts.model_executed.clone_from(&hit.model);
+    facts.provider = response_cache::CACHE_PROVIDER.to_string();
+    facts.reason = format!("{}; answered from the response cache (stored {} s ago)", route.reason, hit.age_seconds());
+    facts.cost = Some(Usd::ZERO);
+    let actual = ActualUsage {
+        cost: Usd::ZERO,
+        input_tokens: 0,
+        output_tokens: 0,
+        model: response_cache::CACHE_MODEL.to_string(),
+        provider: response_cache::CACHE_PROVIDER.to_string(),
+        outcome: Outcome::Succeeded,
+        latency_ms: u64::try_from(started.elapsed().as_millis()).ok(),
+    };
+    match reservation.settle(actual).await {
+        Ok(remaining) => budget_headers(&mut headers, &remaining),
+        Err(error) => tracing::error!(%error, "settling a cached answer failed; the reservation stays counted"),
+    }
+    let mut reply = hit.reply.clone();
+    guard_whole_reply(state, tenant_id, reply_guard, guardian_off, &mut reply, facts).await?;
+    response_cache::hit_headers(&mut headers, &hit);
+    set_value!(&mut headers, "x-br-actual-cost", header_value::shown(Usd::ZERO.fixed(6)));
+    set_value!(&mut headers, "x-br-total-latency-ms", header_value::shown(Millis(started.elapsed())));
+    reply.id = reply_id;
+    reply.model.clone_from(&hit.model);
+    Ok(answer(&reply, headers, format, Usd::ZERO.to_json(), &route.strategy))
 }
 
 /// Orders the route's candidates cheapest first (unpriced ones last) and says why in its reason.
