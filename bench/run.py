@@ -811,6 +811,7 @@ class Bench:
         }
         gateway.terminate()
         gateway.wait(timeout=10)
+        self.cache_hits(mock, paced, routed, gateway_cpus)
         self.nginx_floor(mock, body, paced, paced_direct_body, paced_count)
         self.stack_floor(mock, body)
         self.distributed_edge(mock, routed)
@@ -826,6 +827,7 @@ class Bench:
             "full_pipeline_at_2000": ratio("e_full_gateway", "nginx_rate_2000"),
             "full_pipeline_flat_out": ratio("e_full_max_64c_gateway", "nginx_max_64c"),
             "edge_alone_at_2000": ratio("h_edge_rate_2000", "nginx_rate_2000"),
+            "cache_hit_at_2000": ratio("f_cache_hit_gateway", "nginx_rate_2000"),
             "stack_relay_at_2000": ratio("stack_rate_2000", "nginx_rate_2000"),
             "stack_relay_flat_out": ratio("stack_max_64c", "nginx_max_64c"),
             "stack_relay_axum_at_2000": ratio("stack_axum_rate_2000", "nginx_rate_2000"),
@@ -843,6 +845,40 @@ class Bench:
         )
         self.report["targets"] = targets(self.report)
         self.report["near_mock_limit"] = near_mock_limit(self.report)
+
+    def cache_hits(self, mock, paced, routed, cpus):
+        """Phase f: the full pipeline answered from the response cache (on in this gateway alone, as
+        in production by default): the same request at 2,000 req/s, each one after the first a hit
+        that is admitted, judged by the guardian (guardrails, the tool firewall on the stored reply's
+        tool call), settled at $0 and audited, without an upstream call."""
+        port = free_port()
+        gateway = self.start(
+            "gateway-cache",
+            [self.args.gateway, "up", "--listen", f"127.0.0.1:{port}", "--data-dir", os.path.join(self.work, "data-cache")],
+            cpus,
+            {
+                "BR_PROVIDER_OPENAI_BASE_URL": f"{mock}/v1",
+                "BR_PROVIDER_ANTHROPIC_BASE_URL": paced,
+                "RUST_LOG": "warn",
+                "BR_MAIL_OUTBOX": os.path.join(self.work, "outbox"),
+            },
+        )
+        base = f"http://127.0.0.1:{port}"
+        wait_http(f"{base}/health")
+        key = self.prepare_tenant(base, "bench-cache", ("openai",))
+        full_key = full_pipeline_key(base, key)
+        guardian = self.enable_guardian(base, key)
+        call(f"{base}/v1/guardrails/config", {"enabled": True, "mode": "block"}, key, method="PUT")
+        log("phase f: the full pipeline answered from the response cache at 2,000 req/s")
+        url = f"{base}/v1/chat/completions"
+        subprocess.run(["curl", "-s", "-X", "DELETE", f"{mock}/__mock/requests"], check=False, capture_output=True)
+        phase = self.warmed(gateway.pid, url, full_key, dict(routed, **guardian["body"]), connections=32, rate=2000)
+        # The calls that reached the mock in the warm-up and the phase: the first request's, a miss.
+        journal = subprocess.run(["curl", "-s", f"{mock}/__mock/requests"], capture_output=True, text=True).stdout
+        phase["upstream_calls"] = sum(1 for request in json.loads(journal or "[]") if request.get("path", "").endswith("/chat/completions"))
+        self.report["phases"]["f_cache_hit_gateway"] = phase
+        gateway.terminate()
+        gateway.wait(timeout=10)
 
     def counters_summary(self):
         """Phase j's figures side by side: the full pipeline's and nginx's cycles per request at 2,000
@@ -1320,6 +1356,8 @@ def table(report):
         f"the gateway's HTTP stack alone (phase l): {report.get('stack_relay', 'not measured')}",
         f"  its added latency at 2000 req/s, hyper alone: {report.get('stack_added_latency_ms_at_2000')}; with axum: {report.get('stack_axum_added_latency_ms_at_2000')}",
         f"CPU per request above that stack with axum (us): {report.get('cpu_above_stack_us_per_request')}",
+        f"full pipeline answered from the response cache (phase f): {report['phases'].get('f_cache_hit_gateway', {}).get('gateway_cpu_us_per_request')} us per request, "
+        f"{report['phases'].get('f_cache_hit_gateway', {}).get('upstream_calls')} upstream call(s)",
         f"RSS: idle {report['idle_rss_mib']} MiB, peak {report['peak_rss_mib']} MiB",
         f"seconds busy after each measured phase's load ended (writers catching up; 0.2 is idle at once): "
         f"{ {name: phase['catch_up_s'] for name, phase in report['phases'].items() if 'catch_up_s' in phase} }",
