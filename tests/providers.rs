@@ -1822,6 +1822,23 @@ async fn the_response_cache_answers_repeats_at_no_cost(shape: Shape) -> TestResu
     let theirs = complete(&stranger, &body).await?;
     assert_eq!((theirs.status, theirs.header("x-br-cache")), (200, Some("miss")), "{}", theirs.text);
 
+    // A fallback's answer is stored under its request's key, and serves only callers whose route
+    // holds the model that gave it: a key limited to the failed model asks that model again.
+    mock.fail_next(FailSpec { count: 1, status: 500, body: None, path_contains: Some("/v1/messages".to_string()) });
+    let mut fell_back = completion("anthropic/claude-haiku-4-5", "fall back, then cache");
+    fell_back["route"] = json!({"models": ["openai/gpt-4o-mini"]});
+    let served = complete(key, &fell_back).await?;
+    assert_eq!((served.status, served.header("x-br-routed-model")), (200, Some("openai/gpt-4o-mini")), "{}", served.text);
+    let repeated = complete(key, &fell_back).await?;
+    assert_eq!((repeated.header("x-br-cache"), repeated.header("x-br-routed-model")), (Some("hit"), Some("openai/gpt-4o-mini")));
+    let created = gateway
+        .call(Method::POST, "/v1/api-keys", Some(key), Some(json!({"role": "developer", "allowed_models": ["anthropic/claude-haiku-4-5"]})))
+        .await?;
+    let narrow = created.body["api_key"]["key"].as_str().unwrap_or_default().to_string();
+    let own = complete(&narrow, &fell_back).await?;
+    assert_eq!((own.status, own.header("x-br-cache")), (200, Some("miss")), "{}", own.text);
+    assert_eq!(own.header("x-br-routed-model"), Some("anthropic/claude-haiku-4-5"));
+
     // The guardian judges a hit as a fresh reply: output guardrails turned on since block it, still
     // without an upstream call.
     let config = json!({"enabled": true, "mode": "block", "scanOutput": true,
@@ -1837,12 +1854,13 @@ async fn the_response_cache_answers_repeats_at_no_cost(shape: Shape) -> TestResu
     let mut hits = Value::Null;
     for _ in 0..100 {
         hits = gateway.call(Method::GET, "/v1/usage/requests?model=brainstorm/cache", Some(key), None).await?.body;
-        if hits["count"].as_u64() >= Some(2) {
+        if hits["count"].as_u64() >= Some(3) {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
-    assert_eq!(hits["count"].as_u64(), Some(2), "{hits}");
+    // The second request, the fallback's repeat and the blocked one.
+    assert_eq!(hits["count"].as_u64(), Some(3), "{hits}");
     let row = &hits["requests"][0];
     assert_eq!(
         (row["provider"].as_str(), row["outcome"].as_str(), row["cost_usd"].as_f64()),

@@ -846,7 +846,9 @@ async fn complete_inner(
     let cache_key = match (cache_use, &state.response_cache) {
         (CacheUse::Use, Some(cache)) => {
             let key = CacheKey::of(tenant_id, &facts.model_resolved, &route.strategy, &mut chat);
-            if let Some(hit) = cache.get(&key) {
+            // The stored answer may come from a fallback model: it serves only a caller whose
+            // route holds that model (a key's allowlist may leave it out).
+            if let Some(hit) = cache.get(&key).filter(|hit| route.candidates.iter().any(|candidate| candidate.id() == hit.model)) {
                 let guard = (reply_guard.as_ref(), guardian_off);
                 let cached = Cached { context: &context, route: &route, chat: &chat, hit, reply_id, started };
                 return answer_from_cache(state, tenant_id, request_id, cached, guard, format, facts).await;
@@ -1012,7 +1014,7 @@ async fn answer_from_cache(
         }
         Err(denial) => return Err(denial.to_api_error()),
     };
-    let candidate = route.candidates.iter().find(|candidate| candidate.id() == hit.model).or(route.candidates.first());
+    let candidate = route.candidates.iter().find(|candidate| candidate.id() == hit.model);
     let mut headers = match candidate {
         Some(candidate) => route_headers(route, candidate, &[], chat),
         None => HeaderMap::new(),
