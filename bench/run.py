@@ -708,13 +708,7 @@ class Bench:
             "gateway",
             [args.gateway, "up", "--listen", f"127.0.0.1:{gateway_port}", "--data-dir", data_dir],
             gateway_cpus,
-            {
-                "BR_PROVIDER_OPENAI_BASE_URL": f"{mock}/v1",
-                "BR_PROVIDER_ANTHROPIC_BASE_URL": paced,
-                "RUST_LOG": "warn",
-                "BR_MAIL_OUTBOX": os.path.join(self.work, "outbox"),
-                "BR_RESPONSE_CACHE_MAX_BYTES": NO_RESPONSE_CACHE,
-            },
+            self.gateway_env(mock, paced),
         )
         base = f"http://127.0.0.1:{gateway_port}"
         wait_http(f"{base}/health")
@@ -846,6 +840,19 @@ class Bench:
         self.report["targets"] = targets(self.report)
         self.report["near_mock_limit"] = near_mock_limit(self.report)
 
+    def gateway_env(self, mock, paced, response_cache=False):
+        """The settings of a `brainstorm up` under load: providers at the mocks, quiet logs, and the
+        response cache off unless `response_cache` (every phase but f repeats one request)."""
+        env = {
+            "BR_PROVIDER_OPENAI_BASE_URL": f"{mock}/v1",
+            "BR_PROVIDER_ANTHROPIC_BASE_URL": paced,
+            "RUST_LOG": "warn",
+            "BR_MAIL_OUTBOX": os.path.join(self.work, "outbox"),
+        }
+        if not response_cache:
+            env["BR_RESPONSE_CACHE_MAX_BYTES"] = NO_RESPONSE_CACHE
+        return env
+
     def cache_hits(self, mock, paced, routed, cpus):
         """Phase f: the full pipeline answered from the response cache (on in this gateway alone, as
         in production by default): the same request at 2,000 req/s, each one after the first a hit
@@ -856,12 +863,7 @@ class Bench:
             "gateway-cache",
             [self.args.gateway, "up", "--listen", f"127.0.0.1:{port}", "--data-dir", os.path.join(self.work, "data-cache")],
             cpus,
-            {
-                "BR_PROVIDER_OPENAI_BASE_URL": f"{mock}/v1",
-                "BR_PROVIDER_ANTHROPIC_BASE_URL": paced,
-                "RUST_LOG": "warn",
-                "BR_MAIL_OUTBOX": os.path.join(self.work, "outbox"),
-            },
+            self.gateway_env(mock, paced, response_cache=True),
         )
         base = f"http://127.0.0.1:{port}"
         wait_http(f"{base}/health")
@@ -1013,13 +1015,7 @@ http {{
             [valgrind, "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes", f"--callgrind-out-file={out_dir}/callgrind.out.%p",
              self.args.gateway, "up", "--listen", f"127.0.0.1:{port}", "--data-dir", os.path.join(self.work, "data-callgrind")],
             "0",
-            {
-                "BR_PROVIDER_OPENAI_BASE_URL": f"{mock}/v1",
-                "BR_PROVIDER_ANTHROPIC_BASE_URL": paced,
-                "RUST_LOG": "warn",
-                "BR_MAIL_OUTBOX": os.path.join(self.work, "outbox"),
-                "BR_RESPONSE_CACHE_MAX_BYTES": NO_RESPONSE_CACHE,
-            },
+            self.gateway_env(mock, paced),
         )
         base = f"http://127.0.0.1:{port}"
         wait_http(f"{base}/health", timeout=180)

@@ -848,9 +848,11 @@ async fn complete_inner(
             let key = CacheKey::of(tenant_id, &facts.model_resolved, &route.strategy, &mut chat);
             // The stored answer may come from a fallback model: it serves only a caller whose
             // route holds that model (a key's allowlist may leave it out).
-            if let Some(hit) = cache.get(&key).filter(|hit| route.candidates.iter().any(|candidate| candidate.id() == hit.model)) {
+            if let Some(hit) = cache.get(&key)
+                && let Some(candidate) = route.candidates.iter().find(|candidate| candidate.id() == hit.model)
+            {
                 let guard = (reply_guard.as_ref(), guardian_off);
-                let cached = Cached { context: &context, route: &route, chat: &chat, hit, reply_id, started };
+                let cached = Cached { context: &context, route: &route, candidate, chat: &chat, hit, reply_id, started };
                 return answer_from_cache(state, tenant_id, request_id, cached, guard, format, facts).await;
             }
             Some(key)
@@ -986,6 +988,8 @@ async fn complete_inner(
 struct Cached<'a> {
     context: &'a BudgetContext,
     route: &'a Route,
+    /// The route's candidate that gave the stored answer.
+    candidate: &'a Candidate,
     chat: &'a ChatRequest,
     hit: std::sync::Arc<CachedReply>,
     reply_id: String,
@@ -1005,7 +1009,7 @@ async fn answer_from_cache(
     format: ClientFormat,
     facts: &mut AuditFacts,
 ) -> Result<Response, ApiError> {
-    let Cached { context, route, chat, hit, reply_id, started } = cached;
+    let Cached { context, route, candidate, chat, hit, reply_id, started } = cached;
     let estimate = Estimate { request_id: request_id.0.clone(), cost: Usd::ZERO, tokens: 0 };
     let reservation = match state.guard.reserve(context, &estimate).await {
         Ok(reservation) => reservation,
@@ -1014,11 +1018,7 @@ async fn answer_from_cache(
         }
         Err(denial) => return Err(denial.to_api_error()),
     };
-    let candidate = route.candidates.iter().find(|candidate| candidate.id() == hit.model);
-    let mut headers = match candidate {
-        Some(candidate) => route_headers(route, candidate, &[], chat),
-        None => HeaderMap::new(),
-    };
+    let mut headers = route_headers(route, candidate, &[], chat);
     facts.model_executed.clone_from(&hit.model);
     facts.provider = response_cache::CACHE_PROVIDER.to_string();
     facts.reason = format!("{}; answered from the response cache (stored {} s ago)", route.reason, hit.age_seconds());

@@ -16,13 +16,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
+use brainstorm_common::ApiError;
 use brainstorm_common::config::ResponseCacheSettings;
 use brainstorm_common::money::Usd;
 use brainstorm_providers::chat::{ChatReply, ChatRequest, FinishReason};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use brainstorm_common::ApiError;
+use crate::header_value;
 
 /// The model a cache hit is settled on in the ledger (at $0), so usage shows hits apart.
 pub const CACHE_MODEL: &str = "brainstorm/cache";
@@ -249,16 +250,13 @@ impl CacheUse {
 /// The headers of an answer served from `hit`: `X-BR-Cache: hit`, the similarity (1.00: the key
 /// matched exactly), its age in seconds, the tokens and dollars saved, and the source (`edge`).
 pub fn hit_headers(headers: &mut HeaderMap, hit: &CachedReply) {
-    let mut put = |name: &'static str, value: HeaderValue| {
-        headers.insert(HeaderName::from_static(name), value);
-    };
-    put("x-br-cache", HeaderValue::from_static("hit"));
-    put("x-br-cache-similarity", HeaderValue::from_static("1.00"));
-    put("x-br-cache-age", HeaderValue::from(hit.age_seconds()));
-    put("x-br-cache-saved-tokens", HeaderValue::from(hit.saved_tokens()));
-    put("x-br-cache-source", HeaderValue::from_static("edge"));
-    if let Ok(savings) = HeaderValue::from_str(&hit.cost.fixed(6).to_string()) {
-        put("x-br-savings", savings);
+    headers.insert(const { HeaderName::from_static("x-br-cache") }, HeaderValue::from_static("hit"));
+    headers.insert(const { HeaderName::from_static("x-br-cache-similarity") }, HeaderValue::from_static("1.00"));
+    headers.insert(const { HeaderName::from_static("x-br-cache-age") }, HeaderValue::from(hit.age_seconds()));
+    headers.insert(const { HeaderName::from_static("x-br-cache-saved-tokens") }, HeaderValue::from(hit.saved_tokens()));
+    headers.insert(const { HeaderName::from_static("x-br-cache-source") }, HeaderValue::from_static("edge"));
+    if let Some(savings) = header_value::shown(hit.cost.fixed(6)) {
+        headers.insert(const { HeaderName::from_static("x-br-savings") }, savings);
     }
 }
 
