@@ -41,6 +41,7 @@ brainstorm_e2e::in_both_shapes!(
     a_client_disconnect_cancels_the_upstream_stream,
     the_opening_frame_leaves_before_the_first_token,
     the_response_cache_answers_repeats_at_no_cost,
+    the_agent_loop_reads_and_writes_the_tenants_core_memory,
 );
 
 struct Setup {
@@ -270,6 +271,24 @@ async fn openai_clients_reach_anthropic_and_gemini_models_with_exact_costs(shape
     assert!(auto.header("x-br-estimated-cost").is_none());
     assert_eq!(auto.header("x-br-selection-method"), Some("capability-matched"));
     assert!(auto.header("x-br-complexity-level").is_some());
+    // How sure the pick was (certain here: a cost-first plan picks by price), why, and what it saved
+    // against the dearest capable model.
+    let confidence = auto.header("x-br-selection-confidence").and_then(|value| value.parse::<f64>().ok());
+    assert_eq!(confidence, Some(1.0), "{:?}", auto.headers);
+    let routed = auto.header("x-br-routed-model").unwrap_or_default();
+    assert!(
+        auto.header("x-br-selection-reason").is_some_and(|reason| reason.starts_with(&format!("{routed}: first by price of "))),
+        "{:?}",
+        auto.headers
+    );
+    assert!(
+        auto.header("x-br-routing-savings").is_some_and(|savings| savings.parse::<f64>().is_ok_and(|savings| savings > 0.0)),
+        "{:?}",
+        auto.headers
+    );
+    assert!(auto.header("x-model-router-latency-ms").is_some_and(|latency| latency.parse::<f64>().is_ok()));
+    // A named model: the caller chose, so no selection headers.
+    assert_eq!((gemini.header("x-br-selection-confidence"), gemini.header("x-br-routing-savings")), (None, None));
     Ok(())
 }
 
@@ -1868,5 +1887,131 @@ async fn the_response_cache_answers_repeats_at_no_cost(shape: Shape) -> TestResu
         "{row}"
     );
     assert_eq!((row["input_tokens"].as_u64(), row["output_tokens"].as_u64()), (Some(0), Some(0)), "{row}");
+    Ok(())
+}
+
+/// `mode: agentic`: the tenant's core memory reaches the model in its system prompt with the memory
+/// tools; the model's memory calls are run by the gateway and answered back to it, and its answer
+/// reaches the client with every step's tokens and exact cost. The next request sees what was
+/// written. Proxy mode and `X-BR-Skip-Memory` leave memory out; the client's own tool calls end the
+/// loop; a failed memory call is told to the model; a stream streams the final answer.
+async fn the_agent_loop_reads_and_writes_the_tenants_core_memory(shape: Shape) -> TestResult {
+    let mut setup = setup_with(shape, MockConfig::default(), &[("anthropic", ANTHROPIC_KEY)]).await?;
+    setup.gateway.host_prompts_eval().await?;
+    let (gateway, key, mock) = (&setup.gateway, setup.key.as_str(), &setup.mock);
+    let upstream = || -> Vec<RecordedRequest> { mock.requests().into_iter().filter(|request| request.path == "/v1/messages").collect() };
+    let agentic = |text: &str| json!({"model": "anthropic/claude-haiku-4-5", "mode": "agentic", "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": text}]});
+    let complete = async |body: Value| gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(body)).await;
+    let tool_names = |request: &RecordedRequest| -> Vec<String> {
+        request.body["tools"].as_array().into_iter().flatten().filter_map(|tool| tool["name"].as_str().map(str::to_string)).collect()
+    };
+    let remembered =
+        gateway.call(Method::POST, "/v1/memory/entries", Some(key), Some(json!({"fact": "Ada prefers tea", "block": "human"}))).await?;
+    assert_eq!(remembered.status, 201, "{}", remembered.text);
+    let ada = remembered.body["id"].as_str().unwrap_or_default().to_string();
+
+    // The model remembers a fact: two upstream calls, one answer.
+    let text = r#"Note it: use the tool brainstorm_memory_append with {"block": "project", "fact": "The launch is on Friday"}"#;
+    let reply = complete(agentic(text)).await?;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    let calls = upstream();
+    assert_eq!(calls.len(), 2, "the memory call was answered back to the model");
+    let system = calls[0].body["system"].as_str().unwrap_or_default();
+    assert!(system.starts_with("be brief\n\n"), "the client's system prompt comes first: {system}");
+    assert!(system.contains("<block name=\"human\">\n[") && system.contains(&format!("[{ada}] Ada prefers tea")), "{system}");
+    assert_eq!(tool_names(&calls[0]), ["brainstorm_memory_append", "brainstorm_memory_replace", "brainstorm_memory_delete"]);
+    let answered = &calls[1].body["messages"];
+    assert_eq!(answered[1]["content"][0]["name"], "brainstorm_memory_append", "{answered}");
+    let result = &answered[2]["content"][0];
+    assert_eq!(result["type"], "tool_result", "{answered}");
+    assert!(result["content"].to_string().contains("The launch is on Friday"), "{result}");
+    assert_eq!(tool_names(&calls[1]), tool_names(&calls[0]), "a step is left: the tools are still offered");
+    assert_eq!(reply.body["choices"][0]["message"]["content"], format!("mock anthropic reply to: {text}"));
+    assert_eq!(reply.body["choices"][0]["finish_reason"], "stop");
+    let headers = ["x-br-agent-mode", "x-br-agent-steps", "x-br-memory-loaded", "x-br-memory-writes"].map(|name| reply.header(name));
+    assert_eq!(headers, [Some("agentic"), Some("2"), Some("1"), Some("1")]);
+    // Every step's tokens: the tool call's 5 and the answer's words.
+    let usage = &reply.body["usage"];
+    let answer_words = format!("mock anthropic reply to: {text}").split_whitespace().count() as u64;
+    assert_eq!(usage["completion_tokens"].as_u64(), Some(5 + answer_words), "{usage}");
+    let cost = expected_cost(usage["prompt_tokens"].as_u64().unwrap_or(0), usage["completion_tokens"].as_u64().unwrap_or(0), 1_000, 5_000);
+    assert_eq!(reply.header("x-br-actual-cost"), Some(cost.as_str()));
+    let entries = gateway.call(Method::GET, "/v1/memory/blocks/project", Some(key), None).await?;
+    assert_eq!(entries.body["entries"][0]["fact"], "The launch is on Friday", "{}", entries.text);
+    let launch = entries.body["entries"][0]["id"].as_str().unwrap_or_default().to_string();
+    let trail = gateway.call(Method::GET, "/v1/governance/memory/audit?operation=append", Some(key), None).await?;
+    let request_id = reply.header("x-br-request-id").unwrap_or_default();
+    assert_eq!(trail.body["entries"][0]["reason"], format!("agent loop: {request_id}"), "{}", trail.text);
+
+    // The next request reads what was written; a question needs one step.
+    let reply = complete(agentic("When is the launch?")).await?;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    let last = last_request(mock)?;
+    assert!(last.body["system"].as_str().is_some_and(|system| system.contains(&format!("[{launch}] The launch is on Friday"))));
+    let headers = ["x-br-agent-steps", "x-br-memory-loaded", "x-br-memory-writes"].map(|name| reply.header(name));
+    assert_eq!(headers, [Some("1"), Some("2"), Some("0")]);
+
+    // A failed memory call is told to the model, which answers.
+    let text = r#"use the tool brainstorm_memory_replace with {"entry_id": "no-such-entry", "fact": "x"}"#;
+    let reply = complete(agentic(text)).await?;
+    assert_eq!((reply.status, reply.header("x-br-memory-writes")), (200, Some("0")), "{}", reply.text);
+    let result = &last_request(mock)?.body["messages"][2]["content"][0];
+    assert_eq!(result["is_error"], true, "{result}");
+    assert!(result["content"].to_string().contains("no memory entry"), "{result}");
+
+    // The client's own tool call ends the loop and reaches the client.
+    let mut with_tool = agentic(r#"use the tool search with {"q": "tea"}"#);
+    with_tool["tools"] = json!([{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]);
+    let before = upstream().len();
+    let reply = complete(with_tool).await?;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(upstream().len(), before + 1);
+    assert_eq!(reply.body["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "search", "{}", reply.text);
+    assert_eq!(reply.body["choices"][0]["finish_reason"], "tool_calls");
+    let mut reserved = agentic("hello");
+    reserved["tools"] = json!([{"type": "function", "function": {"name": "brainstorm_memory_append", "parameters": {"type": "object"}}}]);
+    let refused = complete(reserved).await?;
+    assert_eq!((refused.status, refused.body["error"]["code"].as_str()), (400, Some("reserved_tool_name")), "{}", refused.text);
+
+    // Streamed: the loop runs, then the final answer streams.
+    let mut streamed = agentic(r#"use the tool brainstorm_memory_append with {"fact": "Tea at four"}"#);
+    streamed["stream"] = json!(true);
+    let before = upstream().len();
+    let reply = complete(streamed).await?;
+    assert_eq!((reply.status, reply.header("x-br-agent-steps")), (200, Some("2")), "{}", reply.text);
+    assert_eq!(upstream().len(), before + 2);
+    assert!(upstream().iter().rev().take(2).all(|request| request.body["stream"] != true), "the loop's calls are whole replies");
+    let text: String = sse_data(&reply.text).iter().filter_map(|chunk| chunk["choices"][0]["delta"]["content"].as_str()).collect();
+    assert!(text.starts_with("mock anthropic reply to: use the tool"), "{}", reply.text);
+    assert!(reply.text.trim_end().ends_with("data: [DONE]"));
+    let general = gateway.call(Method::GET, "/v1/memory/blocks/general", Some(key), None).await?;
+    assert_eq!(general.body["entries"][0]["fact"], "Tea at four", "{}", general.text);
+
+    // The Anthropic format too.
+    let messages = json!({"model": "anthropic/claude-haiku-4-5", "max_tokens": 100, "mode": "agentic", "messages": [{"role": "user", "content": "hi"}]});
+    let reply = gateway.call(Method::POST, "/v1/messages", Some(key), Some(messages)).await?;
+    assert_eq!((reply.status, reply.header("x-br-memory-loaded")), (200, Some("3")), "{}", reply.text);
+    assert_eq!(reply.body["type"], "message");
+
+    // Skipped memory, proxy mode and a mode that is neither.
+    let skipped = gateway
+        .request(Method::POST, "/v1/chat/completions", Some(key))
+        .header("x-br-skip-memory", "true")
+        .json(&agentic("hello"))
+        .send()
+        .await?;
+    assert_eq!(skipped.status().as_u16(), 200);
+    assert_eq!(skipped.headers().get("x-br-memory").and_then(|value| value.to_str().ok()), Some("skipped"));
+    let last = last_request(mock)?;
+    assert_eq!((last.body["system"].as_str(), tool_names(&last).len()), (Some("be brief"), 0), "nothing of memory reaches the model");
+    let mut proxied = agentic("hello");
+    proxied["mode"] = json!("proxy");
+    let reply = complete(proxied).await?;
+    assert_eq!((reply.status, reply.header("x-br-agent-mode")), (200, None), "{}", reply.text);
+    assert_eq!(last_request(mock)?.body["system"], "be brief");
+    let mut unknown = agentic("hello");
+    unknown["mode"] = json!("autonomous");
+    let refused = complete(unknown).await?;
+    assert_eq!((refused.status, refused.body["error"]["code"].as_str()), (400, Some("invalid_mode")), "{}", refused.text);
     Ok(())
 }

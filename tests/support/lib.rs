@@ -265,19 +265,32 @@ impl Gateway {
     /// distributed shape gets `serve observability-fanout` (label `fanout`, the services' settings)
     /// and its edges are restarted with `BR_OBSERVABILITY_FANOUT_URL`.
     pub async fn host_observability_fanout(&mut self) -> anyhow::Result<()> {
+        self.host_service("fanout", "observability-fanout").await
+    }
+
+    /// Makes sure prompts-eval (prompts, evaluations, agent memory) runs and the edges reach it, as
+    /// [`Gateway::host_observability_fanout`] does for the fan-out (label `prompts`).
+    pub async fn host_prompts_eval(&mut self) -> anyhow::Result<()> {
+        self.host_service("prompts", "prompts-eval").await
+    }
+
+    /// In the distributed shape, starts `serve <service>` (label `label`, the services' settings) and
+    /// restarts the edges with its `BR_<SERVICE>_URL`; `up` hosts every service already.
+    async fn host_service(&mut self, label: &str, service: &str) -> anyhow::Result<()> {
         let Some((_, _, env)) = self.launches.iter().find(|(label, _, _)| label == "identity").cloned() else { return Ok(()) };
         let grpc_listen = format!("127.0.0.1:{}", free_port()?);
         let health_port = free_port()?;
         let health_listen = format!("127.0.0.1:{health_port}");
-        self.spawn("fanout", &["serve", "observability-fanout", "--grpc-listen", &grpc_listen, "--listen", &health_listen], &env)?;
+        self.spawn(label, &["serve", service, "--grpc-listen", &grpc_listen, "--listen", &health_listen], &env)?;
         self.wait_healthy(health_port, "http").await?;
         let url = format!("http://{grpc_listen}");
-        self.service_urls.push(("BR_OBSERVABILITY_FANOUT_URL".to_string(), url.clone()));
+        let variable = format!("BR_{}_URL", service.to_uppercase().replace('-', "_"));
+        self.service_urls.push((variable.clone(), url.clone()));
         let edges: Vec<String> =
             self.launches.iter().map(|(label, _, _)| label.clone()).filter(|label| label.starts_with("edge-router")).collect();
         for edge in edges {
             self.kill(&edge)?;
-            self.restart_with(&edge, &[("BR_OBSERVABILITY_FANOUT_URL", &url)]).await?;
+            self.restart_with(&edge, &[(variable.as_str(), &url)]).await?;
         }
         Ok(())
     }

@@ -3,6 +3,7 @@
 //! service client, map the error.
 
 mod activity;
+mod agent_loop;
 mod auth;
 mod budget_cache;
 mod circuits;

@@ -24,6 +24,7 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 
 use crate::EdgeState;
+use crate::agent_loop::{AgentLoop, Mode};
 use crate::auth::{Caller, CallerIdentity, Refused};
 use crate::circuits::Admission;
 use crate::extract::RequestId;
@@ -651,8 +652,13 @@ async fn complete_inner(
     // A liaison plan the request commits: its model stands for an omitted one, its token budget for
     // an unset one, and fallback is off (the grant is checked against the model executed).
     let plan_headers = liaison::plan_headers(request_headers)?;
-    // The response cache answers whole replies only, and never a plan's commit (which must run once).
-    let cache_applies = state.response_cache.is_some() && !chat.stream && plan_headers.is_none();
+    let mode = Mode::of(member("mode"))?;
+    if mode == Mode::Agentic && plan_headers.is_some() {
+        return Err(ApiError::invalid_request("invalid_mode", "a liaison plan's commit runs one model call: send it without mode agentic"));
+    }
+    // The response cache answers whole replies only, never a plan's commit (which must run once)
+    // nor the agent loop (whose memory changes between calls).
+    let cache_applies = state.response_cache.is_some() && !chat.stream && plan_headers.is_none() && mode == Mode::Proxy;
     let cache_use = CacheUse::of(cache_applies, member, request_headers)?;
     let plan = match &plan_headers {
         Some(headers) => {
@@ -750,12 +756,20 @@ async fn complete_inner(
         }
     }
     facts.guardian_overhead = guardian_started.elapsed();
+    // The agent loop: core memory into the system prompt (after the guardrails judged what the
+    // caller sent), the memory tools offered.
+    let mut agent = match mode {
+        Mode::Agentic => Some(AgentLoop::prepare(state, caller, &request_id.0, request_headers, &mut chat).await?),
+        Mode::Proxy => None,
+    };
     let config = state.routing.get(tenant_id).await?;
     let context = budget_context(state, caller, agent_id, request_headers, member("conversation_id").and_then(Value::as_str)).await?;
     let reply_id = reply_id(request_id, format);
     let learned = state.learned.get(tenant_id);
     let signals = routing::Signals { learned: &learned, cost_first: Plan::resolve(&caller.identity.plan).cost_first };
+    let routing_started = Instant::now();
     let resolution = routing::resolve_with(&chat.model, &config.routing, &state.models, &chat, &options, signals);
+    let router_latency = routing_started.elapsed();
     let mut resolution = match (&plan, resolution) {
         (Some(_), Err(error)) => return Err(liaison::unresolved(&chat.model, error)),
         (None, resolution) => resolution.map_err(route_error)?,
@@ -860,14 +874,16 @@ async fn complete_inner(
         _ => None,
     };
 
-    // Reserve the worst case before any upstream call; settle the actual cost after.
+    // Reserve the worst case before any upstream call (the agent loop's: each of its steps'); settle
+    // the actual cost after.
+    let steps = i64::from(agent.as_ref().map_or(1, AgentLoop::step_bound));
     let estimate_of = |route: &Route| {
         let first = route.candidates.first();
         let cost = first.and_then(|candidate| candidate.estimated_cost).unwrap_or(Usd::ZERO);
         Estimate {
             request_id: request_id.0.clone(),
-            cost,
-            tokens: tokens(route.usage(&chat, first.and_then(|candidate| candidate.entry.as_ref()))),
+            cost: Usd::from_nanos(cost.nanos().saturating_mul(steps)),
+            tokens: tokens(route.usage(&chat, first.and_then(|candidate| candidate.entry.as_ref()))).saturating_mul(steps),
         }
     };
     let reservation = match state.guard.reserve(&context, &estimate_of(&route)).await {
@@ -903,6 +919,7 @@ async fn complete_inner(
         let provider_started = Instant::now();
         let mut headers = route_headers(&route, candidate, &failures, &chat);
         set_value!(&mut headers, "x-br-routing-overhead-ms", header_value::shown(Millis(routing_overhead)));
+        set_value!(&mut headers, "x-model-router-latency-ms", header_value::shown(Millis(router_latency)));
         let outcome = if chat.stream {
             state.upstream.stream(&target, &chat).await.map(Ok)
         } else {
@@ -930,6 +947,28 @@ async fn complete_inner(
                 return Ok(relay(events, headers, spec, reservation, reply_guard.take(), Some(pending), output_scan));
             }
             Ok(Err(mut reply)) => {
+                // The agent loop's steps run on this candidate; the guardian judges each reply.
+                let looped = match agent.as_mut() {
+                    Some(agent) => {
+                        let guard = (reply_guard.as_ref(), guardian_off);
+                        Some(agent_steps(state, tenant_id, agent, (&target, &mut chat), &mut reply, guard, facts).await)
+                    }
+                    None => None,
+                };
+                if let Some(agent) = &agent {
+                    agent.headers(&mut headers);
+                    facts.reason = format!("{}; {}", facts.reason, agent.summary());
+                    if agent.streams() && matches!(looped, Some(Ok(()))) {
+                        // The client asked for a stream: the final reply is streamed (and settled
+                        // by the relay, as a provider's stream would be).
+                        budget_headers(&mut headers, reservation.remaining());
+                        let spec = stream_spec(candidate, reply_id, format, &chat, route.input_tokens);
+                        let (evidence, pending) = tokio::sync::oneshot::channel();
+                        facts.stream_evidence = Some(evidence);
+                        let events = futures::stream::iter(reply_events(&reply).into_iter().map(Ok)).boxed();
+                        return Ok(relay(events, headers, spec, reservation, None, Some(pending), None));
+                    }
+                }
                 let cost = price_of(candidate).map_or(Usd::ZERO, |price| price.cost(reply.usage));
                 facts.input_tokens = reply.usage.input_tokens;
                 facts.output_tokens = reply.usage.output_tokens;
@@ -938,11 +977,17 @@ async fn complete_inner(
                     Ok(remaining) => budget_headers(&mut headers, &remaining),
                     Err(error) => tracing::error!(%error, "settling a completion failed; the reservation stays counted"),
                 }
-                // Stored as the provider gave it (a hit is judged by the guardian again).
-                let stored = cache_key.map(|key| (key, reply.clone()));
-                guard_whole_reply(state, tenant_id, reply_guard.as_ref(), guardian_off, &mut reply, facts).await?;
-                if let (Some((key, raw)), Some(cache)) = (stored, &state.response_cache) {
-                    cache.put(key, raw, candidate.id(), cost);
+                match looped {
+                    // The loop's replies were judged as they came.
+                    Some(judged) => judged?,
+                    None => {
+                        // Stored as the provider gave it (a hit is judged by the guardian again).
+                        let stored = cache_key.map(|key| (key, reply.clone()));
+                        guard_whole_reply(state, tenant_id, reply_guard.as_ref(), guardian_off, &mut reply, facts).await?;
+                        if let (Some((key, raw)), Some(cache)) = (stored, &state.response_cache) {
+                            cache.put(key, raw, candidate.id(), cost);
+                        }
+                    }
                 }
                 cache_use.headers(&mut headers);
                 set_value!(&mut headers, "x-br-total-latency-ms", header_value::shown(Millis(started.elapsed())));
@@ -982,6 +1027,50 @@ async fn complete_inner(
     };
     let provider = failed_model.split('/').next().unwrap_or_default();
     Err(ApiError::provider_error(error.status(), provider, format!("{failed_model}: {error}")))
+}
+
+/// The agent loop from its first reply, on one candidate: each reply is judged by the guardian (the
+/// tool firewall masks or blocks a memory call before it runs), its memory calls run and are
+/// answered back, and the model is called again, until it answers, calls the client's tools, or
+/// has no step left. `reply` ends as the final reply carrying every step's token counts; an error
+/// (the guardian's, or a provider's on a later step) still leaves them there, as spent.
+async fn agent_steps(
+    state: &EdgeState,
+    tenant_id: &str,
+    agent: &mut AgentLoop,
+    (target, chat): (&Target<'_>, &mut ChatRequest),
+    reply: &mut ChatReply,
+    (reply_guard, guardian_off): (Option<&ReplyGuard>, bool),
+    facts: &mut AuditFacts,
+) -> Result<(), ApiError> {
+    agent.stepped();
+    let mut spent = reply.usage;
+    let outcome = loop {
+        if let Err(error) = guard_whole_reply(state, tenant_id, reply_guard, guardian_off, reply, facts).await {
+            break Err(error);
+        }
+        if reply.finish == FinishReason::ContentFilter || !agent.continues(reply) {
+            agent.finish(state, reply).await;
+            break Ok(());
+        }
+        agent.answer_calls(state, chat, reply).await;
+        let next = state.upstream.complete(target, chat).await;
+        let model = [target.provider.id, "/", target.model].concat();
+        agent.stepped();
+        match next {
+            Ok(next) => {
+                state.circuits.succeeded(&model);
+                crate::agent_loop::add_usage(&mut spent, next.usage);
+                *reply = next;
+            }
+            Err(error) => {
+                state.circuits.failed(&model, &error);
+                break Err(ApiError::provider_error(error.status(), target.provider.id, format!("{model} (agent loop step): {error}")));
+            }
+        }
+    };
+    reply.usage = spent;
+    outcome
 }
 
 /// A request the response cache answers, and what answering it needs.
@@ -1143,6 +1232,13 @@ fn route_headers(route: &Route, candidate: &Candidate, failures: &[(String, Upst
     if let Some((tier, score)) = route.complexity {
         set_value!(&mut headers, "x-br-complexity-level", header_value::shown(tier));
         set_value!(&mut headers, "x-br-complexity-score", header_value::shown(score));
+    }
+    if let Some(selection) = &route.selection {
+        set_value!(&mut headers, "x-br-selection-confidence", header_value::formatted(format_args!("{:.2}", selection.confidence)));
+        set!(&mut headers, "x-br-selection-reason", &selection.reason);
+        if let Some(savings) = selection.savings {
+            set_value!(&mut headers, "x-br-routing-savings", header_value::shown(savings.fixed(6)));
+        }
     }
     if let (true, Some(estimate)) = (chat.model != "auto", candidate.estimated_cost) {
         set_value!(&mut headers, "x-br-estimated-cost", header_value::shown(estimate.fixed(6)));

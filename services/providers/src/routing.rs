@@ -215,6 +215,22 @@ pub struct Route {
     pub allow_fallback: bool,
     /// The request's estimated input tokens, measured once for every estimate of it (`usage`).
     pub input_tokens: u64,
+    /// For `auto` ordered by score: how sure the pick was, why, and what it saved.
+    pub selection: Option<Selection>,
+}
+
+/// How `auto` chose its first candidate, for `X-BR-Selection-Confidence`, `-Selection-Reason` and
+/// `X-BR-Routing-Savings`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Selection {
+    /// 0.5 when the first two candidates' scores tie, rising with the first's lead to 1 at a lead of
+    /// 0.5 or more (1 for the only candidate).
+    pub confidence: f64,
+    /// The first candidate's score in its parts, and the next candidate's.
+    pub reason: String,
+    /// The dearest candidate's estimate less the first's: what choosing by score saved against the
+    /// dearest capable model (None when either is unpriced or nothing was saved).
+    pub savings: Option<Usd>,
 }
 
 impl Route {
@@ -403,6 +419,8 @@ pub fn resolve_with(
     let by_default = if signals.cost_first { "price" } else { "quality" };
     let mut options = route.clone();
     let mut complexity_seen = None;
+    // `auto`'s cost scale (see `auto_order`), when it ordered by score.
+    let mut auto_dearest = None;
     let (mut candidates, method, default_strategy, reason) = if requested == "auto" {
         let (tier, score) = complexity(request);
         complexity_seen = Some((tier, score));
@@ -454,7 +472,7 @@ pub fn resolve_with(
     let strategy = options.strategy.clone().unwrap_or_else(|| default_strategy.to_string());
     if !explicit_strategy {
         match complexity_seen {
-            Some((tier, _)) if strategy == "quality" => auto_order(&mut candidates, tier, tenant, signals),
+            Some((tier, _)) if strategy == "quality" => auto_dearest = Some(auto_order(&mut candidates, tier, tenant, signals)),
             _ => order(&mut candidates, &strategy, tenant, signals),
         }
     }
@@ -499,6 +517,13 @@ pub fn resolve_with(
     if explicit_strategy {
         order(&mut candidates, &strategy, tenant, signals);
     }
+    let selection = match (complexity_seen, auto_dearest) {
+        (Some((tier, _)), Some(dearest)) => Some(auto_selection(&candidates, tier, dearest, signals)),
+        // `auto` ordered by a rule (a strategy asked for, a cost-first plan's price): its first is
+        // certain by that rule.
+        (Some(_), None) => Some(ruled_selection(&candidates, &strategy)),
+        _ => None,
+    };
     Ok(Resolution::Route(Route {
         candidates,
         method,
@@ -507,6 +532,7 @@ pub fn resolve_with(
         complexity: complexity_seen,
         allow_fallback: options.allow_fallback.unwrap_or(true),
         input_tokens: pricing.input_tokens,
+        selection,
     }))
 }
 
@@ -520,15 +546,82 @@ fn tier(candidate: &Candidate) -> u8 {
 
 /// `auto`'s order: quality less [`AUTO_COST_WEIGHT`] times the cost relative to the dearest
 /// candidate's (unpriced counts as the dearest) and [`AUTO_TIER_WEIGHT`] per tier above `needed`.
-fn auto_order(candidates: &mut [Candidate], needed: u8, tenant: &TenantRouting, signals: Signals<'_>) {
+/// Returns the cost scale it used (the dearest estimate in nano-dollars).
+fn auto_order(candidates: &mut [Candidate], needed: u8, tenant: &TenantRouting, signals: Signals<'_>) -> f64 {
     let dearest = candidates.iter().filter_map(|candidate| candidate.estimated_cost).map(Usd::nanos).max().unwrap_or(0).max(1) as f64;
-    let score = |candidate: &Candidate| {
-        let cost = candidate.estimated_cost.map_or(dearest, |cost| cost.nanos() as f64);
-        let distance = f64::from(tier(candidate).saturating_sub(needed));
-        signals.quality(candidate) - AUTO_COST_WEIGHT * cost / dearest - AUTO_TIER_WEIGHT * distance
-    };
+    let score = |candidate: &Candidate| AutoScore::of(candidate, needed, dearest, signals).total();
     candidates
         .sort_by(|a, b| score(b).total_cmp(&score(a)).then(cost_key(a).cmp(&cost_key(b))).then(rank(tenant, a).cmp(&rank(tenant, b))));
+    dearest
+}
+
+/// A candidate's `auto` score in its parts.
+struct AutoScore {
+    quality: f64,
+    /// The cost term: [`AUTO_COST_WEIGHT`] times the cost relative to the dearest.
+    cost: f64,
+    /// The tier term: [`AUTO_TIER_WEIGHT`] per tier above the one needed.
+    distance: f64,
+}
+
+impl AutoScore {
+    fn of(candidate: &Candidate, needed: u8, dearest: f64, signals: Signals<'_>) -> AutoScore {
+        let cost = candidate.estimated_cost.map_or(dearest, |cost| cost.nanos() as f64);
+        AutoScore {
+            quality: signals.quality(candidate),
+            cost: AUTO_COST_WEIGHT * cost / dearest,
+            distance: AUTO_TIER_WEIGHT * f64::from(tier(candidate).saturating_sub(needed)),
+        }
+    }
+
+    fn total(&self) -> f64 {
+        self.quality - self.cost - self.distance
+    }
+}
+
+/// The first candidate's estimate below the dearest's (None when either is unpriced or it is the dearest).
+fn savings_of(candidates: &[Candidate]) -> Option<Usd> {
+    let dearest = candidates.iter().filter_map(|candidate| candidate.estimated_cost).max()?;
+    let chosen = candidates.first()?.estimated_cost?;
+    (dearest > chosen).then(|| Usd::from_nanos(dearest.nanos() - chosen.nanos()))
+}
+
+/// `auto`'s pick when `strategy` ordered the candidates: certain by that rule.
+fn ruled_selection(candidates: &[Candidate], strategy: &str) -> Selection {
+    let reason = match candidates.first() {
+        Some(first) => format!("{}: first by {strategy} of {} capable models", first.id(), candidates.len()),
+        None => String::new(),
+    };
+    Selection { confidence: 1.0, reason, savings: savings_of(candidates) }
+}
+
+/// How sure `auto` was of the first of `candidates` (in their final order), and what it saved.
+fn auto_selection(candidates: &[Candidate], needed: u8, dearest: f64, signals: Signals<'_>) -> Selection {
+    let score = |candidate: &Candidate| AutoScore::of(candidate, needed, dearest, signals);
+    let Some(first) = candidates.first() else {
+        return Selection { confidence: 0.0, reason: String::new(), savings: None };
+    };
+    let best = score(first);
+    let mut reason = format!(
+        "{}: quality {:.2} less cost {:.2} and tier distance {:.2} = {:.2}",
+        first.id(),
+        best.quality,
+        best.cost,
+        best.distance,
+        best.total()
+    );
+    let confidence = match candidates.get(1) {
+        Some(next) => {
+            let next_total = score(next).total();
+            reason.push_str(&format!("; next {} = {next_total:.2}", next.id()));
+            0.5 + (best.total() - next_total).clamp(0.0, 0.5)
+        }
+        None => {
+            reason.push_str("; the only capable model");
+            1.0
+        }
+    };
+    Selection { confidence, reason, savings: savings_of(candidates) }
 }
 
 /// The candidate's provider's place in the tenant's order (`priority`; the last tie-breaker of the others).
@@ -736,6 +829,43 @@ mod tests {
         assert!(
             matches!(resolve("auto", &keys, &catalog, &with_tools, &RouteOptions::default()), Ok(Resolution::Route(route)) if route.candidates.iter().all(|candidate| candidate.entry.as_ref().is_some_and(|entry| entry.can("tools"))))
         );
+        Ok(())
+    }
+
+    #[test]
+    fn auto_says_how_sure_it_was_and_what_it_saved() -> Result<(), crate::catalog::CatalogError> {
+        let catalog = ModelCatalog::bundled()?;
+        let keys = tenant(&["openai", "anthropic"]);
+        let Ok(Resolution::Route(route)) = resolve("auto", &keys, &catalog, &request("what is 2+2?"), &RouteOptions::default()) else {
+            panic!("auto resolves");
+        };
+        let selection = route.selection.clone().unwrap_or_else(|| panic!("auto by quality has a selection"));
+        assert!((0.5..=1.0).contains(&selection.confidence), "{selection:?}");
+        let (first, next) = (&route.candidates[0], &route.candidates[1]);
+        assert!(selection.reason.starts_with(&format!("{}: quality ", first.id())), "{selection:?}");
+        assert!(selection.reason.contains(&format!("; next {} = ", next.id())), "{selection:?}");
+        let dearest = route.candidates.iter().filter_map(|candidate| candidate.estimated_cost).max();
+        let chosen = first.estimated_cost;
+        assert_eq!(selection.savings.map(Usd::nanos), dearest.zip(chosen).map(|(dearest, chosen)| dearest.nanos() - chosen.nanos()));
+        assert!(selection.savings.is_some_and(|savings| savings > Usd::ZERO), "the pick is not the dearest: {selection:?}");
+        // The confidence follows the lead: two equal scores are a coin toss, a lone model certain.
+        let learned = Learned::default();
+        let signals = Signals { learned: &learned, cost_first: false };
+        let twin = route.candidates[..1].iter().chain(route.candidates[..1].iter()).cloned().collect::<Vec<_>>();
+        assert_eq!(auto_selection(&twin, 1, 1.0, signals).confidence, 0.5);
+        let alone = auto_selection(&route.candidates[..1], 1, 1.0, signals);
+        assert_eq!((alone.confidence, alone.savings), (1.0, None));
+        assert!(alone.reason.ends_with("; the only capable model"), "{alone:?}");
+        // A strategy asked for (or a cost-first plan) orders by its rule: certain, and the cheapest
+        // saves the most. A named model: the caller chose, no selection.
+        let by_price = RouteOptions { strategy: Some("price".to_string()), ..RouteOptions::default() };
+        let Ok(Resolution::Route(cheapest)) = resolve("auto", &keys, &catalog, &request("hi"), &by_price) else { panic!("auto resolves") };
+        let ruled = cheapest.selection.clone().unwrap_or_else(|| panic!("auto by price has a selection"));
+        assert_eq!(ruled.confidence, 1.0);
+        assert!(ruled.reason.starts_with(&format!("{}: first by price of ", cheapest.candidates[0].id())), "{ruled:?}");
+        assert!(ruled.savings >= selection.savings, "{ruled:?} {selection:?}");
+        let named = resolve("openai/gpt-4o", &keys, &catalog, &request("hi"), &RouteOptions::default());
+        assert!(matches!(named, Ok(Resolution::Route(route)) if route.selection.is_none()));
         Ok(())
     }
 

@@ -6,7 +6,7 @@ use http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::conversation::{Prompt, Provider, Reply, Step, Stop, StreamSteps, ToolArguments, count_words};
+use crate::conversation::{Prompt, Provider, Reply, Step, Stop, StreamSteps, count_words};
 use crate::openai;
 use crate::respond::{self, Render};
 
@@ -349,7 +349,7 @@ impl MessagesRequest {
                 .find_map(|message| message.content.text())
                 .unwrap_or_default(),
             ends_with_tool_result: self.messages.last().is_some_and(|message| message.content.has_tool_result()),
-            first_tool: self.tools.iter().flatten().next().filter(|_| tools_allowed).map(|tool| tool.name.clone()),
+            tools: self.tools.iter().flatten().filter(|_| tools_allowed).map(|tool| tool.name.clone()).collect(),
             max_tokens: self.max_tokens,
             thinking: self.thinking_enabled(),
             ..Prompt::default()
@@ -372,7 +372,7 @@ impl MessagesRequest {
         let thinking =
             reply.thinking.as_ref().map(|thinking| ContentOut::Thinking { thinking: &thinking.text, signature: &thinking.signature });
         let content = match &reply.tool_call {
-            Some(call) => ContentOut::ToolUse { id: &tool_id, name: &call.name, input: ToolArguments { query: &call.query } },
+            Some(call) => ContentOut::ToolUse { id: &tool_id, name: &call.name, input: &call.input },
             None => ContentOut::Text { text: &reply.text },
         };
         let message = MessageOut {

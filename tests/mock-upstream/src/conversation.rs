@@ -29,8 +29,8 @@ pub(crate) struct Prompt {
     pub last_user_text: String,
     /// The conversation ends with a tool result (the mock then answers in text, so tool loops end).
     pub ends_with_tool_result: bool,
-    /// The first declared tool, unless the request forbids tool calls.
-    pub first_tool: Option<String>,
+    /// The declared tools' names, in order (none when the request forbids tool calls).
+    pub tools: Vec<String>,
     pub max_tokens: Option<u64>,
     /// Of `input_words`, those the provider serves from its prompt cache (see each format's rule).
     pub cached_words: u64,
@@ -111,16 +111,27 @@ pub(crate) enum Stop {
 #[derive(Debug)]
 pub(crate) struct ToolCall {
     pub name: String,
-    /// The last user text, the only argument.
-    pub query: String,
-    /// `{"query": <query>}` as compact JSON.
+    /// The arguments: `{"query": <the last user text>}`, or those a scripted call gave.
+    pub input: serde_json::Value,
+    /// `input` as compact JSON.
     pub arguments: String,
 }
 
-/// The arguments of every tool call.
-#[derive(Debug, serde::Serialize)]
-pub(crate) struct ToolArguments<'a> {
-    pub query: &'a str,
+impl ToolCall {
+    fn new(name: &str, input: serde_json::Value) -> ToolCall {
+        ToolCall { name: name.to_string(), arguments: input.to_string(), input }
+    }
+}
+
+/// A scripted call in `text`: `use the tool NAME with {JSON object}` (the object runs to the text's
+/// end), for a tool the request declares. Tests drive a tool loop with it (the gateway's own agent
+/// loop among them), as a real model reads a tool's schema and fills its arguments.
+fn scripted_call<'a>(text: &str, tools: &'a [String]) -> Option<(&'a str, serde_json::Value)> {
+    let (_, rest) = text.split_once("use the tool ")?;
+    let (name, arguments) = rest.split_once(" with ")?;
+    let tool = tools.iter().find(|tool| *tool == name.trim())?;
+    let input: serde_json::Value = serde_json::from_str(arguments.trim()).ok()?;
+    input.is_object().then_some((tool.as_str(), input))
 }
 
 #[derive(Debug)]
@@ -154,14 +165,21 @@ impl Reply {
     }
 
     fn answer(provider: Provider, prompt: &Prompt) -> Reply {
-        if let Some(tool) = &prompt.first_tool
-            && !prompt.ends_with_tool_result
-            && asks_for_a_tool(&prompt.last_user_text)
-        {
-            let arguments = serde_json::to_string(&ToolArguments { query: &prompt.last_user_text }).unwrap_or_default();
+        let call = if prompt.ends_with_tool_result {
+            None
+        } else if let Some((tool, input)) = scripted_call(&prompt.last_user_text, &prompt.tools) {
+            Some(ToolCall::new(tool, input))
+        } else {
+            prompt
+                .tools
+                .first()
+                .filter(|_| asks_for_a_tool(&prompt.last_user_text))
+                .map(|tool| ToolCall::new(tool, serde_json::json!({"query": prompt.last_user_text})))
+        };
+        if let Some(call) = call {
             return Reply {
                 text: String::new(),
-                tool_call: Some(ToolCall { name: tool.clone(), query: prompt.last_user_text.clone(), arguments }),
+                tool_call: Some(call),
                 stop: Stop::ToolCall,
                 input_tokens: prompt.input_words,
                 output_tokens: TOOL_CALL_TOKENS,
@@ -397,7 +415,7 @@ mod tests {
 
     #[test]
     fn a_tool_is_called_when_asked_and_declared() {
-        let asking = Prompt { first_tool: Some("search".into()), ..prompt("Please USE a tool, now") };
+        let asking = Prompt { tools: vec!["search".into()], ..prompt("Please USE a tool, now") };
         let reply = Reply::to(Provider::Anthropic, &asking);
         let call = reply.tool_call.as_ref().unwrap();
         assert_eq!(call.name, "search");
@@ -407,6 +425,19 @@ mod tests {
         let after_result = Prompt { ends_with_tool_result: true, ..asking };
         assert!(Reply::to(Provider::Anthropic, &after_result).tool_call.is_none(), "the tool already answered");
         assert!(!asks_for_a_tool("reuse a toolbox"));
+    }
+
+    #[test]
+    fn a_scripted_call_names_its_tool_and_arguments() {
+        let tools = vec!["search".to_string(), "remember".to_string()];
+        let asking = Prompt { tools: tools.clone(), ..prompt(r#"please use the tool remember with {"fact": "tea", "n": 2}"#) };
+        let call = Reply::to(Provider::OpenAi, &asking).tool_call.unwrap();
+        assert_eq!((call.name.as_str(), call.arguments.as_str()), ("remember", r#"{"fact":"tea","n":2}"#));
+        assert_eq!(scripted_call("use the tool forget with {}", &tools), None, "an undeclared tool");
+        assert_eq!(scripted_call("use the tool remember with [1]", &tools), None, "arguments are an object");
+        assert_eq!(scripted_call("use the tool remember with {", &tools), None, "arguments are JSON");
+        let answered = Prompt { ends_with_tool_result: true, ..asking };
+        assert!(Reply::to(Provider::OpenAi, &answered).tool_call.is_none(), "the tool already answered");
     }
 
     #[test]
@@ -434,7 +465,7 @@ mod tests {
         assert_eq!(steps.first(), Some(&Step::Open));
         assert_eq!(steps.iter().filter(|step| matches!(step, Step::Delta(_))).count(), 5);
         assert_eq!(&steps[steps.len() - 4..], [Step::BlockStop, Step::Finish, Step::Usage, Step::Close]);
-        let asking = Prompt { first_tool: Some("search".into()), ..prompt("use a tool") };
+        let asking = Prompt { tools: vec!["search".into()], ..prompt("use a tool") };
         let mut tool_steps = StreamSteps::new(Reply::to(Provider::OpenAi, &asking));
         let deltas: Vec<String> = tool_steps
             .by_ref()

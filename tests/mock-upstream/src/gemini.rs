@@ -9,7 +9,7 @@ use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::conversation::{Prompt, Provider, Reply, Step, Stop, StreamSteps, ToolArguments, count_words};
+use crate::conversation::{Prompt, Provider, Reply, Step, Stop, StreamSteps, count_words};
 use crate::respond::{self, Render};
 
 pub(crate) const MODELS: [(&str, &str); 3] =
@@ -276,14 +276,14 @@ impl GenerateRequest {
                 .contents
                 .last()
                 .is_some_and(|content| content.parts.iter().any(|part| part.function_response.is_some())),
-            first_tool: self
+            tools: self
                 .tools
                 .iter()
                 .flatten()
                 .flat_map(|tool| tool.function_declarations.iter().flatten())
-                .next()
                 .filter(|_| tools_allowed)
-                .map(|function| function.name.clone()),
+                .map(|function| function.name.clone())
+                .collect(),
             max_tokens: self.generation_config.as_ref().and_then(|config| config.max_output_tokens),
             thinking: self
                 .generation_config
@@ -304,9 +304,7 @@ impl GenerateRequest {
         let reply = self.reply();
         let response_id = response_id(seq);
         let part = match &reply.tool_call {
-            Some(call) => {
-                PartOut::FunctionCall { function_call: FunctionCallOut { name: &call.name, args: ToolArguments { query: &call.query } } }
-            }
+            Some(call) => PartOut::FunctionCall { function_call: FunctionCallOut { name: &call.name, args: &call.input } },
             None => PartOut::Text { text: &reply.text },
         };
         let thought = reply.thinking.as_ref().map(|thinking| PartOut::Thought { text: &thinking.text, thought: true });
@@ -418,7 +416,7 @@ enum PartOut<'a> {
 #[derive(Serialize)]
 struct FunctionCallOut<'a> {
     name: &'a str,
-    args: ToolArguments<'a>,
+    args: &'a serde_json::Value,
 }
 
 #[derive(Serialize)]
@@ -461,9 +459,7 @@ impl Render for ChunkRenderer {
             }
             Step::Finish => {
                 let part = match &reply.tool_call {
-                    Some(call) => PartOut::FunctionCall {
-                        function_call: FunctionCallOut { name: &call.name, args: ToolArguments { query: &call.query } },
-                    },
+                    Some(call) => PartOut::FunctionCall { function_call: FunctionCallOut { name: &call.name, args: &call.input } },
                     None => PartOut::Text { text: "" },
                 };
                 write_chunk(out, self.sse, &mut self.first, &response(part, Some(reply), &self.model, &self.response_id));

@@ -245,13 +245,14 @@ impl ChatRequest {
             input_words: contents().map(ChatContent::words).sum(),
             last_user_text,
             ends_with_tool_result: self.messages.last().is_some_and(|message| message.role == "tool" || message.role == "function"),
-            first_tool: self
+            tools: self
                 .tools
                 .iter()
                 .flatten()
-                .find_map(|tool| tool.function.as_ref())
+                .filter_map(|tool| tool.function.as_ref())
                 .filter(|_| tools_allowed)
-                .map(|function| function.name.clone()),
+                .map(|function| function.name.clone())
+                .collect(),
             max_tokens: self.max_completion_tokens.or(self.max_tokens),
             // Automatic caching: the turns before the last, as if the conversation had been seen.
             cached_words: crate::conversation::cacheable(
