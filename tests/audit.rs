@@ -10,7 +10,11 @@ use serde_json::{Value, json};
 
 type TestResult = anyhow::Result<()>;
 
-brainstorm_e2e::in_both_shapes!(completions_are_chained_and_explained, refusals_at_the_door_are_chained_too);
+brainstorm_e2e::in_both_shapes!(
+    completions_are_chained_and_explained,
+    refusals_at_the_door_are_chained_too,
+    mesh_hops_are_answered_and_inventoried
+);
 
 async fn completions_are_chained_and_explained(shape: Shape) -> TestResult {
     let gateway = Gateway::start(shape).await?;
@@ -100,6 +104,62 @@ async fn completions_are_chained_and_explained(shape: Shape) -> TestResult {
     std::fs::write(&file, export.text.replacen("gpt-4o-mini", "gpt-4o-nano", 1))?;
     let (tampered, output) = run_to_end(&["audit", "verify", &file.display().to_string()], &[], &gateway.work_dir)?;
     assert!(!tampered, "an edited export must fail: {output}");
+    Ok(())
+}
+
+/// An agent calling on another's behalf (`X-BR-Mesh-*`): the answer carries the headers its next
+/// hop sends on, a changed body or a loop is refused, and the inventory lists the calling identity.
+async fn mesh_hops_are_answered_and_inventoried(shape: Shape) -> TestResult {
+    let gateway = Gateway::start(shape).await?;
+    let (key, _) = gateway.register("Meshed").await?;
+    let body = serde_json::to_vec(&json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hop"}]}))?;
+    let hash: String = ring::digest::digest(&ring::digest::SHA256, &body).as_ref().iter().map(|byte| format!("{byte:02x}")).collect();
+    let send = |headers: Vec<(&'static str, String)>, body: Vec<u8>| {
+        let mut request =
+            gateway.request(Method::POST, "/v1/chat/completions", Some(&key)).header("content-type", "application/json").body(body);
+        for (name, value) in headers {
+            request = request.header(name, value);
+        }
+        request.send()
+    };
+    let source = ("x-br-mesh-source", "spiffe://corp/agent/planner".to_string());
+    let hopped = send(
+        vec![source.clone(), ("x-br-mesh-hop-count", "2".to_string()), ("x-br-mesh-payload-hash", format!("sha256:{hash}"))],
+        body.clone(),
+    )
+    .await?;
+    assert_eq!(hopped.status().as_u16(), 200);
+    let header = |name: &str| hopped.headers().get(name).and_then(|value| value.to_str().ok()).unwrap_or_default().to_string();
+    assert_eq!(header("x-br-mesh-source"), "spiffe://corp/agent/planner");
+    assert_eq!(header("x-br-mesh-hop-count"), "3", "the hop count with this hop");
+    assert_eq!(header("x-br-mesh-payload-hash"), format!("sha256:{hash}"));
+    // No mesh trace sent: the request's own trace, for the next hop to carry.
+    assert!(header("traceparent").contains(&header("x-br-mesh-trace-id")) && header("x-br-mesh-trace-id").len() == 32);
+
+    // The body changed on the way (its hash is another's), a loop, a hop without its source: refused.
+    let mut changed = body.clone();
+    changed.extend_from_slice(b" ");
+    let tampered = send(vec![source.clone(), ("x-br-mesh-payload-hash", hash.clone())], changed).await?;
+    assert_eq!(tampered.status().as_u16(), 400);
+    assert_eq!(tampered.json::<Value>().await?["error"]["code"], "mesh_payload_mismatch");
+    let looping = send(vec![source.clone(), ("x-br-mesh-hop-count", "16".to_string())], body.clone()).await?;
+    assert_eq!(looping.json::<Value>().await?["error"]["code"], "mesh_hop_limit");
+    let orphan = send(vec![("x-br-mesh-hop-count", "1".to_string())], body.clone()).await?;
+    assert_eq!(orphan.json::<Value>().await?["error"]["code"], "invalid_mesh_header");
+
+    // The inventory's mesh class: the identity, its requests and the deepest hop seen.
+    let mut mesh = Value::Null;
+    for _ in 0..100 {
+        let inventory = gateway.call(Method::GET, "/v1/governance/agents/inventory?period=day", Some(&key), None).await?;
+        assert_eq!(inventory.status, 200, "{}", inventory.text);
+        mesh = inventory.body["mesh"].clone();
+        if inventory.body["summary"]["mesh_identities"] == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(mesh[0]["identity"], "spiffe://corp/agent/planner", "{mesh}");
+    assert_eq!((mesh[0]["requests"].as_u64(), mesh[0]["max_hop_count"].as_i64()), (Some(1), Some(3)), "{mesh}");
     Ok(())
 }
 

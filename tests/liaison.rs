@@ -116,6 +116,9 @@ async fn plans_are_minted_under_their_grant_rules_and_committed_once(shape: Shap
     assert_eq!(plan["x402_compat"]["amount"].as_str().and_then(|amount| amount.parse::<f64>().ok()), Some(ceiling));
     assert_eq!((plan["prompt_fingerprint"].as_str().map(str::len), plan["tenant_id"].is_string()), (Some(64), true));
     assert!(plan["signature"].as_str().is_some_and(|signature| signature.len() >= 43), "{plan}");
+    // The grant: named by what it allows, the same for every plan of that scope.
+    let grant_id = text(&plan["grant_id"]);
+    assert!(grant_id.starts_with("grant_") && grant_id.len() == 30, "{plan}");
 
     // The grant rules, each refusal named.
     let base = json!({"messages": messages(PROMPT), "model": "openai/gpt-4o-mini"});
@@ -182,6 +185,7 @@ async fn plans_are_minted_under_their_grant_rules_and_committed_once(shape: Shap
         assert_eq!(reply.body["recovery"]["action"], "renegotiate", "{}", reply.text);
         assert_eq!(reply.body["recovery"]["reason"], reason);
         assert_eq!(reply.body["recovery"]["endpoint"], format!("/v1/liaison/{liaison}/plan"));
+        assert_eq!(reply.header("x-br-grant-id"), Some(grant_id.as_str()), "the grant breached: {:?}", reply.headers);
         let request_id = reply.header("x-br-explain").unwrap_or_default().to_string();
         let record = explained(&gateway, &key, &request_id).await?;
         assert!(record.to_string().contains("\"denied\"") && record.to_string().contains("plan_scope_exceeded"), "{record}");
@@ -201,6 +205,14 @@ async fn plans_are_minted_under_their_grant_rules_and_committed_once(shape: Shap
     assert_eq!(committed.header("x-br-plan-id"), Some(plan_id.as_str()));
     let shown_ceiling = committed.header("x-br-plan-ceiling").and_then(|value| value.parse::<f64>().ok()).unwrap_or_default();
     assert!((shown_ceiling - ceiling).abs() < 1e-6, "{shown_ceiling} against the plan's {ceiling}");
+    // The grant it ran under, in the answer and in the evidence's WHY answer.
+    assert_eq!(committed.header("x-br-grant-id"), Some(grant_id.as_str()));
+    let committed_id = committed.header("x-br-explain").unwrap_or_default().to_string();
+    explained(&gateway, &key, &committed_id).await?;
+    let lineage = gateway.call(Method::GET, &format!("/v1/governance/lineage/{committed_id}"), Some(&key), None).await?;
+    assert_eq!(lineage.status, 200, "{}", lineage.text);
+    assert_eq!(lineage.body["grant_context"]["grant_id"], grant_id.as_str(), "{}", lineage.text);
+    assert_eq!(lineage.body["grant_context"]["plan_id"], plan_id.as_str(), "{}", lineage.text);
     let again = commit(&gateway, &key, Some(&plan_id), Some(&liaison), &faithful).await?;
     assert_eq!((again.status, code(&again)), (409, "plan_already_committed"), "{}", again.text);
     assert_eq!(again.body["recovery"]["action"], "renegotiate");

@@ -11,6 +11,7 @@ use brainstorm_proto::ServiceError;
 use brainstorm_proto::policy::{CommitPlanRequest, LiaisonPlan, PlanRef, PolicyFirewallClient, SettlePlanRequest};
 use brainstorm_providers::chat::ChatRequest;
 use brainstorm_providers::routing::{Resolution, TenantRouting};
+use sha2::{Digest, Sha256};
 
 use crate::EdgeState;
 use crate::auth::Caller;
@@ -41,6 +42,26 @@ pub fn plan_headers(headers: &HeaderMap) -> Result<Option<PlanHeaders>, ApiError
 /// Whether a request carries either plan header (its body may then omit `model`).
 pub fn names_a_plan(headers: &HeaderMap) -> bool {
     headers.contains_key(&const { HeaderName::from_static("x-br-plan-id") })
+}
+
+/// The id of a plan's grant (`X-BR-Grant-Id`, the plan's `grant_id`, the evidence's
+/// `grant_context.grant_id`): `grant_` and 24 hex digits of the SHA-256 of what it allows, the
+/// signed `allowed_models` and `allowed_tools` in the order signed. Plans minted with the same
+/// scope share it, so evidence can be grouped by what was granted.
+pub fn grant_id(plan: &LiaisonPlan) -> String {
+    let mut digest = Sha256::new();
+    for (part, entries) in [("models", &plan.allowed_models), ("tools", &plan.allowed_tools)] {
+        digest.update(part.as_bytes());
+        for entry in entries {
+            // Length-prefixed: no two lists of entries hash alike.
+            digest.update((entry.len() as u64).to_be_bytes());
+            digest.update(entry.as_bytes());
+        }
+        digest.update([0xff]);
+    }
+    let mut id = hex::encode(digest.finalize());
+    id.truncate(24);
+    format!("grant_{id}")
 }
 
 /// A service refusal of a plan, its recovery made `renegotiate`.
@@ -183,4 +204,30 @@ impl PlanSettler {
 /// The value of `name` among `headers`, as text.
 pub fn header_text<'a>(headers: &'a [(HeaderName, HeaderValue)], name: &str) -> &'a str {
     headers.iter().find(|(header, _)| header.as_str() == name).and_then(|(_, value)| value.to_str().ok()).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(models: &[&str], tools: &[&str]) -> LiaisonPlan {
+        LiaisonPlan {
+            plan_id: "plan_1".to_string(),
+            allowed_models: models.iter().map(|model| model.to_string()).collect(),
+            allowed_tools: tools.iter().map(|tool| tool.to_string()).collect(),
+            ..LiaisonPlan::default()
+        }
+    }
+
+    #[test]
+    fn a_grant_id_names_what_the_plan_allows() {
+        let id = grant_id(&plan(&["openai/gpt-4o-mini"], &["search_*"]));
+        assert!(id.starts_with("grant_") && id.len() == 30, "{id}");
+        // Another plan with the same scope: the same grant.
+        assert_eq!(id, grant_id(&LiaisonPlan { plan_id: "plan_2".to_string(), ..plan(&["openai/gpt-4o-mini"], &["search_*"]) }));
+        // A model moved to the tools, two entries joined, a tool added: each another grant.
+        assert_ne!(id, grant_id(&plan(&[], &["openai/gpt-4o-mini", "search_*"])));
+        assert_ne!(grant_id(&plan(&["a", "b"], &[])), grant_id(&plan(&["ab"], &[])));
+        assert_ne!(id, grant_id(&plan(&["openai/gpt-4o-mini"], &["search_*", "fetch"])));
+    }
 }

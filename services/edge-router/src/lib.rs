@@ -13,6 +13,7 @@ mod header_value;
 mod idp;
 mod learned;
 mod liaison;
+mod mesh;
 mod pipeline;
 mod reply_guard;
 mod request_span;

@@ -14,7 +14,9 @@ use brainstorm_budget_ledger::{ActualUsage, BudgetContext, BudgetDenial, Estimat
 use brainstorm_common::ApiError;
 use brainstorm_common::money::Usd;
 use brainstorm_policy_firewall::{FirewallMode, RequestFacts, ToolCall, glob_matches};
-use brainstorm_proto::audit::{AgentContext, AuditRecord, CandidateDecision, DecisionPath, Principal as AuditPrincipal, TraceContext};
+use brainstorm_proto::audit::{
+    AgentContext, AuditRecord, CandidateDecision, DecisionPath, GrantContext, Principal as AuditPrincipal, TraceContext,
+};
 use brainstorm_providers::catalog::{Model, Price, base_url};
 use brainstorm_providers::chat::{ChatEvent, ChatReply, ChatRequest, FinishReason, InvalidRequest, ReplyAssembler, Usage, reply_events};
 use brainstorm_providers::routing::{self, Candidate, Resolution, Route, RouteError};
@@ -30,6 +32,7 @@ use crate::circuits::Admission;
 use crate::extract::RequestId;
 use crate::header_value::{self, Millis};
 use crate::liaison::{self, PlanOutcome, PlanSettler};
+use crate::mesh::MeshHop;
 use crate::reply_guard::{GuardReport, ReplyGuard, ToolVerdict};
 use crate::response_cache::{self, CacheKey, CacheUse, CachedReply};
 use crate::routing_cache::route_options;
@@ -138,6 +141,29 @@ impl CompletionBody {
                 (chat, Some(tree))
             }
         }
+    }
+}
+
+/// A completion request as received: its body, and the mesh hop its headers describe.
+pub struct Submission {
+    body: CompletionBody,
+    mesh: Option<MeshHop>,
+}
+
+impl Submission {
+    /// Reads a request's body (`CompletionBody::parse`) and its mesh headers (`MeshHop::read`,
+    /// checked against the body's bytes).
+    pub fn read(bytes: &[u8], headers: &HeaderMap, format: ClientFormat) -> Result<Self, ApiError> {
+        let mesh = MeshHop::read(headers, bytes)?;
+        let body = CompletionBody::parse(bytes, format, liaison::names_a_plan(headers))?;
+        Ok(Submission { body, mesh })
+    }
+}
+
+impl From<CompletionBody> for Submission {
+    /// A body the gateway made itself (a prompt run): no mesh hop.
+    fn from(body: CompletionBody) -> Self {
+        Submission { body, mesh: None }
     }
 }
 
@@ -270,6 +296,10 @@ pub struct AuditFacts {
     /// The liaison plan the request claimed, settled once its outcome is known (boxed: most requests
     /// carry none, and the facts are moved along the request path).
     plan: Option<Box<PlanSettler>>,
+    /// The mesh hop the request took (`X-BR-Mesh-*`).
+    mesh: Option<MeshHop>,
+    /// The grant the request was made under: its liaison plan's (`X-BR-Grant-Id`).
+    grant: Option<GrantContext>,
     input_tokens: u64,
     output_tokens: u64,
     cost: Option<Usd>,
@@ -354,16 +384,20 @@ pub async fn serve(
     attempt: Result<Caller, Refused>,
     request_id: &RequestId,
     request_headers: &HeaderMap,
-    body: Result<CompletionBody, ApiError>,
+    submission: Result<Submission, ApiError>,
     format: ClientFormat,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
+    let (body, mesh) = match submission {
+        Ok(Submission { body, mesh }) => (Ok(body), mesh),
+        Err(error) => (Err(error), None),
+    };
     let body = body.and_then(|body| match body.identifier_with_nul(format) {
         Some(member) => Err(ApiError::invalid_request("invalid_text", format!("`{member}` must not contain the NUL character (U+0000)"))),
         None => Ok(body),
     });
     let model_requested = body.as_ref().map_or("", CompletionBody::model).to_string();
-    let mut facts = AuditFacts { model_requested, ..AuditFacts::default() };
+    let mut facts = AuditFacts { model_requested, mesh, ..AuditFacts::default() };
     let agent_id = agent_of(request_headers, body.as_ref().ok().and_then(|body| body.user(format)));
     let (identity, result) = admitted(attempt, body, async |caller, body| {
         let request = Incoming { headers: request_headers, body, agent_id: agent_id.as_deref() };
@@ -499,7 +533,27 @@ fn seal(
     };
     let trace = trace_context(request_headers);
     let traceparent = header_value::formatted(format_args!("00-{}-{}-01", trace.trace_id, trace.span_id));
-    let agent_headers = agent_headers(facts.agent_id.as_deref(), facts.agent.as_ref());
+    let mut agent_headers = agent_headers(facts.agent_id.as_deref(), facts.agent.as_ref());
+    // A mesh hop is the agent context's too (with or without an agent id), and answered with the
+    // headers the next hop sends on.
+    if let Some(mesh) = facts.mesh.take() {
+        agent_headers.extend(mesh.headers(&trace.trace_id));
+        let agent = facts.agent.get_or_insert_with(AgentContext::default);
+        agent.mesh_hop_count = i64::from(mesh.hop_count());
+        agent.mesh_source = Some(mesh.source);
+    }
+    // A human approval the reply guard redeemed is part of the grant the request ran under.
+    let approval_id = facts
+        .guardian_headers
+        .iter()
+        .find(|(name, _)| name == "x-br-approval-id")
+        .and_then(|(_, value)| value.to_str().ok())
+        .map(str::to_string);
+    let grant = match (facts.grant.take(), approval_id) {
+        (Some(grant), approval_id) => Some(GrantContext { approval_id, ..grant }),
+        (None, Some(approval_id)) => Some(GrantContext { approval_id: Some(approval_id), ..GrantContext::default() }),
+        (None, None) => None,
+    };
     let record = AuditRecord {
         request_id: request_id.0.clone(),
         tenant_id,
@@ -534,6 +588,7 @@ fn seal(
             ..DecisionPath::default()
         }),
         coverage: "captured".to_string(),
+        grant,
         conversation_id: request_headers
             .get(&const { HeaderName::from_static("x-conversation-id") })
             .and_then(|value| value.to_str().ok())
@@ -663,6 +718,12 @@ async fn complete_inner(
     let plan = match &plan_headers {
         Some(headers) => {
             let plan = liaison::fetch(state, tenant_id, headers).await?;
+            // The plan's grant, for the answer (`X-BR-Grant-Id`) and the evidence, allowed or denied.
+            let grant_id = liaison::grant_id(&plan);
+            if let Ok(value) = HeaderValue::from_str(&grant_id) {
+                facts.guardian_headers.push((const { HeaderName::from_static("x-br-grant-id") }, value));
+            }
+            facts.grant = Some(GrantContext { grant_id: Some(grant_id), plan_id: Some(plan.plan_id.clone()), approval_id: None });
             if chat.model == liaison::OMITTED_MODEL {
                 chat.model.clone_from(&plan.model);
             }

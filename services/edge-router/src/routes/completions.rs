@@ -19,8 +19,7 @@ use crate::EdgeState;
 use crate::auth::{Caller, CallerAttempt};
 use crate::circuits::CircuitState;
 use crate::extract::{JsonBytes, RequestId, completion_json, json, query_flag};
-use crate::liaison;
-use crate::pipeline::{self, ClientFormat, CompletionBody};
+use crate::pipeline::{self, ClientFormat, Submission};
 use crate::sentinel::ProbeStatus;
 
 /// When the bundled catalog was published (the `created` of its models).
@@ -34,7 +33,7 @@ pub async fn chat_completions(
     headers: HeaderMap,
     body: Result<JsonBytes, ApiError>,
 ) -> Result<Response, ApiError> {
-    let body = body.and_then(|JsonBytes(bytes)| CompletionBody::parse(&bytes, ClientFormat::OpenAi, liaison::names_a_plan(&headers)));
+    let body = body.and_then(|JsonBytes(bytes)| Submission::read(&bytes, &headers, ClientFormat::OpenAi));
     // Boxed: the pipeline's future is large, and each layer around the handler moves its
     // future; boxed, they move a pointer.
     Box::pin(pipeline::serve(&state, attempt, &request_id, &headers, body, ClientFormat::OpenAi)).await
@@ -48,7 +47,7 @@ pub async fn messages(
     headers: HeaderMap,
     body: Result<JsonBytes, ApiError>,
 ) -> Result<Response, ApiError> {
-    let body = body.and_then(|JsonBytes(bytes)| CompletionBody::parse(&bytes, ClientFormat::Anthropic, liaison::names_a_plan(&headers)));
+    let body = body.and_then(|JsonBytes(bytes)| Submission::read(&bytes, &headers, ClientFormat::Anthropic));
     // Boxed, as above.
     Box::pin(pipeline::serve(&state, attempt, &request_id, &headers, body, ClientFormat::Anthropic)).await
 }

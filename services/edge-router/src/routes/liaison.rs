@@ -79,6 +79,7 @@ fn plan_view(plan: &LiaisonPlan) -> Value {
         "estimated_cost_usd": usd(plan.estimated_nanos),
         "allowed_models": plan.allowed_models,
         "allowed_tools": plan.allowed_tools,
+        "grant_id": crate::liaison::grant_id(plan),
         "prompt_fingerprint": plan.prompt_fingerprint,
         "issued_at": plan.issued_at,
         "ttl_seconds": plan.ttl_seconds,

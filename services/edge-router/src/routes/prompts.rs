@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 use crate::EdgeState;
 use crate::auth::Caller;
 use crate::extract::{JsonBody, OptionalJsonBody, RequestId};
-use crate::pipeline::{self, ClientFormat, CompletionBody};
+use crate::pipeline::{self, ClientFormat, CompletionBody, Submission};
 use crate::views::json_text;
 
 type Answer = Result<Json<Value>, ApiError>;
@@ -357,7 +357,7 @@ fn cases(test_cases: Vec<Value>) -> Result<Vec<EvaluationCase>, ApiError> {
 /// One completion through the edge's own pipeline, as the caller: the reply's text, or why not.
 pub(crate) async fn complete_text(state: &EdgeState, caller: &Caller, model: &str, prompt: &str) -> Result<String, String> {
     let body = json!({"model": model, "messages": [{"role": "user", "content": prompt}]}).to_string();
-    let parsed = CompletionBody::parse(body.as_bytes(), ClientFormat::OpenAi, false);
+    let parsed = CompletionBody::parse(body.as_bytes(), ClientFormat::OpenAi, false).map(Submission::from);
     let request_id = RequestId(brainstorm_common::text::prefixed_uuid("req_", uuid::Uuid::now_v7()));
     let response =
         match Box::pin(pipeline::serve(state, Ok(caller.clone()), &request_id, &HeaderMap::new(), parsed, ClientFormat::OpenAi)).await {
