@@ -102,7 +102,9 @@ def operation(path, method, handler):
     if permission:
         entry["x-permission"] = permission.group(1)
     parameters = [
-        {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+        {"name": name.lstrip("*"), "in": "path", "required": True, "schema": {"type": "string"}}
+        # axum's catch-all segment (`{*name}`) takes the rest of the path, slashes included.
+        | ({"description": "the rest of the path: may hold `/`, as is or sent as `%2F`"} if name.startswith("*") else {})
         for name in re.findall(r"\{([^}]+)\}", path)
     ]
     if parameters:
@@ -119,7 +121,8 @@ def document():
     version = re.search(r'^version = "([^"]+)"', (ROOT / "Cargo.toml").read_text(), re.M).group(1)
     paths = {}
     for path, method, handler in table:
-        paths.setdefault(path, {})[method.lower()] = operation(path, method, handler)
+        # OpenAPI templates a catch-all segment like any other parameter.
+        paths.setdefault(re.sub(r"\{\*([^}]+)\}", r"{\1}", path), {})[method.lower()] = operation(path, method, handler)
     recovery = {
         "type": "object",
         "properties": {name: {"type": ["string", "object", "null"]} for name in ("action", "endpoint", "method", "body_template", "docs_url", "message")},

@@ -1649,6 +1649,36 @@ async fn models_runnable_allowlists_and_deprecations(shape: Shape) -> TestResult
     assert!(deprecated.header("x-br-deprecation").is_some_and(|notice| notice.contains("sunset 2027-03-31")));
     assert!(deprecated.header("deprecation").is_some_and(|value| value.starts_with('@')));
     assert_eq!(deprecated.header("sunset"), Some("Wed, 31 Mar 2027 00:00:00 GMT"));
+    assert_eq!(
+        deprecated.header("link"),
+        Some(
+            "</v1/models/openai/gpt-3.5-turbo>; rel=\"deprecation\"; type=\"application/json\", \
+             </v1/models/openai/gpt-4.1-nano>; rel=\"successor-version\"; type=\"application/json\""
+        )
+    );
+    // The deprecation link's target: the model's entry, with the notice.
+    let entry = gateway.call(Method::GET, "/v1/models/openai/gpt-3.5-turbo", Some(key), None).await?;
+    assert_eq!(entry.status, 200, "{}", entry.text);
+    assert_eq!((entry.body["id"].as_str(), entry.body["object"].as_str()), (Some("openai/gpt-3.5-turbo"), Some("model")));
+    assert_eq!(
+        entry.body["x_model_router"]["deprecation"],
+        json!({"date": "2025-06-01", "sunset": "2027-03-31", "replacement": "openai/gpt-4.1-nano"}),
+        "{}",
+        entry.text
+    );
+    assert_eq!(entry.body["x_model_router"]["circuit"], "closed", "{}", entry.text);
+    // By its bare id too; one the tenant has no key for, one not in the catalog, and one the key's
+    // allowlist leaves out are not there. The leaderboard keeps its own route.
+    let bare = gateway.call(Method::GET, "/v1/models/gpt-4o-mini", Some(key), None).await?;
+    assert_eq!((bare.status, bare.body["id"].as_str()), (200, Some("openai/gpt-4o-mini")), "{}", bare.text);
+    assert!(bare.body["x_model_router"]["deprecation"].is_null() && bare.body["x_model_router"]["pricing"]["input"].is_number());
+    for missing in ["anthropic/claude-haiku-4-5", "openai/no-such-model", "no-such-model"] {
+        let reply = gateway.call(Method::GET, &format!("/v1/models/{missing}"), Some(key), None).await?;
+        assert_eq!((reply.status, reply.body["error"]["code"].as_str()), (404, Some("model_not_found")), "{missing}: {}", reply.text);
+    }
+    let outside = gateway.call(Method::GET, "/v1/models/openai/gpt-4o", Some(&limited), None).await?;
+    assert_eq!(outside.status, 404, "{}", outside.text);
+    assert_eq!(gateway.call(Method::GET, "/v1/models/leaderboard", Some(key), None).await?.body["object"], "list");
     assert!(
         gateway
             .call(Method::POST, "/v1/chat/completions", Some(key), Some(completion("openai/gpt-4o-mini", "new")))

@@ -230,3 +230,28 @@ def test_openai_sdk_reads_log_probabilities(gateway):
         model="openai/gpt-4o-mini", logprobs=True, stream=True, messages=[{"role": "user", "content": "how sure?"}])
     streamed = [entry.token for chunk in stream if chunk.choices and chunk.choices[0].logprobs for entry in chunk.choices[0].logprobs.content]
     assert "".join(streamed) == completion.choices[0].message.content
+
+
+def test_both_sdks_list_and_retrieve_the_models_a_key_runs(gateway):
+    # One shape both SDKs read: OpenAI's members and Anthropic's, on the list and on each model.
+    listed = [model.id for model in openai_client(gateway).models.list()]
+    assert "openai/gpt-4o-mini" in listed and "anthropic/claude-haiku-4-5" in listed
+    anthropic_listed = list(anthropic_client(gateway).models.list())
+    assert [model.id for model in anthropic_listed] == listed
+    assert anthropic_listed[0].type == "model" and anthropic_listed[0].created_at.year == 2025
+
+    # `models.retrieve` sends the id's slash percent-encoded.
+    model = openai_client(gateway).models.retrieve("openai/gpt-4o-mini")
+    assert (model.id, model.owned_by) == ("openai/gpt-4o-mini", "openai")
+    assert anthropic_client(gateway).models.retrieve("anthropic/claude-haiku-4-5").display_name == "anthropic/claude-haiku-4-5"
+    # A deprecated model's entry carries its notice, where its completions' Link header points.
+    old = openai_client(gateway).models.retrieve("openai/gpt-3.5-turbo")
+    assert old.model_extra["x_model_router"]["deprecation"]["replacement"] == "openai/gpt-4.1-nano"
+    raw = openai_client(gateway).chat.completions.with_raw_response.create(
+        model="openai/gpt-3.5-turbo", messages=[{"role": "user", "content": "old model"}])
+    assert '</v1/models/openai/gpt-3.5-turbo>; rel="deprecation"' in raw.headers["link"]
+    try:
+        anthropic_client(gateway).models.retrieve("openai/no-such-model")
+        raise AssertionError("an unknown model was retrieved")
+    except anthropic.NotFoundError as error:
+        assert error.status_code == 404

@@ -46,6 +46,12 @@ def test_openai_streaming(gateway):
 def test_openai_models_and_errors(gateway):
     models = openai_client(gateway).models.list()
     assert "brainstorm/sandbox" in [model.id for model in models.data]
+    # `models.retrieve` percent-encodes the id's slash; the gateway reads it back.
+    sandbox = openai_client(gateway).models.retrieve("brainstorm/sandbox")
+    assert (sandbox.id, sandbox.owned_by) == ("brainstorm/sandbox", "brainstorm")
+    with pytest.raises(openai.NotFoundError) as not_found:
+        openai_client(gateway).models.retrieve("openai/gpt-4o")
+    assert not_found.value.body["code"] == "model_not_found"
     with pytest.raises(openai.AuthenticationError) as unauthorized:
         openai_client(gateway, key="br_live_" + "x" * 40).models.list()
     assert unauthorized.value.status_code == 401

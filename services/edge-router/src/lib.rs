@@ -426,6 +426,7 @@ fn router(state: EdgeState, trace_requests: bool, forwarding: Option<Arc<forward
         .route("/v1/models", get(completions::list_models))
         .route("/v1/health/providers", get(provider_health::providers))
         .route("/v1/models/leaderboard", get(leaderboard::leaderboard))
+        .route("/v1/models/{*model}", get(completions::retrieve_model))
         .route("/v1/catalog/runnable", get(completions::runnable))
         .fallback(route_not_found)
         .method_not_allowed_fallback(method_not_allowed)

@@ -1319,7 +1319,9 @@ fn route_headers(route: &Route, candidate: &Candidate, failures: &[(String, Upst
     headers
 }
 
-/// `X-BR-Deprecation`, `Deprecation` (RFC 9745) and `Sunset` (RFC 8594) for a deprecated model.
+/// `X-BR-Deprecation`, `Deprecation` (RFC 9745), `Sunset` (RFC 8594) and `Link` for a deprecated
+/// model: its own entry (`GET /v1/models/{id}`, which carries the deprecation) as `rel="deprecation"`,
+/// and its replacement's as `rel="successor-version"` (RFC 5829).
 fn deprecation_headers(headers: &mut HeaderMap, entry: &Model) {
     let Some(deprecation) = &entry.deprecated else { return };
     let mut notice = format!("{} deprecated on {}; sunset {}", entry.id(), deprecation.date, deprecation.sunset);
@@ -1336,6 +1338,11 @@ fn deprecation_headers(headers: &mut HeaderMap, entry: &Model) {
     if let Some(sunset) = midnight(&deprecation.sunset) {
         set!(headers, "sunset", &sunset.format("%a, %d %b %Y %H:%M:%S GMT").to_string());
     }
+    let mut links = format!("</v1/models/{}>; rel=\"deprecation\"; type=\"application/json\"", entry.id());
+    if let Some(replacement) = &deprecation.replacement {
+        links.push_str(&format!(", </v1/models/{replacement}>; rel=\"successor-version\"; type=\"application/json\""));
+    }
+    set!(headers, "link", &links);
 }
 
 /// What a candidate's successful call cost, for the reservation's settlement.

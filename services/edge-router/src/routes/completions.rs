@@ -3,7 +3,7 @@
 
 use crate::extract::Query;
 use axum::Json;
-use axum::extract::{Extension, State};
+use axum::extract::{Extension, Path, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use brainstorm_budget_ledger::Meter;
@@ -121,8 +121,21 @@ pub async fn embeddings(
     Box::pin(pipeline::embeddings::serve(&state, attempt, &request_id, &headers, body)).await
 }
 
+/// `CATALOG_CREATED` in RFC 3339, as Anthropic's model objects date themselves.
+const CATALOG_CREATED_AT: &str = "2025-11-01T00:00:00Z";
+
+/// A model as both SDKs read one: OpenAI's `{id, object, created, owned_by}` and Anthropic's
+/// `{type, id, display_name, created_at}` (neither minds the other's members).
 fn model_entry(id: &str, owned_by: &str) -> Value {
-    json!({"id": id, "object": "model", "created": CATALOG_CREATED, "owned_by": owned_by})
+    json!({
+        "id": id,
+        "object": "model",
+        "created": CATALOG_CREATED,
+        "owned_by": owned_by,
+        "type": "model",
+        "display_name": id,
+        "created_at": CATALOG_CREATED_AT,
+    })
 }
 
 /// `GET /v1/models` query.
@@ -155,7 +168,44 @@ pub async fn list_models(
             .map(|model| model_entry(&model.id(), &model.provider))
             .collect()
     };
-    Ok(Json(json!({"object": "list", "data": data})))
+    // Anthropic's list members beside OpenAI's: the whole list is one page.
+    let (first_id, last_id) = (data.first().map(|model| model["id"].clone()), data.last().map(|model| model["id"].clone()));
+    Ok(Json(json!({"object": "list", "data": data, "has_more": false, "first_id": first_id, "last_id": last_id})))
+}
+
+/// `GET /v1/models/{model}` (router.read; the OpenAI SDK's `models.retrieve`): one model this key
+/// can run, named `provider/model` or by its bare id (the first of the tenant's providers serving
+/// it), as `/v1/models` lists it, with the catalog's facts (`x_model_router`: pricing, capabilities,
+/// context window, circuit, deprecation). An open circuit does not hide it; a model the tenant has
+/// no key for or the key may not use is 404 `model_not_found`.
+pub async fn retrieve_model(
+    State(state): State<EdgeState>,
+    caller: Caller,
+    Path(requested): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    caller.require("router.read")?;
+    let config = state.routing.get(caller.tenant_id()?).await?;
+    let not_found = || ApiError::model_not_found(format!("model `{requested}` is not one this key can run: GET /v1/models lists them"));
+    if config.routing.providers.is_empty() {
+        if requested == SANDBOX_MODEL && caller.may_use_model(SANDBOX_MODEL) {
+            return Ok(Json(model_entry(SANDBOX_MODEL, "brainstorm")));
+        }
+        return Err(not_found());
+    }
+    let served = |model: &&Model| config.routing.providers.contains(&model.provider) && caller.may_use_model(&model.id());
+    let model = match requested.split_once('/') {
+        Some((provider, model)) => state.models.find(&provider.to_ascii_lowercase(), model).filter(served),
+        None => config.routing.providers.iter().find_map(|provider| state.models.find(provider, &requested).filter(served)),
+    };
+    let model = model.ok_or_else(not_found)?;
+    let mut entry = model_entry(&model.id(), &model.provider);
+    let mut facts = runnable_entry(model)["x_model_router"].take();
+    facts["circuit"] = json!(state.circuits.state(&model.id()).0.as_str());
+    if let Some(deprecation) = &model.deprecated {
+        facts["deprecation"] = json!({"date": deprecation.date, "sunset": deprecation.sunset, "replacement": deprecation.replacement});
+    }
+    entry["x_model_router"] = facts;
+    Ok(Json(entry))
 }
 
 fn runnable_entry(model: &Model) -> Value {
