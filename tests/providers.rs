@@ -41,6 +41,7 @@ brainstorm_e2e::in_both_shapes!(
     a_client_disconnect_cancels_the_upstream_stream,
     the_opening_frame_leaves_before_the_first_token,
     the_response_cache_answers_repeats_at_no_cost,
+    identical_requests_in_flight_share_one_upstream_call,
     the_agent_loop_reads_and_writes_the_tenants_core_memory,
 );
 
@@ -1779,6 +1780,38 @@ async fn one_cpu_serves_completions_and_streams_single_threaded() -> TestResult 
     assert_eq!(streamed.status, 200, "{}", streamed.text);
     let text: String = sse_data(&streamed.text).iter().filter_map(|chunk| chunk["choices"][0]["delta"]["content"].as_str()).collect();
     assert_eq!(text, "mock anthropic reply to: stream some words");
+    Ok(())
+}
+
+/// Identical requests that arrive while the first is still with the provider (300 ms here) wait
+/// for its answer instead of each paying for it: one upstream call, the others answered as hits.
+async fn identical_requests_in_flight_share_one_upstream_call(shape: Shape) -> TestResult {
+    let slow = MockConfig { reply_delay: std::time::Duration::from_millis(300), ..MockConfig::default() };
+    let setup = setup_env(shape, slow, &[("openai", OPENAI_KEY)], &[("BR_RESPONSE_CACHE_MAX_BYTES", "8388608")]).await?;
+    let (gateway, key, mock) = (&setup.gateway, setup.key.as_str(), &setup.mock);
+    let upstream_calls = || mock.requests().iter().filter(|request| request.path.ends_with("/chat/completions")).count();
+    let body = completion("openai/gpt-4o-mini", "Everyone asks this at once");
+    let replies =
+        futures::future::join_all((0..6).map(|_| gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(body.clone())))).await;
+    let mut outcomes = Vec::new();
+    for reply in replies {
+        let reply = reply?;
+        assert_eq!(reply.status, 200, "{}", reply.text);
+        assert_eq!(reply.body["choices"][0]["message"]["content"], "mock openai reply to: Everyone asks this at once", "{}", reply.text);
+        outcomes.push(reply.header("x-br-cache").unwrap_or_default().to_string());
+    }
+    outcomes.sort();
+    assert_eq!(outcomes, ["hit", "hit", "hit", "hit", "hit", "miss"], "one paid call, five answers from it");
+    assert_eq!(upstream_calls(), 1);
+
+    // A bypass does not wait on a flight, nor lead one: it calls the provider itself.
+    let bypass = json!({"model": "openai/gpt-4o-mini", "cache": false, "messages": body["messages"]});
+    let (first, second) = tokio::join!(
+        gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(bypass.clone())),
+        gateway.call(Method::POST, "/v1/chat/completions", Some(key), Some(bypass)),
+    );
+    assert_eq!((first?.header("x-br-cache").map(str::to_string), second?.status), (Some("bypass".to_string()), 200));
+    assert_eq!(upstream_calls(), 3);
     Ok(())
 }
 

@@ -34,7 +34,7 @@ use crate::header_value::{self, Millis};
 use crate::liaison::{self, PlanOutcome, PlanSettler};
 use crate::mesh::MeshHop;
 use crate::reply_guard::{GuardReport, ReplyGuard, ToolVerdict};
-use crate::response_cache::{self, CacheKey, CacheUse, CachedReply};
+use crate::response_cache::{self, CacheKey, CacheUse, CachedReply, Lookup};
 use crate::routing_cache::route_options;
 use crate::sandbox;
 
@@ -917,22 +917,34 @@ async fn complete_inner(
     facts.candidates = route.candidates.iter().map(|candidate| candidate.id().to_string()).collect();
 
     // A repeat of a request answered before, on the same model and strategy, is answered from the
-    // response cache; a miss is stored once the guardian passed it.
-    let cache_key = match (cache_use, &state.response_cache) {
+    // response cache; a miss is stored once the guardian passed it. A miss while an identical
+    // request is being answered waits for that answer; the first miss leads (`_flight` lives until
+    // the request is done, so its reply is stored before its followers look again).
+    let (cache_key, _flight) = match (cache_use, &state.response_cache) {
         (CacheUse::Use, Some(cache)) => {
             let key = CacheKey::of(tenant_id, &facts.model_resolved, &route.strategy, &mut chat);
-            // The stored answer may come from a fallback model: it serves only a caller whose
-            // route holds that model (a key's allowlist may leave it out).
-            if let Some(hit) = cache.get(&key)
-                && let Some(candidate) = route.candidates.iter().find(|candidate| candidate.id() == hit.model)
-            {
-                let guard = (reply_guard.as_ref(), guardian_off);
-                let cached = Cached { context: &context, route: &route, candidate, chat: &chat, hit, reply_id, started };
-                return answer_from_cache(state, tenant_id, request_id, cached, guard, format, facts).await;
+            let mut lookup = cache.lookup(&key);
+            if let Lookup::Follow(flight) = lookup {
+                response_cache::landed(flight).await;
+                lookup = cache.lookup(&key);
             }
-            Some(key)
+            match lookup {
+                // The stored answer may come from a fallback model: it serves only a caller whose
+                // route holds that model (a key's allowlist may leave it out).
+                Lookup::Hit(hit) => match route.candidates.iter().find(|candidate| candidate.id() == hit.model) {
+                    Some(candidate) => {
+                        let guard = (reply_guard.as_ref(), guardian_off);
+                        let cached = Cached { context: &context, route: &route, candidate, chat: &chat, hit, reply_id, started };
+                        return answer_from_cache(state, tenant_id, request_id, cached, guard, format, facts).await;
+                    }
+                    None => (Some(key), None),
+                },
+                Lookup::Lead(flight) => (Some(key), Some(flight)),
+                // Another flight took off meanwhile: one wait is enough; call the provider.
+                Lookup::Follow(_) => (Some(key), None),
+            }
         }
-        _ => None,
+        _ => (None, None),
     };
 
     // Reserve the worst case before any upstream call (the agent loop's: each of its steps'); settle

@@ -9,6 +9,10 @@
 //! Replies are stored as the provider gave them, before the guardian judged them: a hit is judged
 //! again under the tenant's policy of the moment. The cache is bounded in bytes: sixteen shards,
 //! each evicting its oldest entries first; an entry also lapses with the TTL.
+//!
+//! Identical requests that arrive together are answered by one upstream call: the first to miss
+//! leads ([`Lookup::Lead`]), and the others wait for its answer ([`Lookup::Follow`], [`landed`])
+//! instead of paying for the same reply again.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt::Write as _;
@@ -22,6 +26,7 @@ use brainstorm_common::money::Usd;
 use brainstorm_providers::chat::{ChatReply, ChatRequest, FinishReason};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
+use tokio::sync::watch;
 
 use crate::header_value;
 
@@ -111,6 +116,9 @@ struct Shard {
     order: VecDeque<(CacheKey, u64)>,
     bytes: usize,
     generation: u64,
+    /// Keys an upstream call is fetching now, with the flight's id; the receiver closes when the
+    /// flight ends.
+    flights: HashMap<CacheKey, (u64, watch::Receiver<()>)>,
 }
 
 impl Shard {
@@ -146,16 +154,38 @@ impl ResponseCache {
         shard.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The reply stored under `key`, unless it lapsed (it is then dropped).
-    pub fn get(&self, key: &CacheKey) -> Option<Arc<CachedReply>> {
-        let mut shard = self.shard(key);
+    /// The reply stored under `key`, unless it lapsed (it is then dropped); the request path
+    /// uses `lookup`.
+    #[cfg(test)]
+    fn get(&self, key: &CacheKey) -> Option<Arc<CachedReply>> {
+        Self::stored(&mut self.shard(key), key, self.ttl)
+    }
+
+    fn stored(shard: &mut Shard, key: &CacheKey, ttl: Duration) -> Option<Arc<CachedReply>> {
         let (generation, entry) = shard.entries.get(key)?;
-        if entry.stored_at.elapsed() < self.ttl {
+        if entry.stored_at.elapsed() < ttl {
             return Some(entry.clone());
         }
         let generation = *generation;
         shard.remove(key, generation);
         None
+    }
+
+    /// The reply stored under `key`; else whether another request is fetching it (follow it) or
+    /// this one should (lead: others wait on the returned flight until it drops).
+    pub fn lookup(&self, key: &CacheKey) -> Lookup<'_> {
+        let mut shard = self.shard(key);
+        if let Some(hit) = Self::stored(&mut shard, key, self.ttl) {
+            return Lookup::Hit(hit);
+        }
+        if let Some((_, landed)) = shard.flights.get(key) {
+            return Lookup::Follow(landed.clone());
+        }
+        shard.generation += 1;
+        let id = shard.generation;
+        let (done, landed) = watch::channel(());
+        shard.flights.insert(*key, (id, landed));
+        Lookup::Lead(Flight { cache: self, key: *key, id, _done: done })
     }
 
     /// Stores `reply` (answered by `model` at `cost`) under `key`, evicting the shard's oldest
@@ -190,6 +220,41 @@ impl ResponseCache {
             order.retain(|(key, generation)| entries.get(key).is_some_and(|(stored, _)| stored == generation));
         }
     }
+}
+
+/// What a lookup found.
+pub enum Lookup<'cache> {
+    /// A stored reply.
+    Hit(Arc<CachedReply>),
+    /// Nothing stored or being fetched: this request fetches it, and identical ones wait on the
+    /// flight until it drops (after the reply was stored, or the request gave up).
+    Lead(Flight<'cache>),
+    /// An identical request is fetching it: wait for it to land ([`landed`]), then look again.
+    Follow(watch::Receiver<()>),
+}
+
+/// A leading request's claim on a key: while it lives, identical requests wait for its reply.
+pub struct Flight<'cache> {
+    cache: &'cache ResponseCache,
+    key: CacheKey,
+    id: u64,
+    /// Dropped with the flight, after its entry is gone, which wakes the followers.
+    _done: watch::Sender<()>,
+}
+
+impl Drop for Flight<'_> {
+    fn drop(&mut self) {
+        let mut shard = self.cache.shard(&self.key);
+        if shard.flights.get(&self.key).is_some_and(|(id, _)| *id == self.id) {
+            shard.flights.remove(&self.key);
+        }
+    }
+}
+
+/// Waits until the flight a follower found has ended (its reply stored, or not: look again).
+pub async fn landed(mut flight: watch::Receiver<()>) {
+    // Nothing is ever sent: the wait ends when the leader's sender is dropped.
+    while flight.changed().await.is_ok() {}
 }
 
 /// How the cache takes part in one request.
@@ -323,6 +388,31 @@ mod tests {
         let filtered = CacheKey::of("t1", "m", "quality", &mut request("bad"));
         cache.put(filtered, ChatReply { finish: FinishReason::ContentFilter, ..reply("") }, "m", Usd::ZERO);
         assert!(cache.get(&filtered).is_none());
+    }
+
+    #[tokio::test]
+    async fn identical_misses_wait_for_the_first_to_land() {
+        let cache = cache(1 << 20, Duration::from_secs(60));
+        let key = CacheKey::of("t1", "m", "quality", &mut request("hi"));
+        let Lookup::Lead(flight) = cache.lookup(&key) else { panic!("the first miss leads") };
+        let Lookup::Follow(waiting) = cache.lookup(&key) else { panic!("the second follows") };
+        let Lookup::Follow(also) = cache.lookup(&key) else { panic!("so does the third") };
+        let follower = tokio::spawn(landed(waiting));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!follower.is_finished(), "it waits while the leader fetches");
+        cache.put(key, reply("hello"), "m", Usd::ZERO);
+        drop(flight);
+        follower.await.unwrap();
+        landed(also).await;
+        assert!(matches!(cache.lookup(&key), Lookup::Hit(hit) if hit.reply.text() == "hello"));
+
+        // A leader that stored nothing (a failed call) wakes its followers too, and one of them leads.
+        let other = CacheKey::of("t1", "m", "quality", &mut request("other"));
+        let Lookup::Lead(failed) = cache.lookup(&other) else { panic!("leads") };
+        let Lookup::Follow(waiting) = cache.lookup(&other) else { panic!("follows") };
+        drop(failed);
+        landed(waiting).await;
+        assert!(matches!(cache.lookup(&other), Lookup::Lead(_)), "the next leads in its place");
     }
 
     #[test]

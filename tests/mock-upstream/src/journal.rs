@@ -88,6 +88,7 @@ pub(crate) struct Incoming {
 pub(crate) struct Shared {
     pub valid_keys: HashSet<String>,
     pub chunk_delay: Duration,
+    pub reply_delay: Duration,
     next_seq: AtomicU64,
     // Ordered by seq.
     journal: Mutex<VecDeque<Entry>>,
@@ -104,10 +105,11 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Shared {
-    pub fn new(valid_keys: Vec<String>, chunk_delay: Duration) -> Shared {
+    pub fn new(valid_keys: Vec<String>, chunk_delay: Duration, reply_delay: Duration) -> Shared {
         Shared {
             valid_keys: valid_keys.into_iter().collect(),
             chunk_delay,
+            reply_delay,
             next_seq: AtomicU64::new(0),
             journal: Mutex::new(VecDeque::new()),
             failures: Mutex::new(VecDeque::new()),
@@ -266,7 +268,7 @@ mod tests {
 
     #[test]
     fn the_journal_keeps_the_most_recent_requests() {
-        let shared = Shared::new(Vec::new(), Duration::ZERO);
+        let shared = Shared::new(Vec::new(), Duration::ZERO, Duration::ZERO);
         for _ in 0..RECORD_CAPACITY + 5 {
             let request = incoming(&shared, "/v1/x?y=1");
             shared.record(request, StatusCode::OK, false);
@@ -282,7 +284,7 @@ mod tests {
 
     #[test]
     fn a_stream_entry_is_finished_by_seq() {
-        let shared = Shared::new(Vec::new(), Duration::ZERO);
+        let shared = Shared::new(Vec::new(), Duration::ZERO, Duration::ZERO);
         let first = incoming(&shared, "/a");
         let second = incoming(&shared, "/b");
         // Recorded out of order, as concurrent handlers may.
@@ -297,7 +299,7 @@ mod tests {
 
     #[test]
     fn failures_are_consumed_in_order_and_by_path() {
-        let shared = Shared::new(Vec::new(), Duration::ZERO);
+        let shared = Shared::new(Vec::new(), Duration::ZERO, Duration::ZERO);
         shared.fail_next(FailSpec { count: 2, status: 429, body: None, path_contains: Some("messages".into()) });
         shared.fail_next(FailSpec { count: 1, status: 503, ..FailSpec::default() });
         assert_eq!(shared.take_failure("/v1/messages").map(|f| f.status.as_u16()), Some(429));
@@ -309,9 +311,9 @@ mod tests {
 
     #[test]
     fn keys_are_checked_only_when_configured() {
-        let open = Shared::new(Vec::new(), Duration::ZERO);
+        let open = Shared::new(Vec::new(), Duration::ZERO, Duration::ZERO);
         assert!(open.key_accepted(None));
-        let closed = Shared::new(vec!["k1".into()], Duration::ZERO);
+        let closed = Shared::new(vec!["k1".into()], Duration::ZERO, Duration::ZERO);
         assert!(closed.key_accepted(Some("k1")));
         assert!(!closed.key_accepted(Some("k2")));
         assert!(!closed.key_accepted(None));

@@ -48,6 +48,8 @@ pub struct MockConfig {
     pub valid_keys: Vec<String>,
     /// Wait between the chunks of a stream; zero sends a whole stream in one write.
     pub chunk_delay: Duration,
+    /// Wait before a whole (non-streamed) successful reply leaves, as a model's generation takes time.
+    pub reply_delay: Duration,
 }
 
 /// A running mock; it stops (and drops its open connections) when dropped.
@@ -68,7 +70,7 @@ impl MockUpstream {
     pub async fn start_on(listen: SocketAddr, config: MockConfig) -> io::Result<MockUpstream> {
         let listener = TcpListener::bind(listen).await?;
         let address = listener.local_addr()?;
-        let shared = Arc::new(Shared::new(config.valid_keys, config.chunk_delay));
+        let shared = Arc::new(Shared::new(config.valid_keys, config.chunk_delay, config.reply_delay));
         let router = Router::new().fallback(routes::dispatch).with_state(Arc::clone(&shared));
         let server = tokio::spawn(serve(listener, router));
         Ok(MockUpstream { address, base_url: format!("http://{address}"), shared, server })

@@ -21,6 +21,9 @@ struct Cli {
     /// Milliseconds to wait between the chunks of a stream.
     #[arg(long, default_value_t = 0, value_name = "MS")]
     chunk_delay_ms: u64,
+    /// Milliseconds to wait before a whole (non-streamed) successful reply.
+    #[arg(long, default_value_t = 0, value_name = "MS")]
+    reply_delay_ms: u64,
 }
 
 fn main() -> ExitCode {
@@ -36,7 +39,11 @@ fn main() -> ExitCode {
         }
     };
     runtime.block_on(async move {
-        let config = MockConfig { valid_keys: cli.valid_keys, chunk_delay: Duration::from_millis(cli.chunk_delay_ms) };
+        let config = MockConfig {
+            valid_keys: cli.valid_keys,
+            chunk_delay: Duration::from_millis(cli.chunk_delay_ms),
+            reply_delay: Duration::from_millis(cli.reply_delay_ms),
+        };
         let keys = config.valid_keys.len();
         let mock = match MockUpstream::start_on(cli.listen, config).await {
             Ok(mock) => mock,

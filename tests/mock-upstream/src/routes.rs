@@ -123,7 +123,11 @@ pub(crate) async fn dispatch(State(shared): State<Arc<Shared>>, request: Request
         }
     };
     // Recorded before the response leaves, so a stream's end always finds its entry.
+    let delayed = !stream && response.status().is_success() && !shared.reply_delay.is_zero();
     shared.record(incoming, response.status(), stream);
+    if delayed {
+        tokio::time::sleep(shared.reply_delay).await;
+    }
     response
 }
 
