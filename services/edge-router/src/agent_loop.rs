@@ -7,6 +7,7 @@
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use brainstorm_common::ApiError;
+use brainstorm_prompts_eval::memory::BLOCKS;
 use brainstorm_proto::prompts::{AddMemoryRequest, MemoryEntry, MemoryEntryRef, MemoryKey, MemoryQuery, UpdateMemoryRequest};
 use brainstorm_providers::chat::{ChatReply, ChatRequest, FinishReason, Message, Part, Role, Schema, Tool, Usage};
 use serde_json::{Value, json};
@@ -294,7 +295,7 @@ fn memory_prompt(entries: &[MemoryEntry], writable: bool) -> String {
         "You have a long-term core memory: facts kept across conversations, by block (human: the people you work with; \
          project: the work; system: how you should behave; general: the rest).\n<core_memory>\n",
     );
-    for (block, _) in brainstorm_prompts_eval::memory::BLOCKS {
+    for (block, _) in BLOCKS {
         prompt.push_str(&format!("<block name=\"{block}\">\n"));
         for entry in entries.iter().filter(|entry| entry.block == block) {
             prompt.push_str(&format!("[{}] {}\n", entry.id, entry.fact.replace('\n', " ")));
@@ -327,7 +328,7 @@ fn memory_tools() -> Vec<Tool> {
             APPEND,
             "Remember a new durable fact in core memory.",
             json!({"type": "object", "properties": {
-                "block": {"type": "string", "enum": ["human", "project", "system", "general"]},
+                "block": {"type": "string", "enum": BLOCKS.map(|(block, _)| block)},
                 "fact": fact,
             }, "required": ["fact"]}),
         ),

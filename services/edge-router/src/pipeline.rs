@@ -543,12 +543,8 @@ fn seal(
         agent.mesh_source = Some(mesh.source);
     }
     // A human approval the reply guard redeemed is part of the grant the request ran under.
-    let approval_id = facts
-        .guardian_headers
-        .iter()
-        .find(|(name, _)| name == "x-br-approval-id")
-        .and_then(|(_, value)| value.to_str().ok())
-        .map(str::to_string);
+    let approval_id =
+        Some(liaison::header_text(&facts.guardian_headers, "x-br-approval-id")).filter(|id| !id.is_empty()).map(str::to_string);
     let grant = match (facts.grant.take(), approval_id) {
         (Some(grant), approval_id) => Some(GrantContext { approval_id, ..grant }),
         (None, Some(approval_id)) => Some(GrantContext { approval_id: Some(approval_id), ..GrantContext::default() }),

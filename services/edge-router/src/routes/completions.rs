@@ -163,7 +163,7 @@ pub async fn list_models(
             .models
             .models()
             .iter()
-            .filter(|model| config.routing.providers.contains(&model.provider) && caller.may_use_model(&model.id()))
+            .filter(|model| runs(&config.routing.providers, &caller, model))
             .filter(|model| include_unhealthy || state.circuits.state(&model.id()).0 != CircuitState::Open)
             .map(|model| model_entry(&model.id(), &model.provider))
             .collect()
@@ -192,7 +192,7 @@ pub async fn retrieve_model(
         }
         return Err(not_found());
     }
-    let served = |model: &&Model| config.routing.providers.contains(&model.provider) && caller.may_use_model(&model.id());
+    let served = |model: &&Model| runs(&config.routing.providers, &caller, model);
     let model = match requested.split_once('/') {
         Some((provider, model)) => state.models.find(&provider.to_ascii_lowercase(), model).filter(served),
         None => config.routing.providers.iter().find_map(|provider| state.models.find(provider, &requested).filter(served)),
@@ -206,6 +206,12 @@ pub async fn retrieve_model(
     }
     entry["x_model_router"] = facts;
     Ok(Json(entry))
+}
+
+/// Whether the caller's key can run `model`: the tenant has a key for its provider and the key's
+/// allowlist lets it.
+fn runs(providers: &[String], caller: &Caller, model: &Model) -> bool {
+    providers.contains(&model.provider) && caller.may_use_model(&model.id())
 }
 
 fn runnable_entry(model: &Model) -> Value {
